@@ -1,0 +1,74 @@
+// swift-tools-version: 6.1
+// Baton: carries a person's current activity across the rooms of a building.
+// Module map and the rule "arrows point down": ../shared/DESIGN.md, docs/architecture.md.
+import PackageDescription
+import Foundation
+
+// Decoders read borrowed bytes through `ByteReader`, a checked cursor over an
+// `UnsafeRawBufferPointer` that lives only inside `withUnsafeBytes`. We chose it over a
+// `~Escapable` reader storing a `RawSpan` because that needs the experimental "Lifetimes"
+// feature on 6.3; the unsafe pointer is never read without the `need <= remaining` check,
+// and the fuzz targets run under AddressSanitizer to prove it.
+
+let wireSettings: [SwiftSetting] = [
+    .enableUpcomingFeature("ExistentialAny"),
+    .enableUpcomingFeature("InternalImportsByDefault"),
+]
+
+var targets: [Target] = [
+    // C libraries, each wrapped once (STYLE.md habit 6).
+    .systemLibrary(name: "CMosquitto", pkgConfig: "libmosquitto",
+                   providers: [.apt(["libmosquitto-dev"])]),
+    .systemLibrary(name: "CBlueZ", pkgConfig: "bluez",
+                   providers: [.apt(["libbluetooth-dev"])]),
+    .systemLibrary(name: "CCrypto", pkgConfig: "libcrypto",
+                   providers: [.apt(["libssl-dev"])]),
+
+    .target(name: "BatonWire", swiftSettings: wireSettings),
+    .target(name: "BatonHCI", dependencies: ["BatonWire", "CBlueZ"], swiftSettings: wireSettings),
+    .target(name: "BatonSim", dependencies: ["BatonWire", "BatonHCI"], swiftSettings: wireSettings),
+    .executableTarget(
+        name: "baton",
+        dependencies: [
+            "BatonWire", "BatonHCI", "BatonSim",
+            .product(name: "ArgumentParser", package: "swift-argument-parser"),
+        ]),
+
+    .testTarget(name: "BatonWireTests", dependencies: ["BatonWire"]),
+    .testTarget(name: "BatonHCITests", dependencies: ["BatonHCI", "BatonWire", "BatonSim"]),
+]
+
+// Fuzz targets: one per decoder of untrusted bytes. Built plain they replay corpus files
+// given as arguments (tests use that); scripts/fuzz builds them with -sanitize=fuzzer.
+let fuzzTargets: [String] = []  // filled in as each decoder lands
+for name in fuzzTargets {
+    targets.append(.executableTarget(
+        name: name, dependencies: ["BatonWire", "BatonHCI"], path: "Tests/Fuzz/\(name)"))
+}
+
+var dependencies: [Package.Dependency] = [
+    .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
+]
+
+// The benchmark and its malloc counter build only for scripts/bench (BATON_BENCH=1), so the
+// test suite does not pay for them.
+if ProcessInfo.processInfo.environment["BATON_BENCH"] != nil {
+    dependencies.append(.package(url: "https://github.com/ordo-one/benchmark", from: "1.38.0",
+                                 traits: ["MallocInterposer"]))
+    targets.append(.executableTarget(
+        name: "BatonBench",
+        dependencies: ["BatonWire", "BatonHCI", "BatonSim",
+                       .product(name: "Benchmark", package: "benchmark")],
+        path: "Benchmarks/BatonBench",
+        plugins: [.plugin(name: "BenchmarkPlugin", package: "benchmark")]))
+}
+
+let package = Package(
+    name: "Baton",
+    platforms: [.macOS(.v15)],
+    products: [
+        .executable(name: "baton", targets: ["baton"]),
+    ],
+    dependencies: dependencies,
+    targets: targets
+)

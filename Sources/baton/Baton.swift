@@ -1,0 +1,9 @@
+import ArgumentParser
+
+@main
+struct Baton: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "baton",
+        abstract: "Carries a person's current activity across the rooms of a building.",
+        subcommands: [])
+}
