@@ -139,7 +139,7 @@ extension ContinuityMessage {
             case ContinuityType.iBeacon:
                 // Fixed 21 bytes: UUID (16), major (2, BE), minor (2, BE), measured power (1).
                 guard value.count == 21 else {
-                    throw value.count < 21 ? WireError.malformed(at: at, .continuityShort) : WireError.trailing(at: 21, count: value.count - 21)
+                    throw value.count < 21 ? WireError.malformed(at: 0, .continuityShort) : WireError.trailing(at: 21, count: value.count - 21)
                 }
                 let uuid = try r.readArray(InlineArray<16, UInt8>.self)
                 let major = try r.readU16BE()
@@ -161,6 +161,7 @@ public struct ContinuityIterator {
     @usableFromInline var reader: ByteReader
 
     /// Throws if any TLV runs past the end or there is none.
+    @inlinable
     public init(validating value: UnsafeRawBufferPointer) throws(WireError) {
         var r = ByteReader(value)
         guard !r.isAtEnd else { throw .malformed(at: 0, .continuityEmpty) }
