@@ -12,7 +12,6 @@ import Foundation
 
 let wireSettings: [SwiftSetting] = [
     .enableUpcomingFeature("ExistentialAny"),
-    .enableUpcomingFeature("InternalImportsByDefault"),
 ]
 
 var targets: [Target] = [

@@ -47,16 +47,4 @@ public enum WireError: Error, Hashable, Sendable, CustomStringConvertible {
         case .noRoom(let need, let have): "no room: \(need) bytes needed, \(have) available"
         }
     }
-
-    /// The reason a drop is counted under (`drops` in `baton replay --json`, the stats topic).
-    public var reason: String {
-        switch self {
-        case .truncated: "truncated"
-        case .badLength: "bad-length"
-        case .trailing: "trailing-bytes"
-        case .unsupported: "unsupported"
-        case .malformed(_, let r): r.description
-        case .noRoom: "no-room"
-        }
-    }
 }
