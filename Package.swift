@@ -38,11 +38,13 @@ var targets: [Target] = [
 ]
 
 // Fuzz targets: one per decoder of untrusted bytes. Built plain they replay corpus files
-// given as arguments (tests use that); scripts/fuzz builds them with -sanitize=fuzzer.
-let fuzzTargets: [String] = []  // filled in as each decoder lands
+// given as arguments (tests use that); scripts/fuzz builds them with -sanitize=fuzzer and
+// -DBATON_LIBFUZZER, and their main hands control to libFuzzer's driver.
+let fuzzTargets = ["FuzzAD", "FuzzBeacon", "FuzzContinuity"]
+targets.append(.target(name: "FuzzSupport", path: "Tests/Fuzz/FuzzSupport"))
 for name in fuzzTargets {
     targets.append(.executableTarget(
-        name: name, dependencies: ["BatonWire", "BatonHCI"], path: "Tests/Fuzz/\(name)"))
+        name: name, dependencies: ["BatonWire", "BatonHCI", "FuzzSupport"], path: "Tests/Fuzz/\(name)"))
 }
 
 var dependencies: [Package.Dependency] = [
