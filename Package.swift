@@ -33,7 +33,7 @@ var targets: [Target] = [
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ]),
 
-    .testTarget(name: "BatonWireTests", dependencies: ["BatonWire"]),
+    .testTarget(name: "BatonWireTests", dependencies: ["BatonWire"], exclude: ["Interop"]),
     .testTarget(name: "BatonHCITests", dependencies: ["BatonHCI", "BatonWire", "BatonSim"]),
 ]
 
