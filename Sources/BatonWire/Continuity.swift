@@ -168,12 +168,20 @@ public struct ContinuityIterator {
         while !r.isAtEnd {
             let at = r.offset
             guard r.remaining >= 2 else { throw .truncated(at: at, need: 2 - r.remaining) }
-            _ = try r.readU8()
-            let length = Int(try r.readU8())
+            let type = try r.readU8()
+            let length = ContinuityIterator.valueLength(type: type, lengthByte: try r.readU8())
             guard length <= r.remaining else { throw .malformed(at: at, .continuityOverlong) }
             try r.skip(length)
         }
         reader = ByteReader(value)
+    }
+
+    /// The value length a TLV's length byte gives. HomeKit (0x06) packs a 3-bit subtype into
+    /// the top of it, "SubType-Length" (HomeKit Accessory Protocol R2, §7.4.2.1.1): bits 0–4 are
+    /// the length. Real accessories send e.g. `06 31 …` (subtype 1, 17 bytes). protocol.md §4.
+    @inlinable
+    public static func valueLength(type: UInt8, lengthByte: UInt8) -> Int {
+        type == 0x06 ? Int(lengthByte & 0x1F) : Int(lengthByte)
     }
 
     @inlinable
@@ -183,7 +191,7 @@ public struct ContinuityIterator {
         do throws(WireError) {
             let at = reader.offset
             let type = try reader.readU8()
-            let length = Int(try reader.readU8())
+            let length = ContinuityIterator.valueLength(type: type, lengthByte: try reader.readU8())
             return ContinuityMessage(offset: at, type: type, value: try reader.readBytes(length))
         } catch {
             preconditionFailure("Continuity TLVs were validated in init")

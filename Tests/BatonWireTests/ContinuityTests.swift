@@ -62,6 +62,12 @@ private func error(_ value: [UInt8]) -> WireError? {
         #expect(try messages(hx("42 02 AABB  07 01 00")) == ["other type=66 len=2", "proximity-pairing type=7 len=1"])
     }
 
+    @Test func homeKitPacksASubtypeIntoItsLengthByte() throws {
+        // HAP R2 §7.4.2.1.1: 0x31 = subtype 1, length 17. Heard from a real accessory.
+        let v = hx("06 31 013E4F2538572406000200 0102AC64E5F1")
+        #expect(try messages(v) == ["homekit type=6 len=17"])
+    }
+
     @Test func emptyAppleDataIsMalformed() {
         #expect(error([]) == .malformed(at: 0, .continuityEmpty))
     }
