@@ -35,6 +35,7 @@ var targets: [Target] = [
 
     .testTarget(name: "BatonWireTests", dependencies: ["BatonWire"], exclude: ["Interop"]),
     .testTarget(name: "BatonHCITests", dependencies: ["BatonHCI", "BatonWire", "BatonSim"]),
+    .testTarget(name: "BatonCLITests", dependencies: ["BatonHCI", "BatonWire", "BatonSim", "baton"]),
 ]
 
 // Fuzz targets: one per decoder of untrusted bytes. Built plain they replay corpus files
