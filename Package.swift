@@ -41,7 +41,7 @@ var targets: [Target] = [
 // Fuzz targets: one per decoder of untrusted bytes. Built plain they replay corpus files
 // given as arguments (tests use that); scripts/fuzz builds them with -sanitize=fuzzer and
 // -DBATON_LIBFUZZER, and their main hands control to libFuzzer's driver.
-let fuzzTargets = ["FuzzAD", "FuzzBeacon", "FuzzContinuity"]
+let fuzzTargets = ["FuzzAD", "FuzzBeacon", "FuzzContinuity", "FuzzPayload", "FuzzH4", "FuzzHCIEvent", "FuzzCapture"]
 targets.append(.target(name: "FuzzSupport", path: "Tests/Fuzz/FuzzSupport"))
 for name in fuzzTargets {
     targets.append(.executableTarget(
@@ -53,16 +53,20 @@ var dependencies: [Package.Dependency] = [
 ]
 
 // The benchmark and its malloc counter build only for scripts/bench (BATON_BENCH=1), so the
-// test suite does not pay for them.
+// test suite does not pay for them. The counter is ordo-one/malloc-interposer, the library
+// behind ordo-one/benchmark's malloc metrics on Swift 6.3: a dynamic library that replaces
+// malloc & co. for the whole process and counts calls while enabled. BatonBench is a plain
+// executable rather than a package-benchmark suite because scripts/bench needs what a suite
+// does not print: reports/s over one whole capture, allocations per report, and the capture
+// file itself for the C walk and the Python peers (docs/performance.md).
 if ProcessInfo.processInfo.environment["BATON_BENCH"] != nil {
-    dependencies.append(.package(url: "https://github.com/ordo-one/benchmark", from: "1.38.0",
-                                 traits: ["MallocInterposer"]))
+    dependencies.append(.package(url: "https://github.com/ordo-one/malloc-interposer", from: "1.6.1"))
     targets.append(.executableTarget(
         name: "BatonBench",
         dependencies: ["BatonWire", "BatonHCI", "BatonSim",
-                       .product(name: "Benchmark", package: "benchmark")],
-        path: "Benchmarks/BatonBench",
-        plugins: [.plugin(name: "BenchmarkPlugin", package: "benchmark")]))
+                       .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                       .product(name: "MallocInterposerSwift", package: "malloc-interposer")],
+        path: "Tests/Benchmarks/BatonBench"))
 }
 
 let package = Package(

@@ -223,12 +223,17 @@ public enum LinkType {
         }
         _ = try r.readU8()      // event packet length
         let flags = try r.readU8()
+        let channelAt = r.offset
         let channel = try r.readU8()
         let rssiRaw = try r.readU8()
         _ = try r.readU16LE()   // event counter
         _ = try r.readU32LE()   // firmware timestamp / delta time
         let phy: UInt8 = switch flags >> 4 & 7 { case 0: 1; case 1: 2; case 2: 3; default: 0 }
         guard phy != 0 else { throw .unsupported(at: start &+ headerLength &+ 1, value: UInt64(flags)) }
+        // A channel index is 0…39 (Core 5.4, Vol 6, Part A, §2), as `LinkLayerRecord.channel`
+        // promises; the sniffer writes the index itself, so anything above is corruption
+        // (found by FuzzCapture; link type 256 refuses RF channels above 39 the same way).
+        guard channel <= 39 else { throw .unsupported(at: channelAt, value: UInt64(channel)) }
         // RSSISAMPLE is the magnitude of a negative dBm value: rssi = -RSSISAMPLE (≤ 127 fits Int8).
         let rssi: Int8? = rssiRaw <= 128 ? Int8(truncatingIfNeeded: 0 &- Int(rssiRaw)) : nil
         return .linkLayer(try BLELinkLayer.packet(&r, phy: phy, channel: channel, rssi: rssi,

@@ -274,6 +274,26 @@ import BatonWire
         ])
     }
 
+    @Test func nordicChannelIndexAbove39IsRefused() throws {
+        // Core 5.4, Vol 6, Part A, §2: channel indices are 0…39. The nRF Sniffer's event packet
+        // carries the index (here at record byte 9); 39 is read, 40 and 0xFF are refused at
+        // that byte, and reading goes on. (FuzzCapture found 0xFF passed through as a channel.)
+        let record = Array(Self.nordicFile[(24 + 16) ..< (24 + 16 + 48)])
+        var last = record, forty = record, ff = record
+        last[9] = 39
+        forty[9] = 40
+        ff[9] = 0xFF
+        let read = try readCapture(Self.pcap(linkType: 272, [last, forty, ff, record]))
+        let second = 24 + 16 + 48 + 16, third = second + 48 + 16
+        #expect(read.seen == [
+            .ll(channel: 39, rssi: -60, accessAddress: 0x8E89_BED6, phy: 1, crc: .ok, pdu: Self.advInd),
+            .malformed(.unsupported(at: second + 9, value: 40)),
+            .malformed(.unsupported(at: third + 9, value: 0xFF)),
+            .ll(channel: 37, rssi: -60, accessAddress: 0x8E89_BED6, phy: 1, crc: .ok, pdu: Self.advInd),
+        ])
+        #expect(read.error == nil)
+    }
+
     @Test func pcapHeaderErrors() {
         var ethernet = Self.h4File
         ethernet[20] = 1

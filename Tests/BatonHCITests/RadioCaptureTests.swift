@@ -98,6 +98,6 @@ private func drain(_ radio: inout RadioCapture, now: ContinuousClock.Instant) th
     }
 
     @Test func notACaptureIsAWireError() {
-        #expect(throws: RadioError.self) { try replay(Array("not a capture".utf8)) }
+        #expect(throws: RadioError.self) { _ = try replay(Array("not a capture".utf8)) }
     }
 }
