@@ -90,12 +90,18 @@ public struct AdvertisementDecoder {
         tally.reports &+= 1
         if report.isExtended { tally.extendedReports &+= 1 } else { tally.legacyReports &+= 1 }
         let content: AdvertisementContent
+        // `continuityMessages` validates the chain on every call: get it once, and walk
+        // copies of the iterator.
+        var messages = ContinuityIterator.empty
         do throws(WireError) {
             content = try AdvertisementContent.decode(report.data, beaconCompanyID: beaconCompanyID)
             // Decode every Continuity message now, so a short Handoff is a drop here and
             // consumers only ever see messages that decode.
-            var messages = content.continuityMessages
-            while let m = messages.next() { _ = try m.decode() }
+            if content.apple != nil {
+                messages = content.continuityMessages
+                var each = messages
+                while let m = each.next() { _ = try m.decode() }
+            }
         } catch {
             return tally.drops.count(error)
         }
@@ -103,7 +109,6 @@ public struct AdvertisementDecoder {
         case .beacon: tally.beacons &+= 1
         case .continuity:
             tally.continuityReports &+= 1
-            var messages = content.continuityMessages
             while let m = messages.next() { tally.continuityByType[Int(m.type)] &+= 1 }
         case .other: tally.other &+= 1
         }

@@ -126,7 +126,8 @@ public struct AdvertisingReport {
 
 extension ByteReader {
     /// A 48-bit address, little-endian on the wire (Core 5.4, Vol 6, Part B, §1.3).
-    @inlinable
+    // Always inlined: it is read once per report in both report loops below.
+    @inlinable @inline(__always)
     mutating func readAddress48() throws(WireError) -> UInt64 {
         let lo = UInt64(try readU32LE())
         let hi = UInt64(try readU16LE())

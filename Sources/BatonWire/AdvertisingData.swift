@@ -45,7 +45,9 @@ public struct ADIterator {
     @inlinable
     public init(_ data: UnsafeRawBufferPointer) { reader = ByteReader(data) }
 
-    @inlinable
+    // Always inlined, for the reason AdvertisementContent.decode is: a returned ADStructure
+    // read back whole stalled on the stores that built it.
+    @inlinable @inline(__always)
     public mutating func next() throws(WireError) -> ADStructure? {
         guard !failed, !reader.isAtEnd else { return nil }
         let start = reader.offset
