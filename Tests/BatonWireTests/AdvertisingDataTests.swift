@@ -2,10 +2,6 @@
 import Testing
 @testable import BatonWire
 
-private func hx(_ s: String) -> [UInt8] {
-    let d = Array(s.filter { !$0.isWhitespace })
-    return stride(from: 0, to: d.count, by: 2).map { UInt8(String(d[$0...$0 + 1]), radix: 16)! }
-}
 
 private struct Walked: Equatable {
     var type: UInt8

@@ -2,17 +2,6 @@
 import Testing
 @testable import BatonWire
 
-private func hx(_ s: String) -> [UInt8] {
-    let digits = s.filter { !$0.isWhitespace }
-    var out: [UInt8] = []
-    var i = digits.startIndex
-    while i < digits.endIndex {
-        let j = digits.index(i, offsetBy: 2)
-        out.append(UInt8(digits[i..<j], radix: 16)!)
-        i = j
-    }
-    return out
-}
 
 /// protocol.md §2.5, vector 1: streams + web URL, sequence 258, type "com.example.reader.article",
 /// group hash 0xA1B2C3D4, device id 5A:12:34:56:78:9A, PSM 0x0080, open group (tag 0).

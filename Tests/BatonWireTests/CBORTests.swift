@@ -3,22 +3,7 @@
 import Testing
 @testable import BatonWire
 
-private func hx(_ s: String) -> [UInt8] {
-    let digits = s.filter { !$0.isWhitespace }
-    var out: [UInt8] = []
-    var i = digits.startIndex
-    while i < digits.endIndex {
-        let j = digits.index(i, offsetBy: 2)
-        out.append(UInt8(digits[i..<j], radix: 16)!)
-        i = j
-    }
-    return out
-}
 
-private func hexString(_ b: [UInt8]) -> String {
-    let d = Array("0123456789abcdef")
-    return String(b.flatMap { [d[Int($0 >> 4)], d[Int($0 & 0xF)]] })
-}
 
 private func head(_ bytes: [UInt8]) throws(WireError) -> CBORHead {
     let r: Result<CBORHead, WireError> = bytes.withUnsafeBytes { raw in
