@@ -1,7 +1,7 @@
 // Writes generated reports as a capture file, the way a controller and a snoop log would:
 // LE Meta events of 1–3 reports (all legacy or all extended), one btsnoop record each.
-public import BatonWire
-public import BatonHCI
+import BatonWire
+import BatonHCI
 
 public enum CaptureDatalink: Sendable {
     /// btsnoop 1002: Android's HCI snoop log (H4 indicator before each packet).
