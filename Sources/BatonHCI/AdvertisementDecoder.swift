@@ -90,8 +90,6 @@ public struct AdvertisementDecoder {
         tally.reports &+= 1
         if report.isExtended { tally.extendedReports &+= 1 } else { tally.legacyReports &+= 1 }
         let content: AdvertisementContent
-        // `continuityMessages` validates the chain on every call: get it once, and walk
-        // copies of the iterator.
         var messages = ContinuityIterator.empty
         do throws(WireError) {
             content = try AdvertisementContent.decode(report.data, beaconCompanyID: beaconCompanyID)

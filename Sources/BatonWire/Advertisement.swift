@@ -28,13 +28,12 @@ public struct AdvertisementContent {
     @inlinable
     public var kind: Kind { beacon != nil ? .beacon : apple != nil ? .continuity : .other }
 
-    /// The Continuity TLVs; empty when there is no Apple data.
+    /// The Continuity TLVs; empty when there is no Apple data. Costs nothing: `decode`
+    /// validated the chain once, and `apple` is set only when it did.
+    @inlinable
     public var continuityMessages: ContinuityIterator {
-        // Proof: `apple` is only set after ContinuityIterator(validating:) succeeded on it.
         guard let apple else { return .empty }
-        do throws(WireError) { return try ContinuityIterator(validating: apple) } catch {
-            preconditionFailure("apple was validated in decode")
-        }
+        return ContinuityIterator(reader: ByteReader(apple))
     }
 
     /// Walks the advertising data once. A malformed AD chain, beacon or Continuity chain

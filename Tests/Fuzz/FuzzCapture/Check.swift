@@ -188,14 +188,6 @@ func decodeData(_ data: UnsafeRawBufferPointer) {
     }
 }
 
-/// Where `slice` starts inside `whole`, or nil when it does not lie entirely inside it.
-func offset(of slice: UnsafeRawBufferPointer, in whole: UnsafeRawBufferPointer) -> Int? {
-    guard let base = whole.baseAddress else { return slice.isEmpty ? 0 : nil }
-    guard let start = slice.baseAddress else { return nil }
-    let lower = start - base
-    guard lower >= 0, lower + slice.count <= whole.count else { return nil }
-    return lower
-}
 
 /// An error's byte must lie in `from…count` (`count` itself for "ran out here").
 func checkErrorOffset(_ e: WireError, count: Int, from: Int) {

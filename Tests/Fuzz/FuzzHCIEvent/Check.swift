@@ -111,14 +111,6 @@ func checkReport(_ r: AdvertisingReport, at p: Int, in e: UnsafeRawBufferPointer
     }
 }
 
-/// Where `slice` starts inside `whole`, or nil when it does not lie entirely inside it.
-func offset(of slice: UnsafeRawBufferPointer, in whole: UnsafeRawBufferPointer) -> Int? {
-    guard let base = whole.baseAddress else { return slice.isEmpty ? 0 : nil }
-    guard let start = slice.baseAddress else { return nil }
-    let lower = start - base
-    guard lower >= 0, lower + slice.count <= whole.count else { return nil }
-    return lower
-}
 
 func checkErrorOffset(_ e: WireError, count: Int) {
     switch e {
@@ -131,11 +123,6 @@ func checkErrorOffset(_ e: WireError, count: Int) {
     case .noRoom:
         invariant(false, "a decoder threw \(e)")
     }
-}
-
-func hex(_ b: some Sequence<UInt8>) -> String {
-    let d = Array("0123456789abcdef")
-    return String(b.flatMap { [d[Int($0 >> 4)], d[Int($0 & 0xF)]] })
 }
 
 @_cdecl("LLVMFuzzerTestOneInput")

@@ -334,11 +334,6 @@ func checkErrorOffset(_ e: WireError, count: Int) {
     }
 }
 
-func hex(_ b: some Sequence<UInt8>) -> String {
-    let d = Array("0123456789abcdef")
-    return String(b.flatMap { [d[Int($0 >> 4)], d[Int($0 & 0xF)]] })
-}
-
 @_cdecl("LLVMFuzzerTestOneInput")
 public func fuzzOne(_ data: UnsafePointer<UInt8>?, _ size: Int) -> Int32 {
     check(UnsafeRawBufferPointer(start: data, count: size))

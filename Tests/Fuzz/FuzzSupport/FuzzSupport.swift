@@ -28,6 +28,22 @@ public func runLibFuzzer(_ callback: @convention(c) (UnsafePointer<UInt8>?, Int)
 }
 #endif
 
+/// Lower-case hex, for invariant messages.
+public func hex(_ b: some Sequence<UInt8>) -> String {
+    let d = Array("0123456789abcdef")
+    return String(b.flatMap { [d[Int($0 >> 4)], d[Int($0 & 0xF)]] })
+}
+
+/// Where `slice` starts inside `whole`, or nil when it does not lie entirely inside it:
+/// how a target proves that a decoder's borrowed slices point into its input.
+public func offset(of slice: UnsafeRawBufferPointer, in whole: UnsafeRawBufferPointer) -> Int? {
+    guard let base = whole.baseAddress else { return slice.isEmpty ? 0 : nil }
+    guard let start = slice.baseAddress else { return nil }
+    let lower = start - base
+    guard lower >= 0, lower + slice.count <= whole.count else { return nil }
+    return lower
+}
+
 /// The plain build's main: replays the files and directories named on the command line.
 public func replayCorpusAndExit(_ check: (UnsafeRawBufferPointer) -> Void) -> Never {
     exit(replayCorpus(Array(CommandLine.arguments.dropFirst()), check))
