@@ -26,6 +26,7 @@ var targets: [Target] = [
     .target(name: "BatonWire", swiftSettings: wireSettings),
     .target(name: "BatonHCI", dependencies: ["BatonWire", "CBlueZ"], swiftSettings: wireSettings),
     .target(name: "BatonSim", dependencies: ["BatonWire", "BatonHCI"], swiftSettings: wireSettings),
+    .target(name: "BatonCore", dependencies: ["BatonWire"], swiftSettings: wireSettings),
     .executableTarget(
         name: "baton",
         dependencies: [
@@ -36,6 +37,7 @@ var targets: [Target] = [
     .testTarget(name: "BatonWireTests", dependencies: ["BatonWire"], exclude: ["Interop"]),
     .testTarget(name: "BatonHCITests", dependencies: ["BatonHCI", "BatonWire", "BatonSim"]),
     .testTarget(name: "BatonCLITests", dependencies: ["BatonHCI", "BatonWire", "BatonSim", "baton"]),
+    .testTarget(name: "BatonCoreTests", dependencies: ["BatonCore", "BatonWire"]),
 ]
 
 // Fuzz targets: one per decoder of untrusted bytes. Built plain they replay corpus files

@@ -1,0 +1,539 @@
+// The activity table: what this room knows about each device's current activity, keyed by the
+// beacon's rotating device id (docs/protocol.md §2.4), and the changes a subscriber must see
+// (DESIGN.md "Data flow"). The rules are written for users in docs/table.md; this file cites it.
+//
+// Storage is fixed at init (DESIGN.md "Memory model"): `capacity` entries in one allocation,
+// an open-addressing index over them, and two lists in order of last heard (current,
+// invalidated), so expiry, `nextExpiry` and the eviction victim are each found at a list's
+// head without a scan. `hear` and `expire` allocate nothing. Time is injected: `now` is the
+// caller's `ContinuousClock` instant, never read here.
+public import BatonWire
+
+public typealias Instant = ContinuousClock.Instant
+
+public struct ActivityTableConfig: Sendable, Equatable {
+    /// Devices tracked at once; storage for this many is allocated at init and never grows.
+    public var capacity: Int
+    /// Silence after which an activity expires (cleared from the broker).
+    public var expiry: Duration
+    public init(capacity: Int = 256, expiry: Duration = .seconds(60)) {
+        self.capacity = capacity
+        self.expiry = expiry
+    }
+}
+
+/// One device's entry: what the room knows about its current activity.
+public struct TrackedActivity: Sendable, Equatable {
+    public enum State: Sendable, Equatable { case current, invalidated }
+    /// The beacon's 48-bit rotating device id (docs/protocol.md §2.4).
+    public var deviceID: UInt64
+    /// The latest beacon heard (sequence, flags, type hash, group hash, PSM).
+    public var beacon: ActivityBeacon
+    public var state: State
+    /// The advertiser address and its type of the latest beacon.
+    public var address: UInt64
+    public var addressType: UInt8
+    /// Smoothed RSSI in dBm (docs/table.md "RSSI"): 127 until a report carries one. And the
+    /// last raw sample as the controller reported it (127: not available).
+    public var rssi: Int8
+    public var lastRSSI: Int8
+    public var firstSeen: Instant
+    public var lastSeen: Instant
+    /// When the last change a subscriber sees happened (became current, saved, invalidated).
+    public var lastChange: Instant
+    /// Advertisements heard from this device since it entered the table.
+    public var reports: UInt32
+}
+
+public enum ActivityChangeKind: Sendable, Equatable {
+    /// A device's first beacon, or a beacon with a new activity type: NSUserActivity
+    /// `becomeCurrent`.
+    case becameCurrent
+    /// A newer sequence number for the same activity type: `needsSave` → saved.
+    case saved
+    /// The invalidated flag: the activity ended (`invalidate`).
+    case invalidated
+    /// Silent for `expiry`: the entry left the table.
+    case expired
+    /// Pushed out of a full table by a new device (docs/table.md "A full table").
+    case evicted
+}
+
+public struct ActivityChange: Sendable, Equatable {
+    public var kind: ActivityChangeKind
+    /// The entry after the change; for expired/evicted, its last state.
+    public var activity: TrackedActivity
+}
+
+public struct ActivityTableCounters: Sendable, Equatable {
+    public var beaconsHeard = 0
+    public var becameCurrent = 0
+    public var saved = 0
+    public var invalidated = 0
+    public var expired = 0
+    public var evicted = 0
+    /// Beacons with an older sequence than the entry holds (RFC 1982): ignored.
+    public var staleSequence = 0
+    public init() {}
+}
+
+public struct ActivityTable: ~Copyable {
+    public let config: ActivityTableConfig
+    public private(set) var counters = ActivityTableCounters()
+
+    // Internal, not private: Swift 6.3.1 fails in IRGen ("Global is external, but doesn't have
+    // external or weak linkage") compiling a module that `@testable import`s this one when a
+    // private type is the element of a ~Copyable generic stored property.
+    struct Entry {
+        var activity: TrackedActivity
+        var smoothed: SmoothedRSSI
+    }
+
+    /// The two lists of `entries`, each in order of last heard. Invalidated entries have their
+    /// own list so the eviction rule finds the least recently heard of them at its head.
+    private static let currentList = 0
+    private static let invalidatedList = 1
+
+    private var entries: SlotPool<Entry>
+    private var index: SlotIndex
+    private var clock = MonotonicClamp()
+
+    /// Allocates storage for `config.capacity` entries, once. A capacity outside
+    /// 1...`TableLimits.maxCapacity` is the caller's bug (a precondition): the config loader
+    /// must refuse it with a message first (docs/table.md "Capacities").
+    public init(config: ActivityTableConfig) {
+        self.config = config
+        entries = SlotPool(capacity: config.capacity)
+        index = SlotIndex(maxKeys: config.capacity)
+    }
+
+    public var count: Int { entries.count }
+    public var capacity: Int { entries.capacity }
+
+    /// Takes one beacon heard at `now`. Calls `onChange` for each change it makes (none for
+    /// an identical repeat, the common case; an eviction and then `becameCurrent` for a new
+    /// device in a full table). Allocates nothing. `onChange` records; it must not re-enter.
+    public mutating func hear(_ beacon: ActivityBeacon, rssi: Int8, address: UInt64, addressType: UInt8,
+                              now: Instant, _ onChange: (ActivityChange) -> Void) {
+        counters.beaconsHeard &+= 1
+        let now = clock.clamp(now)
+        // ActivityBeacon's init keeps 48 bits; a caller that set the field directly may not have.
+        var beacon = beacon
+        beacon.deviceID &= 0xFFFF_FFFF_FFFF
+        guard let slot = index.find(beacon.deviceID) else {
+            return insert(beacon, rssi: rssi, address: address, addressType: addressType, now: now, onChange)
+        }
+        let order = SerialOrder(beacon.sequence, comparedTo: entries[slot].activity.beacon.sequence)
+        // A replayed or reordered old beacon changes nothing, not even lastSeen: a device that
+        // restarted its sequence is silent to the table until its entry expires, then starts
+        // afresh (docs/table.md "Sequence numbers").
+        guard order != .older else { counters.staleSequence &+= 1; return }
+
+        entries[slot].activity.lastSeen = now
+        entries[slot].activity.address = address
+        entries[slot].activity.addressType = addressType
+        entries[slot].activity.lastRSSI = rssi
+        entries[slot].smoothed.add(rssi)
+        entries[slot].activity.rssi = entries[slot].smoothed.dBm
+        // Proof: at one beacon a millisecond, 2³² reports take 49 days; saturate rather than wrap.
+        if entries[slot].activity.reports < .max { entries[slot].activity.reports &+= 1 }
+        let old = entries[slot].activity
+        entries.moveToTail(slot, list: Self.list(old.state))
+
+        let ends = beacon.flags.contains(.invalidated)
+        let kind: ActivityChangeKind?
+        switch (old.state, order) {
+        case (.invalidated, .same):
+            // Invalidation is final for its sequence: a same-sequence beacon without the flag
+            // is a copy sent before it. Only a newer sequence makes the device current again.
+            kind = nil
+        case (.invalidated, _):
+            entries[slot].activity.beacon = beacon
+            kind = ends ? nil : .becameCurrent
+        case (.current, _) where ends:
+            entries[slot].activity.beacon = beacon
+            kind = .invalidated
+        case (.current, .same):
+            // Fields a subscriber sees changing without a new sequence (a device that flips
+            // "supports streams" in place) still reach the broker. Group hash, PSM, tag and the
+            // relayed bit are kept silently, so a relayed copy does not flap the topic.
+            entries[slot].activity.beacon = beacon
+            kind = beacon.activityTypeHash != old.beacon.activityTypeHash ? .becameCurrent
+                : beacon.flags.intersection(Self.visibleFlags) != old.beacon.flags.intersection(Self.visibleFlags) ? .saved
+                : nil
+        case (.current, _):
+            entries[slot].activity.beacon = beacon
+            kind = beacon.activityTypeHash != old.beacon.activityTypeHash ? .becameCurrent : .saved
+        }
+        guard let kind else { return }
+        switch kind {
+        case .becameCurrent:
+            counters.becameCurrent &+= 1
+            entries[slot].activity.state = .current
+        case .saved:
+            counters.saved &+= 1
+        case .invalidated:
+            counters.invalidated &+= 1
+            entries[slot].activity.state = .invalidated
+        case .expired, .evicted:
+            preconditionFailure("hear never expires or evicts a known device")
+        }
+        entries[slot].activity.lastChange = now
+        let changed = entries[slot].activity
+        entries.moveToTail(slot, list: Self.list(changed.state))
+        onChange(ActivityChange(kind: kind, activity: changed))
+    }
+
+    /// Flags a subscriber sees on the activity topic (DESIGN.md "MQTT").
+    private static let visibleFlags: BeaconFlags = [.supportsStreams, .hasWebURL]
+
+    private static func list(_ state: TrackedActivity.State) -> Int {
+        state == .current ? currentList : invalidatedList
+    }
+
+    private mutating func insert(_ beacon: ActivityBeacon, rssi: Int8, address: UInt64, addressType: UInt8,
+                                 now: Instant, _ onChange: (ActivityChange) -> Void) {
+        let ends = beacon.flags.contains(.invalidated)
+        if entries.isFull {
+            // docs/table.md "A full table": the least recently heard invalidated entry goes
+            // first (it has no retained topic to lose), else the least recently heard. A device
+            // whose first beacon is already invalidated has nothing to show, and never pushes
+            // out a current activity to get in.
+            guard let victim = entries.head(Self.invalidatedList) ?? (ends ? nil : entries.head(Self.currentList)) else { return }
+            let last = remove(victim)
+            counters.evicted &+= 1
+            onChange(ActivityChange(kind: .evicted, activity: last))
+        }
+        var smoothed = SmoothedRSSI()
+        smoothed.add(rssi)
+        let activity = TrackedActivity(deviceID: beacon.deviceID, beacon: beacon, state: ends ? .invalidated : .current,
+                                       address: address, addressType: addressType, rssi: smoothed.dBm, lastRSSI: rssi,
+                                       firstSeen: now, lastSeen: now, lastChange: now, reports: 1)
+        let slot = entries.append(Entry(activity: activity, smoothed: smoothed), to: Self.list(activity.state))
+        index.insert(beacon.deviceID, slot: slot)
+        // An invalidated first beacon has nothing to clear and nothing to show: kept (so an older
+        // replay cannot make it current) but not announced.
+        guard !ends else { return }
+        counters.becameCurrent &+= 1
+        onChange(ActivityChange(kind: .becameCurrent, activity: activity))
+    }
+
+    private mutating func remove(_ slot: Int32) -> TrackedActivity {
+        let last = entries.remove(slot).activity
+        index.remove(last.deviceID)
+        return last
+    }
+
+    /// The least recently heard entry of both lists.
+    private var oldest: Int32? {
+        guard let c = entries.head(Self.currentList) else { return entries.head(Self.invalidatedList) }
+        guard let i = entries.head(Self.invalidatedList) else { return c }
+        return entries[i].activity.lastSeen < entries[c].activity.lastSeen ? i : c
+    }
+
+    /// Removes entries silent for `expiry`, calling `onChange` with `.expired` for each.
+    /// An entry heard at `t` expires at exactly `t + expiry` (docs/table.md "Expiry").
+    public mutating func expire(now: Instant, _ onChange: (ActivityChange) -> Void) {
+        while let slot = oldest, entries[slot].activity.lastSeen + config.expiry <= now {
+            let last = remove(slot)
+            counters.expired &+= 1
+            onChange(ActivityChange(kind: .expired, activity: last))
+        }
+    }
+
+    /// The earliest instant at which `expire` has something to do; nil when empty. Exact and
+    /// O(1): the oldest entry is at the head of one of the two lists.
+    public var nextExpiry: Instant? {
+        guard let slot = oldest else { return nil }
+        return entries[slot].activity.lastSeen + config.expiry
+    }
+
+    public func activity(deviceID: UInt64) -> TrackedActivity? {
+        guard let slot = index.find(deviceID & 0xFFFF_FFFF_FFFF) else { return nil }
+        return entries[slot].activity
+    }
+
+    /// Every entry, in no particular order (republish after a reconnect).
+    public func forEach(_ body: (TrackedActivity) -> Void) {
+        entries.forEach(list: Self.currentList) { body($0.activity) }
+        entries.forEach(list: Self.invalidatedList) { body($0.activity) }
+    }
+}
+
+// MARK: - Shared by both tables
+
+/// RFC 1982 serial-number order of two 16-bit sequence numbers (docs/protocol.md §2.3).
+enum SerialOrder: Equatable {
+    case older, same, newer
+
+    /// §3.2: `s` is newer than `than` when `0 < s − than < 2¹⁵` (mod 2¹⁶), older when the
+    /// difference is above 2¹⁵. The comparison is undefined at exactly 2¹⁵; we call it older,
+    /// so only a beacon that is unambiguously newer can change an entry.
+    init(_ s: UInt16, comparedTo than: UInt16) {
+        // Proof: the difference is meant to wrap: that is the serial arithmetic.
+        let d = s &- than
+        self = d == 0 ? .same : d < 0x8000 ? .newer : .older
+    }
+}
+
+/// An exponentially weighted moving average of RSSI (docs/table.md "RSSI"), integer only:
+/// 1/16 dBm fixed point, each new sample weighing 1/4. Room ownership (a later issue) compares
+/// these averages between gateways; a single faded or reflected report moves the average by a
+/// quarter of its error, and a step change (a person walking into the room) is 90 % followed
+/// after 8 reports.
+struct SmoothedRSSI {
+    /// Core 5.4, Vol 4, Part E, §7.7.65.2: RSSI 127 is "not available"; it never enters the average.
+    static let notAvailable: Int8 = 127
+    /// The average in 1/16 dBm; `Int16.min` until the first sample.
+    private var q4 = Int16.min
+
+    init() {}
+
+    mutating func add(_ sample: Int8) {
+        guard sample != Self.notAvailable else { return }
+        let x = Int16(sample) << 4
+        guard q4 != .min else { q4 = x; return }
+        // Proof: x and q4 lie in −2048…2016, so x − q4 + 2 is within ±4066 and the sum stays in
+        // −2048…2016: nothing here can overflow Int16. `+ 2 >> 2` rounds the quarter to nearest,
+        // so the average settles within 2/16 dBm of a steady signal and reads back exactly.
+        q4 = q4 &+ ((x &- q4 &+ 2) >> 2)
+    }
+
+    /// Rounded to the nearest dBm; 127 (not available) before the first sample.
+    var dBm: Int8 {
+        // Proof: q4 in −2048…2016 gives (q4 + 8) >> 4 in −128…126.
+        q4 == .min ? Self.notAvailable : Int8(truncatingIfNeeded: (q4 &+ 8) >> 4)
+    }
+}
+
+/// Keeps a table's idea of now from running backwards. `ContinuousClock` never does, but the
+/// lists' order (the oldest at the head) depends on it, so a caller's mistake costs a moment
+/// of staleness, never a wrong order.
+struct MonotonicClamp {
+    private var latest: Instant?
+    mutating func clamp(_ now: Instant) -> Instant {
+        if let latest, now < latest { return latest }
+        latest = now
+        return now
+    }
+}
+
+/// SplitMix64's finaliser (Steele, Lea, Flood, "Fast splittable pseudorandom number
+/// generators", OOPSLA 2014): a bijective 64-bit mix whose every output bit depends on every
+/// input bit. Used for the index's home buckets and the Apple table's pseudonyms.
+@inline(__always)
+func mix64(_ x: UInt64) -> UInt64 {
+    // Proof: wrapping multiplication is the point of the mix.
+    var z = x &+ 0x9E37_79B9_7F4A_7C15
+    z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+    z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+    return z ^ (z >> 31)
+}
+
+enum TableLimits {
+    /// The largest capacity a table accepts (slot numbers are Int32, and an index's buckets
+    /// number up to 4 × its keys).
+    static var maxCapacity: Int { 1 << 24 }
+}
+
+/// Fixed storage for up to `capacity` elements in one allocation, each slot on one of two
+/// doubly linked lists or on the free list. Slots are stable while occupied. A list is kept in
+/// the order elements were appended or moved to its tail: the tables move an entry to the tail
+/// whenever they hear it, so each head is that list's least recently heard.
+struct SlotPool<Element>: ~Copyable {
+    /// Slot numbers are Int32, and an index sizes its buckets at 2–4 × its keys.
+    static var maxCapacity: Int { TableLimits.maxCapacity }
+
+    private struct Link {
+        var prev: Int32
+        var next: Int32
+        /// 0 or 1 when on a list; -1 when free.
+        var list: Int32
+    }
+
+    let capacity: Int
+    private(set) var count = 0
+    private let elements: UnsafeMutablePointer<Element>
+    private let links: UnsafeMutablePointer<Link>
+    private var free: Int32
+    private var heads: InlineArray<2, Int32> = .init(repeating: -1)
+    private var tails: InlineArray<2, Int32> = .init(repeating: -1)
+
+    init(capacity: Int) {
+        precondition(capacity >= 1 && capacity <= Self.maxCapacity,
+                     "table capacity \(capacity) outside 1...\(Self.maxCapacity): the config loader checks it")
+        self.capacity = capacity
+        elements = .allocate(capacity: capacity)
+        links = .allocate(capacity: capacity)
+        for i in 0..<capacity {
+            // Proof: i + 1 <= capacity <= 2²⁴ fits Int32; the last slot ends the free list.
+            (links + i).initialize(to: Link(prev: -1, next: i + 1 < capacity ? Int32(i + 1) : -1, list: -1))
+        }
+        free = 0
+    }
+
+    deinit {
+        for list in 0..<2 {
+            var s = heads[list]
+            while s >= 0 {
+                (elements + Int(s)).deinitialize(count: 1)
+                s = links[Int(s)].next
+            }
+        }
+        elements.deallocate()
+        links.deallocate()
+    }
+
+    var isFull: Bool { count == capacity }
+
+    /// Every slot number handed out is in 0..<capacity, so these accesses stay inside the
+    /// allocation; a slot that is not occupied is our bug.
+    subscript(slot: Int32) -> Element {
+        unsafeAddress {
+            precondition(slot >= 0 && Int(slot) < capacity)
+            return UnsafePointer(elements + Int(slot))
+        }
+        unsafeMutableAddress {
+            precondition(slot >= 0 && Int(slot) < capacity)
+            return elements + Int(slot)
+        }
+    }
+
+    func head(_ list: Int) -> Int32? {
+        let s = heads[list]
+        return s >= 0 ? s : nil
+    }
+
+    /// Puts `element` in a free slot at the tail of `list`. The caller made room first.
+    mutating func append(_ element: Element, to list: Int) -> Int32 {
+        precondition(free >= 0, "append to a full pool: the table evicts first")
+        let slot = free
+        free = links[Int(slot)].next
+        (elements + Int(slot)).initialize(to: element)
+        link(slot, list: list)
+        count &+= 1
+        return slot
+    }
+
+    /// Takes the element out of `slot` and frees the slot.
+    mutating func remove(_ slot: Int32) -> Element {
+        precondition(links[Int(slot)].list >= 0, "remove of a free slot")
+        unlink(slot)
+        links[Int(slot)] = Link(prev: -1, next: free, list: -1)
+        free = slot
+        count &-= 1
+        return (elements + Int(slot)).move()
+    }
+
+    /// Moves an occupied slot to the tail of `list` (the same list or the other one).
+    mutating func moveToTail(_ slot: Int32, list: Int) {
+        guard tails[list] != slot else { return }
+        unlink(slot)
+        link(slot, list: list)
+    }
+
+    func forEach(list: Int, _ body: (borrowing Element) -> Void) {
+        var s = heads[list]
+        while s >= 0 {
+            body(elements[Int(s)])
+            s = links[Int(s)].next
+        }
+    }
+
+    private mutating func link(_ slot: Int32, list: Int) {
+        let tail = tails[list]
+        links[Int(slot)] = Link(prev: tail, next: -1, list: Int32(list))
+        if tail >= 0 { links[Int(tail)].next = slot } else { heads[list] = slot }
+        tails[list] = slot
+    }
+
+    private mutating func unlink(_ slot: Int32) {
+        let l = links[Int(slot)]
+        let list = Int(l.list)
+        if l.prev >= 0 { links[Int(l.prev)].next = l.next } else { heads[list] = l.next }
+        if l.next >= 0 { links[Int(l.next)].prev = l.prev } else { tails[list] = l.prev }
+    }
+}
+
+/// A fixed open-addressing index from a 64-bit key to a slot, linear probing, at most half
+/// full so every probe ends at an empty bucket. Removal shifts the following run back (Knuth,
+/// TAOCP vol. 3, §6.4, Algorithm R), so there are no tombstones and lookups never slow down
+/// with churn. Home buckets are keyed by a per-table random seed: devices choose their ids and
+/// addresses, and must not be able to choose a long probe run.
+struct SlotIndex: ~Copyable {
+    private struct Bucket {
+        var key: UInt64
+        /// -1: empty.
+        var slot: Int32
+    }
+
+    private let buckets: UnsafeMutablePointer<Bucket>
+    private let mask: Int
+    private let seed: UInt64
+    private let maxKeys: Int
+    private(set) var count = 0
+
+    init(maxKeys: Int) {
+        precondition(maxKeys >= 1 && maxKeys <= 2 * TableLimits.maxCapacity)
+        var size = 4
+        while size < 2 * maxKeys { size <<= 1 }
+        buckets = .allocate(capacity: size)
+        buckets.initialize(repeating: Bucket(key: 0, slot: -1), count: size)
+        mask = size - 1
+        self.maxKeys = maxKeys
+        seed = UInt64.random(in: .min ... .max)
+    }
+
+    deinit { buckets.deallocate() }
+
+    @inline(__always)
+    private func home(_ key: UInt64) -> Int { Int(truncatingIfNeeded: mix64(key ^ seed)) & mask }
+
+    func find(_ key: UInt64) -> Int32? {
+        var i = home(key)
+        while true {
+            // Proof: i is masked into 0..<size; at most half the buckets are full, so the
+            // probe meets an empty one.
+            let b = buckets[i]
+            if b.slot < 0 { return nil }
+            if b.key == key { return b.slot }
+            i = (i &+ 1) & mask
+        }
+    }
+
+    /// Maps `key` to `slot`, replacing what it mapped to.
+    mutating func insert(_ key: UInt64, slot: Int32) {
+        var i = home(key)
+        while buckets[i].slot >= 0 && buckets[i].key != key { i = (i &+ 1) & mask }
+        if buckets[i].slot < 0 {
+            precondition(count < maxKeys, "index over its sizing: the table removes first")
+            count &+= 1
+        }
+        buckets[i] = Bucket(key: key, slot: slot)
+    }
+
+    mutating func remove(_ key: UInt64) {
+        var hole = home(key)
+        while true {
+            if buckets[hole].slot < 0 { return }
+            if buckets[hole].key == key { break }
+            hole = (hole &+ 1) & mask
+        }
+        count &-= 1
+        var j = hole
+        while true {
+            j = (j &+ 1) & mask
+            let b = buckets[j]
+            if b.slot < 0 { break }
+            // b may fill the hole unless its home lies cyclically in (hole, j]: then moving it
+            // before its home would hide it from its own probe.
+            let h = home(b.key)
+            let stays = hole <= j ? (hole < h && h <= j) : (hole < h || h <= j)
+            if !stays {
+                buckets[hole] = b
+                hole = j
+            }
+        }
+        buckets[hole].slot = -1
+    }
+}
