@@ -27,6 +27,7 @@ var targets: [Target] = [
     .target(name: "BatonHCI", dependencies: ["BatonWire", "CBlueZ"], swiftSettings: wireSettings),
     .target(name: "BatonSim", dependencies: ["BatonWire", "BatonHCI"], swiftSettings: wireSettings),
     .target(name: "BatonCore", dependencies: ["BatonWire"], swiftSettings: wireSettings),
+    .target(name: "BatonMQTT", dependencies: ["CMosquitto"], swiftSettings: wireSettings),
     .executableTarget(
         name: "baton",
         dependencies: [
@@ -34,10 +35,14 @@ var targets: [Target] = [
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ]),
 
+    // Starts a real mosquitto on 127.0.0.1 and a free port for the tests that need a broker.
+    .target(name: "BatonTestSupport", path: "Tests/BatonTestSupport"),
+
     .testTarget(name: "BatonWireTests", dependencies: ["BatonWire"], exclude: ["Interop"]),
     .testTarget(name: "BatonHCITests", dependencies: ["BatonHCI", "BatonWire", "BatonSim"]),
     .testTarget(name: "BatonCLITests", dependencies: ["BatonHCI", "BatonWire", "BatonSim", "baton"]),
     .testTarget(name: "BatonCoreTests", dependencies: ["BatonCore", "BatonWire"]),
+    .testTarget(name: "BatonMQTTTests", dependencies: ["BatonMQTT", "BatonTestSupport"]),
 ]
 
 // Fuzz targets: one per decoder of untrusted bytes. Built plain they replay corpus files

@@ -1,0 +1,48 @@
+// Reconnect backoff with full jitter (docs/broker.md "Reconnect"). Every gateway of a building
+// loses the broker at the same moment when it restarts; drawing each wait at random from the
+// whole window spreads their reconnects instead of lining them up (the "full jitter" of
+// exponential backoff). The window's lower edge stays at `min` so no wait is ever shorter.
+
+/// The wait before the next connection attempt: drawn from [min, ceiling], where the ceiling
+/// starts at `min`, doubles after every failure up to `max`, and returns to `min` after a
+/// successful CONNACK.
+struct Backoff: Sendable {
+    let min: Duration
+    let max: Duration
+    /// The upper edge of the next draw.
+    private(set) var ceiling: Duration
+
+    /// `min` must be positive and `max >= min`; MQTTClient.init checks the configuration.
+    init(min: Duration, max: Duration) {
+        precondition(min > .zero && max >= min, "Backoff(min: \(min), max: \(max)): checked by MQTTClient.init")
+        self.min = min
+        self.max = max
+        self.ceiling = min
+    }
+
+    /// The next wait. `fatal` (an error retrying cannot fix by itself: MQTTError.isFatal) skips
+    /// the doubling and draws from the widest window at once.
+    mutating func next(fatal: Bool = false, using rng: inout some RandomNumberGenerator) -> Duration {
+        if fatal { ceiling = max }
+        let lo = Self.nanoseconds(min)
+        let hi = Self.nanoseconds(ceiling)
+        let wait = Duration.nanoseconds(Int64.random(in: lo...hi, using: &rng))
+        // Doubling stops at `max`; `max` is at most a day (MQTTClient.init), so `* 2` cannot
+        // overflow Duration's 128-bit attoseconds.
+        ceiling = ceiling * 2 > max ? max : ceiling * 2
+        return wait
+    }
+
+    mutating func next(fatal: Bool = false) -> Duration {
+        var rng = SystemRandomNumberGenerator()
+        return next(fatal: fatal, using: &rng)
+    }
+
+    mutating func reset() { ceiling = min }
+
+    /// Whole nanoseconds of a non-negative duration of at most a day: fits Int64 with room.
+    static func nanoseconds(_ d: Duration) -> Int64 {
+        let (seconds, attoseconds) = d.components
+        return seconds * 1_000_000_000 + attoseconds / 1_000_000_000
+    }
+}

@@ -1,0 +1,107 @@
+// Broker URLs (docs/broker.md "URL forms"). The grammar is the authority part of RFC 3986
+// §3.2 with nothing after it: scheme "://" host [":" port] ["/"]. Only what a broker address
+// needs is accepted; everything else is an error that says what to write instead.
+
+/// A broker URL: `mqtt://host[:port]` (1883) or `mqtts://host[:port]` (8883).
+///
+/// `tcp://` is accepted as another name for `mqtt://`, and `ssl://` for `mqtts://`: Paho,
+/// Node-RED and many Home Assistant guides write them. An IPv6 address goes in brackets,
+/// `mqtt://[fd00::10]:1883`; `host` holds it without them. The scheme is case-insensitive
+/// (RFC 3986 §3.1).
+public struct MQTTURL: Sendable, Equatable, CustomStringConvertible {
+    public var host: String
+    public var port: Int
+    public var tls: Bool
+
+    public init(parsing text: String) throws(MQTTError) {
+        guard let schemeEnd = text.firstRange(of: "://") else {
+            let hint = text.isEmpty ? "mqtt://HOST" : "mqtt://\(text)"
+            throw .invalidURL("\"\(text)\" has no scheme; write \(hint) (or mqtts:// for TLS)")
+        }
+        let scheme = text[..<schemeEnd.lowerBound].lowercased()
+        switch scheme {
+        case "mqtt", "tcp":
+            tls = false
+            port = 1883
+        case "mqtts", "ssl":
+            tls = true
+            port = 8883
+        case "ws", "wss":
+            throw .invalidURL("\"\(text)\": MQTT over WebSockets is not supported; use the broker's MQTT listener (mqtt://HOST:1883 or mqtts://HOST:8883)")
+        default:
+            throw .invalidURL("\"\(text)\": unknown scheme \"\(scheme)\"; use mqtt:// (plain, port 1883) or mqtts:// (TLS, port 8883)")
+        }
+
+        var rest = text[schemeEnd.upperBound...]
+        // One trailing "/" is what people paste from a browser; a path is not.
+        if rest.hasSuffix("/") { rest = rest.dropLast() }
+        if rest.contains("/") || rest.contains("?") || rest.contains("#") {
+            throw .invalidURL("\"\(text)\": a broker URL has no path, query or fragment; write only \(scheme)://HOST[:PORT]")
+        }
+        if rest.contains("@") {
+            throw .invalidURL("\"\(text)\": credentials do not go in the URL; set broker.username and broker.password")
+        }
+
+        // Host: "[IPv6]" or a name / IPv4 address, then an optional ":port".
+        let hostPart: Substring
+        let portPart: Substring?
+        if rest.hasPrefix("[") {
+            guard let close = rest.firstIndex(of: "]") else {
+                throw .invalidURL("\"\(text)\": IPv6 address has no closing \"]\"")
+            }
+            hostPart = rest[rest.index(after: rest.startIndex)..<close]
+            let after = rest[rest.index(after: close)...]
+            if after.isEmpty {
+                portPart = nil
+            } else if after.hasPrefix(":") {
+                portPart = after.dropFirst()
+            } else {
+                throw .invalidURL("\"\(text)\": expected \":PORT\" after \"]\", found \"\(after)\"")
+            }
+            // Hex digits, colons, an embedded IPv4 tail, and a zone ("%eth0") for link-local.
+            let address = hostPart.split(separator: "%", maxSplits: 1).first ?? ""
+            guard address.contains(":"), address.allSatisfy({ $0.isHexDigit || $0 == ":" || $0 == "." }) else {
+                throw .invalidURL("\"\(text)\": \"[\(hostPart)]\" is not an IPv6 address")
+            }
+        } else {
+            let colons = rest.count(where: { $0 == ":" })
+            if colons > 1 {
+                throw .invalidURL("\"\(text)\": an IPv6 address goes in brackets, e.g. \(scheme)://[\(rest)]")
+            }
+            if let colon = rest.firstIndex(of: ":") {
+                hostPart = rest[..<colon]
+                portPart = rest[rest.index(after: colon)...]
+            } else {
+                hostPart = rest
+                portPart = nil
+            }
+            // RFC 3986 §3.2.2 reg-name as DNS uses it: letters, digits, "-", "." (and "_",
+            // which some local resolvers hand out).
+            if let bad = hostPart.first(where: { !($0.isASCII && ($0.isLetter || $0.isNumber || $0 == "-" || $0 == "." || $0 == "_")) }) {
+                throw .invalidURL("\"\(text)\": the host contains \"\(bad)\"")
+            }
+        }
+        if hostPart.isEmpty {
+            throw .invalidURL("\"\(text)\" names no host; write \(scheme)://HOST[:PORT]")
+        }
+        host = String(hostPart)
+
+        if let portPart {
+            guard !portPart.isEmpty else {
+                throw .invalidURL("\"\(text)\": nothing after \":\"; give a port (1–65535) or leave out the colon")
+            }
+            // Digits only, and at most 5 of them so the conversion cannot overflow.
+            guard portPart.count <= 5, portPart.allSatisfy({ $0.isASCII && $0.isNumber }),
+                  let value = Int(portPart), (1...65535).contains(value) else {
+                throw .invalidURL("\"\(text)\": port \"\(portPart)\" is not a number from 1 to 65535")
+            }
+            port = value
+        }
+    }
+
+    /// The URL in its canonical form, e.g. `mqtts://[fd00::10]:8883`, for log lines.
+    public var description: String {
+        let shownHost = host.contains(":") ? "[\(host)]" : host
+        return "\(tls ? "mqtts" : "mqtt")://\(shownHost):\(port)"
+    }
+}

@@ -1,0 +1,102 @@
+// The gateway's loop in miniature: one real poll() over the clients' sockets (POLLIN, plus
+// POLLOUT while `wantsWrite`) and any other descriptors a test serves, with the timeout from
+// the nearest `nextDeadline` (STYLE.md habit 7). Every test drives MQTTClient through it, so
+// the client is exercised exactly as `baton gateway` will drive it.
+
+import Glibc
+import BatonMQTT
+
+/// A client's observable state, copied out (the client is `~Copyable`: `#expect` and the
+/// loop's `until` closure cannot hold it).
+struct ClientState {
+    var socket: Int32
+    var wantsWrite: Bool
+    var isConnected: Bool
+    var protocolVersion: MQTTProtocol?
+    var nextDeadline: ContinuousClock.Instant?
+    var counters: MQTTCounters
+
+    init(_ c: borrowing MQTTClient) {
+        socket = c.socket
+        wantsWrite = c.wantsWrite
+        isConnected = c.isConnected
+        protocolVersion = c.protocolVersion
+        nextDeadline = c.nextDeadline
+        counters = c.counters
+    }
+}
+
+/// What one client's `poll` delivered, in order, and its state after the last turn.
+final class EventLog {
+    var events: [MQTTEvent] = []
+    var state: ClientState?
+    var isConnected: Bool { state?.isConnected ?? false }
+
+    var connects: [MQTTProtocol] {
+        events.compactMap { if case .connected(let version, _) = $0 { version } else { nil } }
+    }
+    var refusals: [String] {
+        events.compactMap { if case .refused(let reason) = $0 { reason } else { nil } }
+    }
+    var disconnects: [String] {
+        events.compactMap { if case .disconnected(let reason) = $0 { reason } else { nil } }
+    }
+    var messages: [MQTTMessage] {
+        events.compactMap { if case .message(let m) = $0 { m } else { nil } }
+    }
+}
+
+/// Other descriptors in the same poll(): a fake broker, say.
+protocol LoopPeer: AnyObject {
+    /// The descriptors and events to poll this turn.
+    var pollDescriptors: [pollfd] { get }
+    /// The same descriptors with `revents` filled in.
+    func ready(_ fds: [pollfd])
+}
+
+/// Runs the loop for `a` and `b` (and `peer`) until `done()` holds or `limit` passes; returns
+/// whether `done()` held. Generous limits: these are real processes on a shared machine.
+@discardableResult
+func runLoop(_ a: inout MQTTClient, _ logA: EventLog, _ b: inout MQTTClient, _ logB: EventLog,
+             peer: (any LoopPeer)? = nil, limit: Duration = .seconds(5), until done: () -> Bool) -> Bool {
+    let end = ContinuousClock.now + limit
+    logA.state = ClientState(a)
+    logB.state = ClientState(b)
+    while true {
+        if done() { return true }
+        let now = ContinuousClock.now
+        if now >= end { return false }
+
+        var fds = [descriptor(a), descriptor(b)] + (peer?.pollDescriptors ?? [])
+        var wake = end
+        for deadline in [a.nextDeadline, b.nextDeadline] {
+            if let deadline, deadline < wake { wake = deadline }
+        }
+        let timeout = wake <= now ? 0 : Int32((wake - now) / .milliseconds(1)) + 1
+        while Glibc.poll(&fds, nfds_t(fds.count), timeout) < 0 && errno == EINTR {}
+
+        let after = ContinuousClock.now
+        a.poll(now: after, readable: isReadable(fds[0]), writable: isWritable(fds[0])) { logA.events.append($0) }
+        b.poll(now: after, readable: isReadable(fds[1]), writable: isWritable(fds[1])) { logB.events.append($0) }
+        logA.state = ClientState(a)
+        logB.state = ClientState(b)
+        peer?.ready(Array(fds[2...]))
+    }
+}
+
+/// The loop for one client.
+@discardableResult
+func runLoop(_ a: inout MQTTClient, _ log: EventLog, peer: (any LoopPeer)? = nil, limit: Duration = .seconds(5),
+             until done: () -> Bool) -> Bool {
+    // A client never started has no socket and no deadline: it only fills the second slot.
+    var idle = try! MQTTClient(config: MQTTConfig(clientID: "idle"))
+    return runLoop(&a, log, &idle, EventLog(), peer: peer, limit: limit, until: done)
+}
+
+private func descriptor(_ c: borrowing MQTTClient) -> pollfd {
+    pollfd(fd: c.socket, events: Int16(POLLIN) | (c.wantsWrite ? Int16(POLLOUT) : 0), revents: 0)
+}
+
+/// POLLERR and POLLHUP count as readable: the read is what reports the error.
+func isReadable(_ p: pollfd) -> Bool { p.revents & Int16(POLLIN | POLLERR | POLLHUP) != 0 }
+func isWritable(_ p: pollfd) -> Bool { p.revents & Int16(POLLOUT) != 0 }

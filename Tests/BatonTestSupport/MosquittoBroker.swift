@@ -1,0 +1,306 @@
+// A real mosquitto for the tests that need a broker (DESIGN.md "How it is tested here"): no
+// mocks. Each broker gets its own temporary directory (config, log, password file) and a free
+// port on 127.0.0.1, so tests run side by side. The reference clients (mosquitto_sub,
+// mosquitto_pub, mosquitto_passwd, from mosquitto-clients / mosquitto) read and inject
+// messages, so a test checks our client against someone else's.
+import Foundation
+import Glibc
+
+/// Why the harness could not give a test its broker; the text says what to install or read.
+public struct BrokerError: Error, CustomStringConvertible {
+    public let description: String
+    public init(_ description: String) { self.description = description }
+}
+
+/// A real mosquitto the test starts on 127.0.0.1 and a free port, without persistence, and
+/// stops when the test ends (also on failure).
+public final class MosquittoBroker: @unchecked Sendable {
+    public let port: Int
+    /// The broker's temporary directory: mosquitto.conf, mosquitto.log, stderr.log, passwd.
+    public let directory: URL
+    /// Login for the helper clients (`retained`, `publish`) on a broker that wants one.
+    public var helperLogin: (username: String, password: String)?
+
+    private var process: ChildProcess?
+    private let configPath: String
+
+    public static let mosquitto = "/usr/sbin/mosquitto"
+
+    /// `extraConfig` lines go into its mosquitto.conf (e.g. password_file, allow_anonymous false).
+    /// They follow the `listener` line, so listener settings (certfile, keyfile…) apply to it.
+    public convenience init(extraConfig: [String] = []) throws {
+        try self.init(extra: extraConfig, users: [:])
+    }
+
+    /// A broker that wants a login: `users` (name → password) go into a password file made by
+    /// mosquitto_passwd, and anonymous clients are refused. `helperLogin` is set to the first
+    /// user in name order, for `retained` and `publish`.
+    public convenience init(users: [String: String], extraConfig: [String] = []) throws {
+        try self.init(extra: extraConfig, users: users)
+    }
+
+    private init(extra: [String], users: [String: String]) throws {
+        guard FileManager.default.isExecutableFile(atPath: Self.mosquitto) else {
+            throw BrokerError("\(Self.mosquitto) is missing: install the mosquitto package (scripts/setup)")
+        }
+        directory = FileManager.default.temporaryDirectory
+            .appendingPathComponent("baton-mosquitto-\(getpid())-\(UInt64.random(in: 0...UInt64.max))")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        configPath = directory.appendingPathComponent("mosquitto.conf").path
+        var extraConfig = extra
+        if !users.isEmpty {
+            let passwd = directory.appendingPathComponent("passwd").path
+            try Self.writePasswordFile(at: passwd, users: users)
+            extraConfig = ["allow_anonymous false", "password_file \(passwd)"] + extra
+            if let first = users.keys.sorted().first, let password = users[first] {
+                helperLogin = (first, password)
+            }
+        }
+
+        // The free port is the kernel's choice for a bind to port 0. Another process could take
+        // it between our close and mosquitto's bind; then mosquitto exits and we try another.
+        var lastError: (any Error)?
+        for _ in 0..<3 {
+            let candidate = try Self.freePort()
+            do {
+                try Self.writeConfig(at: configPath, port: candidate, directory: directory, extra: extraConfig)
+                process = try Self.launch(configPath: configPath, port: candidate, directory: directory)
+                port = candidate
+                return
+            } catch {
+                lastError = error
+            }
+        }
+        try? FileManager.default.removeItem(at: directory)
+        throw lastError ?? BrokerError("mosquitto did not start")
+    }
+
+    deinit {
+        // SIGKILL, not stop(): with persistence off nothing is lost, and mosquitto takes up to
+        // a second to leave its main loop after SIGTERM, which every test would wait out.
+        kill()
+        try? FileManager.default.removeItem(at: directory)
+    }
+
+    /// SIGKILL, as a crash or power cut would.
+    public func kill() {
+        guard let process else { return }
+        process.signal(SIGKILL)
+        process.wait(timeout: .seconds(5))
+        self.process = nil
+    }
+
+    /// Starts again on the same port, with nothing retained (no persistence).
+    public func restart() throws {
+        stop()
+        // mosquitto sets SO_REUSEADDR, so a port in TIME_WAIT binds again; retry briefly in
+        // case the old listener is still being torn down.
+        var lastError: (any Error)?
+        for _ in 0..<10 {
+            do {
+                process = try Self.launch(configPath: configPath, port: port, directory: directory)
+                return
+            } catch {
+                lastError = error
+                usleep(100_000)
+            }
+        }
+        throw lastError ?? BrokerError("mosquitto did not restart")
+    }
+
+    /// SIGTERM: mosquitto closes its clients' connections and exits (within about a second).
+    public func stop() {
+        guard let process else { return }
+        process.signal(SIGTERM)
+        if process.wait(timeout: .seconds(3)) == nil {
+            process.signal(SIGKILL)
+            process.wait(timeout: .seconds(5))
+        }
+        self.process = nil
+    }
+
+    /// Everything the broker logged so far (log_type all).
+    public var log: String {
+        (try? String(contentsOf: directory.appendingPathComponent("mosquitto.log"), encoding: .utf8)) ?? ""
+    }
+
+    /// Waits up to `timeout` for a log line containing `text`; true if it appeared.
+    public func waitForLog(_ text: String, timeout: Duration = .seconds(5)) -> Bool {
+        let deadline = ContinuousClock.now + timeout
+        while ContinuousClock.now < deadline {
+            if log.contains(text) { return true }
+            usleep(20_000)
+        }
+        return log.contains(text)
+    }
+
+    /// The retained messages a fresh subscriber to `pattern` receives, topic → payload,
+    /// read with mosquitto_sub (the reference client, not ours).
+    ///
+    /// mosquitto_sub --retained-only prints only messages with the retain flag (the broker sets
+    /// it only on messages it sends from its retained store, MQTT 3.1.1 §3.3.1.3) and exits at
+    /// the first message without it. To end promptly, the helper also subscribes to a topic of
+    /// its own and publishes one plain message there until mosquitto_sub has exited: that
+    /// message arrives after the retained ones, which the broker sends right after SUBACK.
+    /// The payload is printed in hex (`%x`) so every byte survives.
+    public func retained(_ pattern: String = "#") throws -> [String: [UInt8]] {
+        let sentinel = "baton-test/sentinel/\(UInt64.random(in: 0...UInt64.max))"
+        // A file, not a pipe: many retained messages cannot fill it and stall mosquitto_sub.
+        let outPath = directory.appendingPathComponent("sub-\(UInt64.random(in: 0...UInt64.max)).out").path
+        defer { try? FileManager.default.removeItem(atPath: outPath) }
+        let sub = try ChildProcess("/usr/bin/mosquitto_sub",
+                                   ["-h", "127.0.0.1", "-p", String(port), "-t", pattern, "-t", sentinel,
+                                    "--retained-only", "-F", "%x %t", "-W", "10"] + loginArguments,
+                                   stdout: outPath)
+        let deadline = ContinuousClock.now + .seconds(10)
+        while sub.isRunning && ContinuousClock.now < deadline {
+            try publish(topic: sentinel, payload: Array("end".utf8), retain: false)
+            sub.wait(timeout: .milliseconds(100))
+        }
+        if sub.isRunning {
+            sub.signal(SIGKILL)
+            sub.wait(timeout: .seconds(5))
+            throw BrokerError("mosquitto_sub -t \(pattern) did not finish within 10 s")
+        }
+        let data = FileManager.default.contents(atPath: outPath) ?? Data()
+
+        var result: [String: [UInt8]] = [:]
+        for line in String(decoding: data, as: UTF8.self).split(separator: "\n", omittingEmptySubsequences: true) {
+            guard let space = line.firstIndex(of: " ") else { continue }
+            let hex = line[..<space]
+            let topic = String(line[line.index(after: space)...])
+            guard topic != sentinel, let bytes = Self.bytes(hex: hex) else { continue }
+            result[topic] = bytes
+        }
+        return result
+    }
+
+    /// Publishes one message with mosquitto_pub (payload from a file, `-f`, so any bytes go
+    /// through). An empty retained payload clears the topic's retained message.
+    public func publish(topic: String, payload: [UInt8], retain: Bool = false) throws {
+        let unique = UInt64.random(in: 0...UInt64.max)
+        let payloadPath = directory.appendingPathComponent("pub-\(unique).payload").path
+        let errPath = directory.appendingPathComponent("pub-\(unique).err").path
+        defer {
+            try? FileManager.default.removeItem(atPath: payloadPath)
+            try? FileManager.default.removeItem(atPath: errPath)
+        }
+        var arguments = ["-h", "127.0.0.1", "-p", String(port), "-t", topic]
+        if payload.isEmpty {
+            arguments.append("-n")
+        } else {
+            try Data(payload).write(to: URL(fileURLWithPath: payloadPath))
+            arguments += ["-f", payloadPath]
+        }
+        if retain { arguments.append("-r") }
+        let status = try ChildProcess.run("/usr/bin/mosquitto_pub", arguments + loginArguments, stderr: errPath)
+        if status != 0 {
+            let text = (try? String(contentsOfFile: errPath, encoding: .utf8)) ?? ""
+            throw BrokerError("mosquitto_pub -t \(topic) failed (\(status)): \(text)")
+        }
+    }
+
+    /// Writes a mosquitto password file with `mosquitto_passwd -b` (hashed the broker's way).
+    public static func writePasswordFile(at path: String, users: [String: String]) throws {
+        for (index, (user, password)) in users.sorted(by: { $0.key < $1.key }).enumerated() {
+            let status = try ChildProcess.run("/usr/bin/mosquitto_passwd",
+                                              (index == 0 ? ["-c"] : []) + ["-b", path, user, password])
+            guard status == 0 else {
+                throw BrokerError("mosquitto_passwd -b \(path) \(user) failed (\(status))")
+            }
+        }
+    }
+
+    // MARK: - Internals
+
+    private var loginArguments: [String] {
+        guard let helperLogin else { return [] }
+        return ["-u", helperLogin.username, "-P", helperLogin.password]
+    }
+
+    private static func launch(configPath: String, port: Int, directory: URL) throws -> ChildProcess {
+        let stderrPath = directory.appendingPathComponent("stderr.log").path
+        let p = try ChildProcess(Self.mosquitto, ["-c", configPath], stderr: stderrPath)
+
+        // Ready when the port takes a TCP connection; bounded, and a broker that exited
+        // (bad config, port taken) is reported with what it said.
+        let deadline = ContinuousClock.now + .seconds(5)
+        while ContinuousClock.now < deadline {
+            if accepts(port: port) { return p }
+            if p.wait(timeout: .milliseconds(20)) != nil { break }
+        }
+        let logPath = directory.appendingPathComponent("mosquitto.log").path
+        let said = ((try? String(contentsOfFile: stderrPath, encoding: .utf8)) ?? "")
+            + ((try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "")
+        p.signal(SIGKILL)
+        p.wait(timeout: .seconds(5))
+        throw BrokerError("mosquitto did not accept connections on 127.0.0.1:\(port) within 5 s: \(said)")
+    }
+
+    private static func writeConfig(at path: String, port: Int, directory: URL, extra: [String]) throws {
+        var lines = [
+            "# Written by BatonTestSupport.MosquittoBroker",
+            "persistence false",
+            "log_dest file \(directory.appendingPathComponent("mosquitto.log").path)",
+            "log_type all",
+            "connection_messages true",
+        ]
+        // As root, mosquitto would switch to the "mosquitto" user, which cannot write our
+        // temporary directory; as anyone else the option has no effect.
+        if geteuid() == 0 { lines.append("user root") }
+        // allow_anonymous is global (per_listener_settings false); a later line in `extra` wins.
+        lines.append("allow_anonymous true")
+        lines.append("listener \(port) 127.0.0.1")
+        lines += extra
+        try (lines.joined(separator: "\n") + "\n").write(toFile: path, atomically: true, encoding: .utf8)
+    }
+
+    /// Binds 127.0.0.1:0, reads the port the kernel chose, closes.
+    private static func freePort() throws -> Int {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw BrokerError("socket(): \(String(cString: strerror(errno)))") }
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = 0
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer in
+                bind(fd, pointer, length) == 0 && getsockname(fd, pointer, &length) == 0
+            }
+        }
+        guard bound else { throw BrokerError("bind(127.0.0.1:0): \(String(cString: strerror(errno)))") }
+        return Int(UInt16(bigEndian: address.sin_port))
+    }
+
+    /// True if something accepts a TCP connection on 127.0.0.1:`port` now.
+    private static func accepts(port: Int) -> Bool {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { return false }
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = UInt16(port).bigEndian
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        return withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0
+            }
+        }
+    }
+
+    private static func bytes(hex: Substring) -> [UInt8]? {
+        guard hex.count % 2 == 0 else { return nil }
+        var out: [UInt8] = []
+        out.reserveCapacity(hex.count / 2)
+        var i = hex.startIndex
+        while i < hex.endIndex {
+            let j = hex.index(i, offsetBy: 2)
+            guard let byte = UInt8(hex[i..<j], radix: 16) else { return nil }
+            out.append(byte)
+            i = j
+        }
+        return out
+    }
+}
