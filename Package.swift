@@ -28,11 +28,19 @@ var targets: [Target] = [
     .target(name: "BatonSim", dependencies: ["BatonWire", "BatonHCI"], swiftSettings: wireSettings),
     .target(name: "BatonCore", dependencies: ["BatonWire"], swiftSettings: wireSettings),
     .target(name: "BatonMQTT", dependencies: ["CMosquitto"], swiftSettings: wireSettings),
+    // The config file is YAML (docs/config.md): what a Home Assistant user already writes, and
+    // Yams gives every node its line, so a typo is reported with file, line and key.
+    .target(name: "BatonGateway",
+            dependencies: ["BatonWire", "BatonHCI", "BatonCore", "BatonMQTT",
+                           .product(name: "Logging", package: "swift-log"),
+                           .product(name: "Yams", package: "Yams")],
+            swiftSettings: wireSettings),
     .executableTarget(
         name: "baton",
         dependencies: [
-            "BatonWire", "BatonHCI", "BatonSim",
+            "BatonWire", "BatonHCI", "BatonSim", "BatonCore", "BatonMQTT", "BatonGateway",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            .product(name: "Logging", package: "swift-log"),
         ]),
 
     // Starts a real mosquitto on 127.0.0.1 and a free port for the tests that need a broker.
@@ -43,6 +51,9 @@ var targets: [Target] = [
     .testTarget(name: "BatonCLITests", dependencies: ["BatonHCI", "BatonWire", "BatonSim", "baton"]),
     .testTarget(name: "BatonCoreTests", dependencies: ["BatonCore", "BatonWire"]),
     .testTarget(name: "BatonMQTTTests", dependencies: ["BatonMQTT", "BatonTestSupport"]),
+    .testTarget(name: "BatonGatewayTests",
+                dependencies: ["BatonGateway", "BatonCore", "BatonMQTT", "BatonHCI", "BatonWire", "BatonSim",
+                               "BatonTestSupport", "baton"]),
 ]
 
 // Fuzz targets: one per decoder of untrusted bytes. Built plain they replay corpus files
@@ -57,6 +68,8 @@ for name in fuzzTargets {
 
 var dependencies: [Package.Dependency] = [
     .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
+    .package(url: "https://github.com/apple/swift-log", from: "1.6.0"),
+    .package(url: "https://github.com/jpsim/Yams", from: "5.0.1"),
 ]
 
 // The benchmark and its malloc counter build only for scripts/bench (BATON_BENCH=1), so the

@@ -1,0 +1,683 @@
+// Reading and checking the config file: YAML (docs/config.md), composed by Yams into nodes
+// that keep their line numbers, then walked section by section against `ConfigSchema`.
+//
+// The whole file is checked before anything is refused: every problem becomes a
+// `ConfigError` with file, line and key, sorted into file order, and the first is thrown with
+// the rest in `others`. An unknown key gets a suggestion (a close spelling, or the section it
+// belongs to). A key that is absent, empty or `~` keeps its default.
+import Glibc
+import Logging
+import Yams
+import BatonCore
+import BatonMQTT
+import BatonWire
+
+/// Every key the file may hold, section by section, in the order docs/config.md lists them.
+/// Unknown-key suggestions search it; the tests check docs/config.md and board/baton.yaml
+/// against it, so a key cannot be added without its documentation.
+enum ConfigSchema {
+    static let sections: [(path: String, keys: [String])] = [
+        ("", ["gateway", "broker", "topics", "radio", "table", "apple", "status", "log"]),
+        ("gateway", ["id", "room"]),
+        ("broker", ["url", "client-id", "username", "password", "password-file", "keepalive", "protocol",
+                    "reconnect-min", "reconnect-max", "tls"]),
+        ("broker.tls", ["ca-file", "cert-file", "key-file", "insecure"]),
+        ("topics", ["prefix", "discovery", "discovery-prefix"]),
+        ("radio", ["source", "paced", "silence", "company-id"]),
+        ("table", ["capacity", "expiry"]),
+        ("apple", ["tracking", "capacity", "expiry", "publish-address"]),
+        ("status", ["interval"]),
+        ("log", ["level"]),
+    ]
+
+    static func keys(of path: String) -> [String] {
+        sections.first { $0.path == path }?.keys ?? []
+    }
+
+    /// Every key that holds a value, dotted (`broker.tls.ca-file`); sections are not listed.
+    static var valueKeys: [String] {
+        var result: [String] = []
+        for (path, keys) in sections where !path.isEmpty {
+            for key in keys where !sections.contains(where: { $0.path == path + "." + key }) {
+                result.append(path + "." + key)
+            }
+        }
+        return result
+    }
+
+    /// What to say after `unknown key "…"`.
+    static func suggestion(for name: String, in path: String) -> String? {
+        let full = path.isEmpty ? name : path + "." + name
+        // `broker.url: …` written as one key: YAML nests by indentation instead.
+        if name.contains("."), valueKeys.contains(full) || sections.contains(where: { $0.path == full }) {
+            let parts = full.split(separator: ".").map { "\"\($0):\"" }
+            return "keys nest by indentation: write " + parts.joined(separator: ", then indented under it ")
+        }
+        if let best = closest(to: name, among: keys(of: path)) {
+            return "did you mean \(quoted(best))?"
+        }
+        let lower = name.lowercased()
+        if !path.isEmpty, keys(of: "").contains(lower) {
+            return "\(quoted(lower)) is a section of its own: start it at the beginning of a line, not indented"
+        }
+        for (other, keys) in sections where other != path && !other.isEmpty && keys.contains(lower) {
+            return "did you mean \(quoted(other + "." + lower))?"
+        }
+        return nil
+    }
+
+    /// The known key within a small edit distance (a typo, `_` for `-`, another case), if any.
+    static func closest(to name: String, among candidates: [String]) -> String? {
+        let typed = Array(name.lowercased())
+        let allowed = typed.count <= 4 ? 1 : 2
+        var best: (key: String, distance: Int)? = nil
+        for candidate in candidates {
+            let d = editDistance(typed, Array(candidate))
+            if d <= allowed, d < (best?.distance ?? .max) { best = (candidate, d) }
+        }
+        return best?.key
+    }
+
+    /// Levenshtein distance (insert, delete, substitute; each costs 1).
+    static func editDistance(_ a: [Character], _ b: [Character]) -> Int {
+        if a.isEmpty { return b.count }
+        if b.isEmpty { return a.count }
+        var previous = Array(0...b.count)
+        var current = [Int](repeating: 0, count: b.count + 1)
+        for i in 1...a.count {
+            current[0] = i
+            for j in 1...b.count {
+                let substitution = previous[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)
+                current[j] = min(substitution, previous[j] + 1, current[j - 1] + 1)
+            }
+            swap(&previous, &current)
+        }
+        return previous[b.count]
+    }
+}
+
+// MARK: - Loading
+
+/// A config file is a few kilobytes; anything past this is the wrong file.
+let maxConfigFileBytes = 1 << 20
+/// A password file holds one line.
+let maxPasswordFileBytes = 64 << 10
+
+extension GatewayConfig {
+    /// Reads and checks the config file at `path`. A missing or unreadable file, bytes that are
+    /// not UTF-8, a YAML syntax error and every bad setting are a `ConfigError`.
+    public static func load(file path: String, hostName: String) throws(ConfigError) -> GatewayConfig {
+        let bytes: [UInt8]
+        do throws(ConfigValueError) {
+            bytes = try readFile(path, limit: maxConfigFileBytes)
+        } catch {
+            throw ConfigError(file: path, line: nil, key: "", message: "cannot read the config file: \(error.message)")
+        }
+        guard let text = String(validating: bytes, as: UTF8.self) else {
+            throw ConfigError(file: path, line: firstInvalidUTF8Line(bytes), key: "",
+                              message: "not UTF-8 text (save the file as UTF-8)")
+        }
+        return try parse(yaml: text, file: path, hostName: hostName)
+    }
+
+    /// Checks `text` as the contents of the config file `file`: `file` names the file in
+    /// errors, and relative paths in the settings are taken from its directory.
+    public static func parse(yaml text: String, file: String, hostName: String) throws(ConfigError) -> GatewayConfig {
+        let root: Node?
+        do {
+            root = try Yams.compose(yaml: text)
+        } catch let error as YamlError {
+            throw syntaxError(error, file: file, text: text)
+        } catch {
+            throw ConfigError(file: file, line: nil, key: "", message: "not readable as YAML: \(error)")
+        }
+        var config = defaults(hostName: hostName)
+        var reader = ConfigFileReader(file: file)
+        if let root { reader.read(root, into: &config) }
+        // File order; problems found by later cross-checks slot in by line.
+        let errors = reader.errors.enumerated()
+            .sorted { ($0.element.line ?? .max, $0.offset) < ($1.element.line ?? .max, $1.offset) }
+            .map(\.element)
+        if var first = errors.first {
+            first.others = Array(errors.dropFirst())
+            throw first
+        }
+        return config
+    }
+
+    static func syntaxError(_ error: YamlError, file: String, text: String) -> ConfigError {
+        switch error {
+        case .scanner(let context, let problem, let mark, _),
+             .parser(let context, let problem, let mark, _),
+             .composer(let context, let problem, let mark, _):
+            var message = "YAML syntax: \(problem)"
+            if let context { message += " (\(context.text) on line \(context.mark.line))" }
+            let lines = text.split(separator: "\n", omittingEmptySubsequences: false)
+            if mark.line >= 1, mark.line <= lines.count,
+               lines[mark.line - 1].prefix(while: { $0 == " " || $0 == "\t" }).contains("\t") {
+                message += "; indent with spaces, YAML does not allow tabs"
+            }
+            return ConfigError(file: file, line: mark.line, key: "", message: message)
+        default:
+            return ConfigError(file: file, line: nil, key: "", message: "not readable as YAML: \(error)")
+        }
+    }
+}
+
+/// The line (from 1) holding the first byte that is not UTF-8.
+func firstInvalidUTF8Line(_ bytes: [UInt8]) -> Int {
+    var line = 1
+    for piece in bytes.split(separator: 0x0A, omittingEmptySubsequences: false) {
+        if String(validating: piece, as: UTF8.self) == nil { return line }
+        line += 1
+    }
+    return line
+}
+
+/// Reads a whole small file. The error is the reason alone (`No such file or directory`); the
+/// caller says which file and what it was for.
+func readFile(_ path: String, limit: Int) throws(ConfigValueError) -> [UInt8] {
+    let fd = try openForReading(path)
+    defer { close(fd) }
+    var bytes: [UInt8] = []
+    var chunk = [UInt8](repeating: 0, count: 4096)
+    while true {
+        let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+        if n < 0 {
+            if errno == EINTR { continue }
+            throw ConfigValueError(String(cString: strerror(errno)))
+        }
+        if n == 0 { return bytes }
+        guard bytes.count + n <= limit else {
+            throw ConfigValueError("larger than \(limit / 1024) KiB: is it the right file?")
+        }
+        bytes += chunk[..<n]
+    }
+}
+
+/// Opens `path` for reading, refusing a directory. The error is the reason alone.
+func openForReading(_ path: String) throws(ConfigValueError) -> Int32 {
+    var fd: Int32
+    repeat { fd = open(path, O_RDONLY | O_CLOEXEC) } while fd < 0 && errno == EINTR
+    guard fd >= 0 else { throw ConfigValueError(String(cString: strerror(errno))) }
+    var info = stat()
+    if fstat(fd, &info) == 0, info.st_mode & S_IFMT == S_IFDIR {
+        close(fd)
+        throw ConfigValueError("it is a directory")
+    }
+    return fd
+}
+
+// MARK: - Walking the document
+
+/// One `key: value` of a section.
+struct ConfigEntry {
+    /// Dotted (`broker.keepalive`): what errors name.
+    let key: String
+    let keyNode: Node
+    let value: Node
+    var keyLine: Int? { keyNode.mark?.line }
+}
+
+struct ConfigFileReader {
+    let file: String
+    /// Relative paths in the file are taken from the file's directory, not from wherever the
+    /// service happens to start (systemd starts it in /).
+    let directory: String
+    private(set) var errors: [ConfigError] = []
+
+    init(file: String) {
+        self.file = file
+        if let slash = file.lastIndex(of: "/") {
+            directory = slash == file.startIndex ? "/" : String(file[..<slash])
+        } else {
+            directory = ""
+        }
+    }
+
+    mutating func report(line: Int?, _ key: String, _ message: String) {
+        errors.append(ConfigError(file: file, line: line, key: key, message: message))
+    }
+
+    mutating func report(_ node: Node, _ key: String, _ message: String) {
+        report(line: node.mark?.line, key, message)
+    }
+
+    // MARK: Sections
+
+    mutating func read(_ root: Node, into c: inout GatewayConfig) {
+        guard let top = section(root, path: "") else { return }
+        if let s = subsection(top["gateway"]) { readGateway(s, into: &c) }
+        if let s = subsection(top["broker"]) { readBroker(s, into: &c) }
+        if let s = subsection(top["topics"]) { readTopics(s, into: &c) }
+        if let s = subsection(top["radio"]) { readRadio(s, into: &c) }
+        if let s = subsection(top["table"]) {
+            if let e = s["capacity"], let n = integer(e, 1...100_000) { c.table.capacity = n }
+            if let e = s["expiry"], let d = duration(e, atLeast: .seconds(1)) { c.table.expiry = d }
+        }
+        if let s = subsection(top["apple"]) {
+            if let e = s["tracking"], let t = choice(e, AppleTracking.allCases.map { ($0.rawValue, $0) }) {
+                c.apple.tracking = t
+            }
+            if let e = s["capacity"], let n = integer(e, 1...100_000) { c.apple.capacity = n }
+            if let e = s["expiry"], let d = duration(e, atLeast: .seconds(1)) { c.apple.expiry = d }
+            if let e = s["publish-address"], let b = bool(e) { c.appleAddresses = b }
+        }
+        if let s = subsection(top["status"]) {
+            if let e = s["interval"], let d = duration(e, atLeast: .seconds(1)) { c.statusInterval = d }
+        }
+        if let s = subsection(top["log"]) {
+            if let e = s["level"], let level = choice(e, Logger.Level.allCases.map { ($0.rawValue, $0.rawValue) }) {
+                c.logLevel = level
+            }
+        }
+    }
+
+    mutating func readGateway(_ s: Section, into c: inout GatewayConfig) {
+        if let e = s["id"], let id = value(e, ConfigValue.gatewayID) {
+            // The room and the client id follow the id unless set themselves (below, and in
+            // the broker section, which is read after this one).
+            c.gatewayID = id
+            c.room = id
+            c.broker.clientID = GatewayConfig.defaultClientID(gatewayID: id)
+        }
+        if let e = s["room"], let room = value(e, ConfigValue.room) { c.room = room }
+    }
+
+    mutating func readBroker(_ s: Section, into c: inout GatewayConfig) {
+        var urlTLS = false
+        var urlText = "the default, mqtt://127.0.0.1:1883"
+        var urlValid = true
+        if let e = s["url"] {
+            if let url = value(e, expected: "a broker URL like mqtt://host:1883", ConfigValue.brokerURL) {
+                c.broker.host = url.host
+                c.broker.port = url.port
+                urlTLS = url.tls
+                urlText = quoted(written(e))
+            } else {
+                urlValid = false
+            }
+        }
+        if let e = s["client-id"], let id = value(e, ConfigValue.clientID) { c.broker.clientID = id }
+        if let e = s["username"], let u = value(e, ConfigValue.mqttString) { c.broker.username = u }
+
+        switch (s["password"], s["password-file"]) {
+        case (.some, .some(let file)):
+            report(line: file.keyLine, file.key, "give broker.password or broker.password-file, not both")
+        case (.some(let e), nil):
+            if let p = value(e, ConfigValue.mqttString) { c.broker.password = p }
+        case (nil, .some(let e)):
+            if let path = path(e) {
+                do throws(ConfigValueError) {
+                    c.broker.password = try readPasswordFile(path)
+                } catch {
+                    report(e.value, e.key, error.message)
+                }
+            }
+        case (nil, nil):
+            break
+        }
+
+        // MQTT 5.0 §3.1.2.10: the keep alive is a two-byte count of seconds. libmosquitto
+        // refuses 1–4 (lib/connect.c). 0 (off) is not offered: the broker would never notice a
+        // dead gateway, and its will (`offline`) would never go out.
+        if let e = s["keepalive"], let d = duration(e, atLeast: .seconds(5), atMost: .seconds(65_535), wholeSeconds: true) {
+            c.broker.keepalive = Int(d.components.seconds)
+        }
+        if let e = s["protocol"], let p = choice(e, [MQTTProtocol.automatic, .v5, .v311].map { ($0.rawValue, $0) }) {
+            c.broker.protocolVersion = p
+        }
+        // Backoff doubles from min to max; a floor keeps a refused connection from spinning.
+        let minEntry = s["reconnect-min"], maxEntry = s["reconnect-max"]
+        var backoffValid = true
+        for (entry, bound) in [(minEntry, \MQTTConfig.reconnectMin), (maxEntry, \MQTTConfig.reconnectMax)] {
+            guard let e = entry else { continue }
+            if let d = duration(e, atLeast: .milliseconds(10), atMost: .seconds(3600)) {
+                c.broker[keyPath: bound] = d
+            } else {
+                backoffValid = false
+            }
+        }
+        if backoffValid, c.broker.reconnectMin > c.broker.reconnectMax {
+            if let e = maxEntry {
+                report(e.value, e.key, "must not be less than broker.reconnect-min (\(formatDuration(c.broker.reconnectMin))), "
+                                       + "got \(written(e))")
+            } else if let e = minEntry {
+                report(e.value, e.key, "must not be more than broker.reconnect-max (\(formatDuration(c.broker.reconnectMax))), "
+                                       + "got \(written(e))")
+            }
+        }
+
+        var tls = MQTTTLS()
+        var tlsEntry: ConfigEntry? = nil
+        if let e = s["tls"], let t = section(e.value, path: e.key) {
+            // Given, even if unreadable: the URL problem is reported alongside.
+            if t["ca-file"] != nil || t["cert-file"] != nil || t["key-file"] != nil || bool(quiet: t["insecure"]) == true {
+                tlsEntry = e
+            }
+            let ca = t["ca-file"], cert = t["cert-file"], key = t["key-file"]
+            if let e = ca, let p = readableFile(e) { tls.caFile = p }
+            if let e = cert, let p = readableFile(e) { tls.certFile = p }
+            if let e = key, let p = readableFile(e) { tls.keyFile = p }
+            // libmosquitto takes a client certificate and its key together (mosquitto_tls_set).
+            if let e = cert, key == nil {
+                report(line: e.keyLine, e.key, "a client certificate needs its private key: set broker.tls.key-file too")
+            }
+            if let e = key, cert == nil {
+                report(line: e.keyLine, e.key, "a private key needs its client certificate: set broker.tls.cert-file too")
+            }
+            if let e = t["insecure"], let b = bool(e) { tls.insecure = b }
+        }
+        if let e = tlsEntry, urlValid, !urlTLS {
+            report(line: e.keyLine, e.key, "TLS settings need an mqtts:// broker.url, and it is \(urlText)")
+        }
+        c.broker.tls = urlTLS ? tls : nil
+    }
+
+    mutating func readTopics(_ s: Section, into c: inout GatewayConfig) {
+        if let e = s["prefix"], let p = value(e, ConfigValue.topicPrefix) { c.prefix = p }
+        if let e = s["discovery"], let b = bool(e) { c.discovery = b }
+        if let e = s["discovery-prefix"], let p = value(e, ConfigValue.topicPrefix) { c.discoveryPrefix = p }
+    }
+
+    mutating func readRadio(_ s: Section, into c: inout GatewayConfig) {
+        if let e = s["source"],
+           let spec = value(e, expected: "a radio source like hci0", RadioSourceSpec.init(parsing:)) {
+            switch spec {
+            case .adapter: c.radio = spec
+            case .h4(let p): c.radio = .h4(path: resolve(p))
+            case .capture(let p): c.radio = .capture(path: resolve(p))
+            case .simulator(let p): c.radio = .simulator(socket: resolve(p))
+            }
+        }
+        if let e = s["paced"], let b = bool(e) { c.pacedCapture = b }
+        if let e = s["silence"], let d = duration(e, atLeast: .seconds(1)) { c.radioSilence = d }
+        if let e = s["company-id"], let n = integer(e, 0...0xFFFF, hex: true) {
+            if UInt16(n) == appleCompanyID {
+                // docs/protocol.md §1: manufacturer data under 0x004C is read as Apple Continuity.
+                report(e.value, e.key, "0x004C is Apple's company id (read as Continuity frames): pick another, got \(written(e))")
+            } else {
+                c.companyID = UInt16(n)
+            }
+        }
+    }
+
+    // MARK: Mappings
+
+    /// A section's entries by key name. Absent, empty and `~` values read as absent.
+    struct Section {
+        var entries: [String: ConfigEntry] = [:]
+        subscript(name: String) -> ConfigEntry? {
+            guard let e = entries[name], !isNull(e.value) else { return nil }
+            return e
+        }
+    }
+
+    mutating func subsection(_ entry: ConfigEntry?) -> Section? {
+        guard let entry else { return nil }
+        return section(entry.value, path: entry.key)
+    }
+
+    /// Checks a mapping's keys against the schema: an unknown key or a key given twice is
+    /// reported and left out. nil when `node` is not a mapping (reported).
+    mutating func section(_ node: Node, path: String) -> Section? {
+        if isNull(node) { return Section() }
+        guard case .mapping(let mapping) = node else {
+            if path.isEmpty {
+                report(node, "", "expected sections like \"broker:\" at the top of the file, got \(describe(node))")
+            } else {
+                report(node, path, "expected a section of \"key: value\" lines indented under it, got \(describe(node))")
+            }
+            return nil
+        }
+        let known = ConfigSchema.keys(of: path)
+        var s = Section()
+        for (keyNode, value) in mapping {
+            guard case .scalar(let scalar) = keyNode else {
+                report(keyNode, path, "expected a key name, got \(describe(keyNode))")
+                continue
+            }
+            let name = scalar.string
+            let full = path.isEmpty ? name : path + "." + name
+            guard known.contains(name) else {
+                var message = "unknown key \(quoted(name))"
+                if let hint = ConfigSchema.suggestion(for: name, in: path) { message += " (\(hint))" }
+                report(keyNode, path, message)
+                continue
+            }
+            if let first = s.entries[name] {
+                report(keyNode, full, "given twice (first on line \(first.keyLine ?? 0))")
+                continue
+            }
+            s.entries[name] = ConfigEntry(key: full, keyNode: keyNode, value: value)
+        }
+        return s
+    }
+
+    // MARK: Values
+
+    /// The scalar's text, for messages about a value already read.
+    func written(_ e: ConfigEntry) -> String { e.value.scalar?.string ?? "" }
+
+    /// The scalar's text as written (so `room: 101` is the room "101", and `no` stays "no").
+    mutating func text(_ e: ConfigEntry, expected: String) -> String? {
+        guard case .scalar(let scalar) = e.value else {
+            report(e.value, e.key, "expected \(expected), got \(describe(e.value))")
+            return nil
+        }
+        return scalar.string
+    }
+
+    mutating func value<T>(_ e: ConfigEntry, expected: String = "text",
+                           _ parse: (String) throws(ConfigValueError) -> T) -> T? {
+        guard let t = text(e, expected: expected) else { return nil }
+        do throws(ConfigValueError) {
+            return try parse(t)
+        } catch {
+            report(e.value, e.key, error.message)
+            return nil
+        }
+    }
+
+    /// `true`/`false`, and the YAML 1.1 spellings Home Assistant users also write (yes/no, on/off).
+    mutating func bool(_ e: ConfigEntry) -> Bool? {
+        guard let t = text(e, expected: "true or false") else { return nil }
+        guard let b = Bool.construct(from: Node.Scalar(t)) else {
+            report(e.value, e.key, "expected true or false, got \(quoted(t))")
+            return nil
+        }
+        return b
+    }
+
+    /// A boolean that another check already reports if it is bad.
+    func bool(quiet e: ConfigEntry?) -> Bool? {
+        guard let e, case .scalar(let scalar) = e.value else { return nil }
+        return Bool.construct(from: scalar)
+    }
+
+    /// Decimal, or hexadecimal after `0x` where `hex` says the key is usually written so.
+    mutating func integer(_ e: ConfigEntry, _ range: ClosedRange<Int>, hex: Bool = false) -> Int? {
+        let expected = hex ? "a number like 0xFFFF" : "a whole number"
+        guard let t = text(e, expected: expected) else { return nil }
+        guard let n = parseInteger(t) else {
+            report(e.value, e.key, "expected \(expected), got \(quoted(t))")
+            return nil
+        }
+        guard range.contains(n) else {
+            let bounds = hex ? "0x\(hexDigits(range.lowerBound)) and 0x\(hexDigits(range.upperBound))"
+                             : "\(range.lowerBound) and \(range.upperBound)"
+            report(e.value, e.key, "must be between \(bounds), got \(t)")
+            return nil
+        }
+        return n
+    }
+
+    mutating func duration(_ e: ConfigEntry, atLeast low: Duration, atMost high: Duration? = nil,
+                           wholeSeconds: Bool = false) -> Duration? {
+        let expected = "a duration like 30s or 500ms"
+        guard let t = text(e, expected: expected) else { return nil }
+        guard let d = parseDuration(t) else {
+            var message = "expected \(expected), got \(quoted(t))"
+            if !t.isEmpty, t.allSatisfy({ $0.isASCII && $0.isNumber }) {
+                message += " (a number needs its unit: ms, s, m or h)"
+            }
+            report(e.value, e.key, message)
+            return nil
+        }
+        if let high, d < low || d > high {
+            report(e.value, e.key, "must be between \(formatDuration(low)) and \(formatDuration(high)), got \(t)")
+            return nil
+        }
+        if d < low {
+            report(e.value, e.key, "must be at least \(formatDuration(low)), got \(t)")
+            return nil
+        }
+        if wholeSeconds, d.components.attoseconds != 0 {
+            report(e.value, e.key, "must be whole seconds, got \(t)")
+            return nil
+        }
+        return d
+    }
+
+    /// The value of the choice written, in any letter case (choices are lowercase).
+    mutating func choice<T>(_ e: ConfigEntry, _ choices: [(text: String, value: T)]) -> T? {
+        let names = listed(choices.map(\.text))
+        guard let t = text(e, expected: "one of " + names) else { return nil }
+        guard let c = choices.first(where: { $0.text == t.lowercased() }) else {
+            report(e.value, e.key, "expected \(names), got \(quoted(t))")
+            return nil
+        }
+        return c.value
+    }
+
+    /// A path, absolute or relative to the config file's directory.
+    mutating func path(_ e: ConfigEntry) -> String? {
+        guard let t = text(e, expected: "a file path") else { return nil }
+        guard !t.isEmpty else { report(e.value, e.key, "expected a file path, got \"\""); return nil }
+        return resolve(t)
+    }
+
+    /// A path to a file that this process can read now: a TLS file that cannot be read fails
+    /// here, with its key and line, instead of at the first handshake.
+    mutating func readableFile(_ e: ConfigEntry) -> String? {
+        guard let p = path(e) else { return nil }
+        do throws(ConfigValueError) {
+            close(try openForReading(p))
+            return p
+        } catch {
+            report(e.value, e.key, "cannot read \(quoted(p)): \(error.message)")
+            return nil
+        }
+    }
+
+    func resolve(_ path: String) -> String {
+        if path.hasPrefix("/") || directory.isEmpty { return path }
+        return directory.hasSuffix("/") ? directory + path : directory + "/" + path
+    }
+}
+
+/// The password is the file's first line, without its line ending.
+func readPasswordFile(_ path: String) throws(ConfigValueError) -> String {
+    let bytes: [UInt8]
+    do throws(ConfigValueError) {
+        bytes = try readFile(path, limit: maxPasswordFileBytes)
+    } catch {
+        throw ConfigValueError("cannot read \(quoted(path)): \(error.message)")
+    }
+    let firstLine = bytes.split(separator: 0x0A, maxSplits: 1, omittingEmptySubsequences: false).first ?? []
+    let line = firstLine.last == 0x0D ? firstLine.dropLast() : firstLine
+    guard let password = String(validating: line, as: UTF8.self) else {
+        throw ConfigValueError("\(quoted(path)) is not UTF-8 text")
+    }
+    guard !password.isEmpty else {
+        throw ConfigValueError("\(quoted(path)) has an empty first line: write the password on it")
+    }
+    return password
+}
+
+// MARK: - Value syntax
+
+/// YAML's null (`~`, `null`, or nothing after the colon); a quoted "null" is text.
+func isNull(_ node: Node) -> Bool {
+    guard case .scalar(let s) = node, s.style == .plain || s.style == .any else { return false }
+    return ["", "~", "null", "Null", "NULL"].contains(s.string)
+}
+
+func describe(_ node: Node) -> String {
+    switch node {
+    case .scalar(let s): quoted(s.string)
+    case .sequence: "a list"
+    case .mapping: "a section of keys"
+    }
+}
+
+/// `a, b or c`.
+func listed(_ choices: [String]) -> String {
+    guard let last = choices.last, choices.count > 1 else { return choices.first ?? "" }
+    return choices.dropLast().joined(separator: ", ") + " or " + last
+}
+
+func hexDigits(_ n: Int) -> String {
+    let digits = String(n, radix: 16, uppercase: true)
+    return String(repeating: "0", count: max(0, 4 - digits.count)) + digits
+}
+
+/// Decimal (`256`, `-1`), or hexadecimal after `0x`. Not YAML 1.1's octal: `010` is ten.
+func parseInteger(_ text: String) -> Int? {
+    if text.hasPrefix("0x") || text.hasPrefix("0X") {
+        let digits = text.dropFirst(2)
+        guard !digits.isEmpty, digits.allSatisfy(\.isHexDigit) else { return nil }
+        return Int(digits, radix: 16)
+    }
+    return Int(text)
+}
+
+/// `250ms`, `30s`, `5m`, `1h`, or parts added up (`1m30s`). A bare number other than `0` is
+/// refused: `30` could mean seconds or milliseconds, and guessing wrong is silent.
+func parseDuration(_ text: String) -> Duration? {
+    if text == "0" { return .zero }
+    var rest = Substring(text)
+    guard !rest.isEmpty else { return nil }
+    var total = Duration.zero
+    while !rest.isEmpty {
+        let digits = rest.prefix { $0.isASCII && $0.isNumber }
+        // At most 9 digits: no sum of such parts comes near Duration's range.
+        guard !digits.isEmpty, digits.count <= 9, let n = Int64(digits) else { return nil }
+        rest = rest.dropFirst(digits.count)
+        let unit: Duration
+        if rest.hasPrefix("ms") {
+            unit = .milliseconds(1); rest = rest.dropFirst(2)
+        } else if rest.hasPrefix("s") {
+            unit = .seconds(1); rest = rest.dropFirst()
+        } else if rest.hasPrefix("m") {
+            unit = .seconds(60); rest = rest.dropFirst()
+        } else if rest.hasPrefix("h") {
+            unit = .seconds(3600); rest = rest.dropFirst()
+        } else {
+            return nil
+        }
+        total += unit * n
+    }
+    return total
+}
+
+/// The shortest exact spelling in the units `parseDuration` reads.
+func formatDuration(_ d: Duration) -> String {
+    let (seconds, attoseconds) = d.components
+    if attoseconds == 0 {
+        if seconds != 0, seconds % 3600 == 0 { return "\(seconds / 3600)h" }
+        if seconds != 0, seconds % 60 == 0 { return "\(seconds / 60)m" }
+        return "\(seconds)s"
+    }
+    return "\(seconds * 1000 + attoseconds / 1_000_000_000_000_000)ms"
+}
+
+extension ConfigValue {
+    /// `broker.username`, `broker.password`: MQTT UTF-8 strings (MQTT 5.0 §1.5.4).
+    static func mqttString(_ text: String) throws(ConfigValueError) -> String {
+        guard text.utf8.count <= maxMQTTStringBytes else {
+            throw ConfigValueError("must be at most \(maxMQTTStringBytes) bytes (MQTT 5.0 §1.5.4), got \(text.utf8.count)")
+        }
+        return text
+    }
+}

@@ -1,0 +1,350 @@
+// What `baton gateway` runs with: the config file (docs/config.md), then the flags over it.
+//
+// The file is read and checked in ConfigFile.swift; the rules for single values (an id, a
+// topic prefix, a radio source…) live here, because the flags go through the same rules.
+public import BatonCore
+public import BatonMQTT
+import BatonWire
+
+/// Where advertising reports come from (`radio.source`, `--radio`).
+public enum RadioSourceSpec: Sendable, Equatable {
+    /// A BlueZ adapter, e.g. `hci0`.
+    case adapter(String)
+    /// A serial HCI-UART controller speaking H4: `h4:/dev/ttyACM0`.
+    case h4(path: String)
+    /// A capture file replayed as a radio: `capture:FILE`.
+    case capture(path: String)
+    /// The simulator's virtual controller, H4 over a Unix socket: `sim:SOCKET`.
+    case simulator(socket: String)
+}
+
+/// Everything `baton gateway` runs with: the config file, then flags over it.
+public struct GatewayConfig: Sendable, Equatable {
+    public var gatewayID: String
+    public var room: String
+    public var broker: MQTTConfig
+    /// Topic prefix (`baton`), and Home Assistant's discovery prefix (`homeassistant`).
+    public var prefix: String
+    public var discoveryPrefix: String
+    public var discovery: Bool
+    public var radio: RadioSourceSpec
+    /// Capture sources: replay at the capture's timestamps (true) or as fast as possible.
+    public var pacedCapture: Bool
+    /// Watchdog: no advertising report for this long while scanning → re-initialise.
+    public var radioSilence: Duration
+    public var companyID: UInt16
+    public var table: ActivityTableConfig
+    public var apple: AppleDeviceTableConfig
+    /// Publish the raw MAC address of Apple devices (off by default).
+    public var appleAddresses: Bool
+    /// How often the status JSON is republished.
+    public var statusInterval: Duration
+    public var logLevel: String
+}
+
+/// A config problem, said the way a user fixes it: file, line, key, what was expected.
+public struct ConfigError: Error, Sendable, Equatable, CustomStringConvertible {
+    public var file: String
+    public var line: Int?
+    /// The dotted key (`broker.keepalive`), the flag (`--broker`), or empty for a problem with
+    /// the file as a whole (unreadable, not YAML, an unknown top-level key).
+    public var key: String
+    public var message: String
+    /// The file's other problems, in file order. The whole file is checked, so one run shows
+    /// every mistake instead of one per restart.
+    public var others: [ConfigError] = []
+
+    public init(file: String, line: Int?, key: String, message: String, others: [ConfigError] = []) {
+        self.file = file; self.line = line; self.key = key; self.message = message; self.others = others
+    }
+
+    /// This problem and the others, in file order.
+    public var all: [ConfigError] {
+        var first = self
+        first.others = []
+        return [first] + others
+    }
+
+    /// `FILE:LINE: KEY: MESSAGE`, one line per problem.
+    public var description: String {
+        var text = ""
+        for (i, e) in all.enumerated() {
+            if i > 0 { text += "\n" }
+            text += e.file
+            if let line = e.line { text += ":\(line)" }
+            if !e.key.isEmpty { text += ": \(e.key)" }
+            text += ": \(e.message)"
+        }
+        return text
+    }
+}
+
+/// A value that does not parse (a radio source, a duration…); the caller adds where it came
+/// from (file and line, or the flag) to make a `ConfigError`.
+public struct ConfigValueError: Error, Sendable, Equatable, CustomStringConvertible {
+    public var message: String
+    public init(_ message: String) { self.message = message }
+    public var description: String { message }
+}
+
+// MARK: - Defaults
+
+extension GatewayConfig {
+    /// The settings of a gateway with an empty config file: docs/config.md lists each one.
+    /// `hostName` gives the gateway id (and through it the room and the MQTT client id).
+    public static func defaults(hostName: String) -> GatewayConfig {
+        let id = defaultGatewayID(hostName: hostName)
+        var random = SystemRandomNumberGenerator()
+        return GatewayConfig(
+            gatewayID: id,
+            room: id,
+            broker: MQTTConfig(host: "127.0.0.1", port: 1883, tls: nil, clientID: defaultClientID(gatewayID: id),
+                               username: nil, password: nil, keepalive: 30, will: nil, protocolVersion: .automatic,
+                               reconnectMin: .milliseconds(250), reconnectMax: .seconds(30)),
+            prefix: "baton",
+            discoveryPrefix: "homeassistant",
+            discovery: true,
+            radio: .adapter("hci0"),
+            pacedCapture: true,
+            radioSilence: .seconds(60),
+            companyID: ActivityBeacon.defaultCompanyID,
+            table: ActivityTableConfig(capacity: 256, expiry: .seconds(60)),
+            // The id key is never configured: a fresh one per run keeps Apple pseudonyms from
+            // linking one run's devices to the next's (docs/config.md "apple").
+            apple: AppleDeviceTableConfig(tracking: .handoff, capacity: 64, expiry: .seconds(60),
+                                          idKey: UInt64.random(in: .min ... .max, using: &random)),
+            appleAddresses: false,
+            statusInterval: .seconds(30),
+            logLevel: "info")
+    }
+
+    /// The host name, lowercased, with every character outside `[a-z0-9_-]` replaced by `-`, at
+    /// most 64 characters; `baton` if nothing is left.
+    public static func defaultGatewayID(hostName: String) -> String {
+        var id = ""
+        for scalar in hostName.lowercased().unicodeScalars.prefix(maxIDLength) {
+            id.unicodeScalars.append(isIDCharacter(scalar) ? scalar : "-")
+        }
+        return id.isEmpty ? "baton" : id
+    }
+
+    /// `baton-<gateway id>`: unique per gateway, so two gateways never take each other's session.
+    public static func defaultClientID(gatewayID: String) -> String { "baton-" + gatewayID }
+}
+
+// MARK: - Single values (shared by the file and the flags)
+
+let maxIDLength = 64
+/// Room names travel in JSON on every activity message; 128 bytes holds any real name.
+let maxRoomBytes = 128
+/// MQTT 5.0 §1.5.4: a UTF-8 string is at most 65,535 bytes.
+let maxMQTTStringBytes = 65_535
+
+func isIDCharacter(_ s: Unicode.Scalar) -> Bool {
+    ("a"..."z").contains(s) || ("0"..."9").contains(s) || s == "_" || s == "-"
+}
+
+func quoted(_ text: String) -> String { text.debugDescription }
+
+func hasControlCharacter(_ text: String) -> Bool {
+    text.unicodeScalars.contains { $0.properties.generalCategory == .control }
+}
+
+enum ConfigValue {
+    /// `gateway.id` / `--id`: a level in every topic and Home Assistant's device id.
+    static func gatewayID(_ text: String) throws(ConfigValueError) -> String {
+        guard !text.isEmpty else { throw ConfigValueError("must not be empty") }
+        guard text.unicodeScalars.allSatisfy(isIDCharacter) else {
+            throw ConfigValueError("use only a-z, 0-9, _ and - (the id is part of MQTT topics and "
+                                   + "Home Assistant's device id), got \(quoted(text))")
+        }
+        guard text.unicodeScalars.count <= maxIDLength else {
+            throw ConfigValueError("must be at most \(maxIDLength) characters, got \(text.unicodeScalars.count)")
+        }
+        return text
+    }
+
+    /// `gateway.room` / `--room`: shown to people, any UTF-8.
+    static func room(_ text: String) throws(ConfigValueError) -> String {
+        guard !text.isEmpty else { throw ConfigValueError("must not be empty") }
+        guard !hasControlCharacter(text) else {
+            throw ConfigValueError("must not contain control characters (line breaks, tabs), got \(quoted(text))")
+        }
+        guard text.utf8.count <= maxRoomBytes else {
+            throw ConfigValueError("must be at most \(maxRoomBytes) bytes of UTF-8, got \(text.utf8.count)")
+        }
+        return text
+    }
+
+    /// `topics.prefix`, `topics.discovery-prefix`, `--prefix`: the first levels of topic names
+    /// the gateway publishes to and subscribes under (MQTT 5.0 §4.7).
+    static func topicPrefix(_ text: String) throws(ConfigValueError) -> String {
+        guard !text.isEmpty else { throw ConfigValueError("must not be empty") }
+        guard !text.contains("+") && !text.contains("#") else {
+            throw ConfigValueError("must not contain the MQTT wildcards + or # (MQTT 5.0 §4.7.1), got \(quoted(text))")
+        }
+        guard !text.hasPrefix("/") && !text.hasSuffix("/") else {
+            throw ConfigValueError("must not start or end with \"/\", got \(quoted(text))")
+        }
+        guard !text.contains("//") else {
+            throw ConfigValueError("must not contain an empty topic level (\"//\"), got \(quoted(text))")
+        }
+        guard !text.hasPrefix("$") else {
+            throw ConfigValueError("must not start with \"$\" (such topics are the broker's own, MQTT 5.0 §4.7.2), "
+                                   + "got \(quoted(text))")
+        }
+        guard !hasControlCharacter(text) else {
+            throw ConfigValueError("must not contain control characters, got \(quoted(text))")
+        }
+        guard text.utf8.count <= 1024 else {
+            // The prefix is repeated in every topic; a topic is at most 65,535 bytes (§1.5.4).
+            throw ConfigValueError("must be at most 1024 bytes, got \(text.utf8.count)")
+        }
+        return text
+    }
+
+    /// `broker.url` / `--broker`, through BatonMQTT's own parser so the two never disagree; its
+    /// reason already quotes the URL and says what to write instead.
+    static func brokerURL(_ text: String) throws(ConfigValueError) -> MQTTURL {
+        do throws(MQTTError) {
+            return try MQTTURL(parsing: text)
+        } catch {
+            if case .invalidURL(let reason) = error { throw ConfigValueError(reason) }
+            throw ConfigValueError("expected a broker URL like mqtt://host:1883 or mqtts://host:8883, got \(quoted(text))")
+        }
+    }
+
+    /// `broker.client-id`: MQTT 5.0 §3.1.3.1. Brokers must take 1–23 letters and digits;
+    /// mosquitto and the others take any UTF-8 string, so only the emptiness is refused.
+    static func clientID(_ text: String) throws(ConfigValueError) -> String {
+        guard !text.isEmpty else { throw ConfigValueError("must not be empty") }
+        guard !hasControlCharacter(text) else {
+            throw ConfigValueError("must not contain control characters, got \(quoted(text))")
+        }
+        guard text.utf8.count <= maxMQTTStringBytes else {
+            throw ConfigValueError("must be at most \(maxMQTTStringBytes) bytes (MQTT 5.0 §1.5.4), got \(text.utf8.count)")
+        }
+        return text
+    }
+}
+
+// MARK: - The radio source
+
+extension RadioSourceSpec: CustomStringConvertible {
+    /// Parses `hci<N>`, `h4:PATH`, `capture:PATH` or `sim:SOCKET` (docs/config.md "radio").
+    /// Paths are taken as written; nothing is opened here, because a USB controller or the
+    /// simulator's socket may appear after the gateway starts (the radio source retries).
+    public init(parsing text: String) throws(ConfigValueError) {
+        func path(after prefix: String, _ what: String) throws(ConfigValueError) -> String? {
+            guard text.hasPrefix(prefix) else { return nil }
+            let rest = String(text.dropFirst(prefix.count))
+            guard !rest.isEmpty else { throw ConfigValueError("\(prefix) needs \(what)") }
+            return rest
+        }
+        if let p = try path(after: "h4:", "the controller's serial device, like h4:/dev/ttyACM0") {
+            self = .h4(path: p)
+        } else if let p = try path(after: "capture:", "a btsnoop or pcap file, like capture:/var/lib/baton/room.btsnoop") {
+            self = .capture(path: p)
+        } else if let p = try path(after: "sim:", "the simulator's socket, like sim:/run/baton/sim.sock") {
+            self = .simulator(socket: p)
+        } else if Self.isAdapterName(text) {
+            self = .adapter(text)
+        } else {
+            var message = "expected an adapter like hci0, or h4:/dev/ttyACM0, capture:FILE or sim:SOCKET, got \(quoted(text))"
+            if text.contains("/") { message += " (a path needs its kind in front: h4:, capture: or sim:)" }
+            throw ConfigValueError(message)
+        }
+    }
+
+    /// `hci` and the adapter's index, which BlueZ keeps in 16 bits (`struct hci_dev_info.dev_id`).
+    static func isAdapterName(_ text: String) -> Bool {
+        guard text.hasPrefix("hci") else { return false }
+        let digits = text.dropFirst(3)
+        guard !digits.isEmpty, digits.count <= 5, digits.allSatisfy({ $0.isASCII && $0.isNumber }),
+              let n = Int(digits), n <= 0xFFFF else { return false }
+        return true
+    }
+
+    /// The text `init(parsing:)` reads back.
+    public var description: String {
+        switch self {
+        case .adapter(let name): name
+        case .h4(let path): "h4:" + path
+        case .capture(let path): "capture:" + path
+        case .simulator(let socket): "sim:" + socket
+        }
+    }
+}
+
+// MARK: - Flags over the file
+
+/// The command-line flags that override the config file; nil leaves the file's value.
+/// The strings are the flags' text as typed: `apply` checks them by the file's rules.
+public struct GatewayOverrides: Sendable, Equatable {
+    /// `--broker URL`
+    public var broker: String?
+    /// `--radio SOURCE`
+    public var radio: String?
+    /// `--room NAME`
+    public var room: String?
+    /// `--id NAME`
+    public var id: String?
+    /// `--prefix TOPIC`
+    public var prefix: String?
+
+    public init(broker: String? = nil, radio: String? = nil, room: String? = nil, id: String? = nil,
+                prefix: String? = nil) {
+        self.broker = broker; self.radio = radio; self.room = room; self.id = id; self.prefix = prefix
+    }
+}
+
+extension GatewayConfig {
+    /// Applies the flags over the file's settings. All flags are checked; a bad one throws a
+    /// `ConfigError` naming the flag (`command line: --broker: …`, the others in `others`)
+    /// and leaves the config unchanged.
+    ///
+    /// `--id` carries the room and the MQTT client id with it when they still have their
+    /// defaults for the old id (the room equal to the id, the client id `baton-<id>`); values
+    /// set on purpose stay.
+    public mutating func apply(_ overrides: GatewayOverrides, source: String = "command line") throws(ConfigError) {
+        var next = self
+        var errors: [ConfigError] = []
+        func check<T>(_ flag: String, _ text: String?, _ parse: (String) throws(ConfigValueError) -> T) -> T? {
+            guard let text else { return nil }
+            do throws(ConfigValueError) {
+                return try parse(text)
+            } catch {
+                errors.append(ConfigError(file: source, line: nil, key: flag, message: error.message))
+                return nil
+            }
+        }
+        if let id = check("--id", overrides.id, ConfigValue.gatewayID) {
+            let old = next.gatewayID
+            next.gatewayID = id
+            if next.room == old { next.room = id }
+            if next.broker.clientID == Self.defaultClientID(gatewayID: old) {
+                next.broker.clientID = Self.defaultClientID(gatewayID: id)
+            }
+        }
+        if let room = check("--room", overrides.room, ConfigValue.room) {
+            next.room = room
+        }
+        if let url = check("--broker", overrides.broker, ConfigValue.brokerURL) {
+            next.broker.host = url.host
+            next.broker.port = url.port
+            // TLS settings from the file stay for an mqtts:// URL; mqtt:// is plain TCP.
+            next.broker.tls = url.tls ? (next.broker.tls ?? MQTTTLS()) : nil
+        }
+        if let radio = check("--radio", overrides.radio, RadioSourceSpec.init(parsing:)) {
+            next.radio = radio
+        }
+        if let prefix = check("--prefix", overrides.prefix, ConfigValue.topicPrefix) {
+            next.prefix = prefix
+        }
+        if let first = errors.first {
+            throw ConfigError(file: first.file, line: nil, key: first.key, message: first.message,
+                              others: Array(errors.dropFirst()))
+        }
+        self = next
+    }
+}

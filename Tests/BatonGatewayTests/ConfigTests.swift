@@ -1,0 +1,556 @@
+// The config file and the flags over it: docs/config.md. Every error text here is what the
+// user reads on the console, byte for byte, with its line number.
+import Foundation
+import Testing
+import BatonCore
+import BatonMQTT
+@testable import BatonGateway
+
+private let host = "Living-Room.lan"
+private let etc = "/etc/baton/baton.yaml"
+
+private func parse(_ yaml: String, file: String = etc) throws(ConfigError) -> GatewayConfig {
+    try GatewayConfig.parse(yaml: yaml, file: file, hostName: host)
+}
+
+/// What `baton gateway` prints for this file, or nil if it loads.
+private func problems(_ yaml: String, file: String = etc) -> String? {
+    do throws(ConfigError) {
+        _ = try parse(yaml, file: file)
+        return nil
+    } catch {
+        return error.description
+    }
+}
+
+/// The Apple id key is random per load; everything else must match exactly.
+private func withoutKey(_ config: GatewayConfig) -> GatewayConfig {
+    var c = config
+    c.apple.idKey = 0
+    return c
+}
+
+/// docs/config.md, written out field by field for the host name "Living-Room.lan".
+private let documentedDefaults = GatewayConfig(
+    gatewayID: "living-room-lan",
+    room: "living-room-lan",
+    broker: MQTTConfig(host: "127.0.0.1", port: 1883, tls: nil, clientID: "baton-living-room-lan",
+                       username: nil, password: nil, keepalive: 30, will: nil, protocolVersion: .automatic,
+                       reconnectMin: .milliseconds(250), reconnectMax: .seconds(30)),
+    prefix: "baton",
+    discoveryPrefix: "homeassistant",
+    discovery: true,
+    radio: .adapter("hci0"),
+    pacedCapture: true,
+    radioSilence: .seconds(60),
+    companyID: 0xFFFF,
+    table: ActivityTableConfig(capacity: 256, expiry: .seconds(60)),
+    apple: AppleDeviceTableConfig(tracking: .handoff, capacity: 64, expiry: .seconds(60), idKey: 0),
+    appleAddresses: false,
+    statusInterval: .seconds(30),
+    logLevel: "info")
+
+/// A fresh directory for files the config points at; removed when the test ends.
+private final class Scratch {
+    let path: String
+    init() throws {
+        path = FileManager.default.temporaryDirectory.appendingPathComponent("baton-config-\(UUID().uuidString)").path
+        try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+    }
+    deinit { try? FileManager.default.removeItem(atPath: path) }
+    @discardableResult
+    func write(_ name: String, _ bytes: [UInt8]) throws -> String {
+        let file = path + "/" + name
+        try FileManager.default.createDirectory(atPath: (file as NSString).deletingLastPathComponent,
+                                                withIntermediateDirectories: true)
+        try Data(bytes).write(to: URL(fileURLWithPath: file))
+        return file
+    }
+    @discardableResult
+    func write(_ name: String, _ text: String) throws -> String { try write(name, Array(text.utf8)) }
+}
+
+/// The reason BatonMQTT gives for a bad broker URL: the config passes it through unchanged.
+private func urlReason(_ text: String) -> String {
+    do throws(MQTTError) {
+        _ = try MQTTURL(parsing: text)
+        return "(parsed)"
+    } catch {
+        if case .invalidURL(let reason) = error { return reason }
+        return "(other error)"
+    }
+}
+
+// MARK: - Defaults
+
+@Suite struct ConfigDefaultsTests {
+    @Test func defaultsAreTheDocumentedOnes() {
+        #expect(withoutKey(GatewayConfig.defaults(hostName: host)) == documentedDefaults)
+    }
+
+    @Test func theGatewayIDComesFromTheHostName() {
+        #expect(GatewayConfig.defaultGatewayID(hostName: "Living-Room.lan") == "living-room-lan")
+        #expect(GatewayConfig.defaultGatewayID(hostName: "pi") == "pi")
+        #expect(GatewayConfig.defaultGatewayID(hostName: "Küche_2") == "k-che_2")
+        #expect(GatewayConfig.defaultGatewayID(hostName: "") == "baton")
+        #expect(GatewayConfig.defaultGatewayID(hostName: String(repeating: "a", count: 100)) == String(repeating: "a", count: 64))
+    }
+
+    @Test(arguments: ["", "# nothing set\n", "---\n", "gateway:\nbroker:\n", "broker:\n  username: ~\n  keepalive:\n  tls:\n"])
+    func anEmptyFileOrEmptySectionsGiveTheDefaults(yaml: String) throws {
+        #expect(withoutKey(try parse(yaml)) == documentedDefaults)
+    }
+
+    @Test func theAppleIDKeyIsFreshOnEveryLoad() throws {
+        // A constant key would let one run's pseudonyms be linked to the next run's.
+        let a = try parse(""), b = try parse("")
+        #expect(a.apple.idKey != b.apple.idKey)
+    }
+
+    @Test func theShippedFileLoadsAndHoldsTheDefaults() throws {
+        // board/baton.yaml is what a Pi install copies to /etc/baton/baton.yaml.
+        let board = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
+            .appendingPathComponent("../../board/baton.yaml").standardized.path
+        let config = try GatewayConfig.load(file: board, hostName: host)
+        #expect(withoutKey(config) == documentedDefaults)
+    }
+
+    @Test func everyKeyIsInTheShippedFileAndTheDocs() throws {
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../..")
+        let board = try String(contentsOf: root.appendingPathComponent("board/baton.yaml"), encoding: .utf8)
+        let docs = try String(contentsOf: root.appendingPathComponent("docs/config.md"), encoding: .utf8)
+        #expect(ConfigSchema.valueKeys.count == 30)
+        for key in ConfigSchema.valueKeys {
+            let leaf = key.split(separator: ".").last!
+            let inBoard = board.contains(" \(leaf): "), inDocs = docs.contains("`\(key)`")
+            #expect(inBoard, "board/baton.yaml does not show \(key)")
+            #expect(inDocs, "docs/config.md does not describe \(key)")
+        }
+    }
+}
+
+// MARK: - A full file
+
+@Suite struct ConfigFileTests {
+    @Test func everyKeyLandsInItsField() throws {
+        let dir = try Scratch()
+        try dir.write("ca.crt", "CA\n")
+        try dir.write("certs/kitchen.crt", "CERT\n")
+        let key = try dir.write("kitchen.key", "KEY\n")
+        let yaml = """
+            gateway:
+              id: kitchen
+              room: Küche
+            broker:
+              url: mqtts://broker.home.arpa:8884
+              client-id: baton-kitchen-1
+              username: baton
+              password: "s3cret: yes"
+              keepalive: 45s
+              protocol: 3.1.1
+              reconnect-min: 1s
+              reconnect-max: 2m
+              tls:
+                ca-file: ca.crt
+                cert-file: certs/kitchen.crt
+                key-file: \(key)
+                insecure: true
+            topics:
+              prefix: home/baton
+              discovery: false
+              discovery-prefix: ha
+            radio:
+              source: capture:room.btsnoop
+              paced: false
+              silence: 1m30s
+              company-id: 0x1234
+            table:
+              capacity: 1000
+              expiry: 5m
+            apple:
+              tracking: all
+              capacity: 128
+              expiry: 30s
+              publish-address: true
+            status:
+              interval: 1h
+            log:
+              level: debug
+
+            """
+        let c = try parse(yaml, file: dir.path + "/baton.yaml")
+        #expect(c.gatewayID == "kitchen")
+        #expect(c.room == "Küche")
+        #expect(c.broker.host == "broker.home.arpa")
+        #expect(c.broker.port == 8884)
+        // Relative paths are taken from the config file's directory.
+        #expect(c.broker.tls == MQTTTLS(caFile: dir.path + "/ca.crt", certFile: dir.path + "/certs/kitchen.crt",
+                                        keyFile: key, insecure: true))
+        #expect(c.broker.clientID == "baton-kitchen-1")
+        #expect(c.broker.username == "baton")
+        #expect(c.broker.password == "s3cret: yes")
+        #expect(c.broker.keepalive == 45)
+        #expect(c.broker.protocolVersion == .v311)
+        #expect(c.broker.reconnectMin == .seconds(1))
+        #expect(c.broker.reconnectMax == .seconds(120))
+        #expect(c.broker.will == nil)
+        #expect(c.prefix == "home/baton")
+        #expect(c.discovery == false)
+        #expect(c.discoveryPrefix == "ha")
+        #expect(c.radio == .capture(path: dir.path + "/room.btsnoop"))
+        #expect(c.pacedCapture == false)
+        #expect(c.radioSilence == .seconds(90))
+        #expect(c.companyID == 0x1234)
+        #expect(c.table == ActivityTableConfig(capacity: 1000, expiry: .seconds(300)))
+        #expect(c.apple.tracking == .all)
+        #expect(c.apple.capacity == 128)
+        #expect(c.apple.expiry == .seconds(30))
+        #expect(c.appleAddresses == true)
+        #expect(c.statusInterval == .seconds(3600))
+        #expect(c.logLevel == "debug")
+    }
+
+    @Test func theRoomAndClientIDFollowTheIDUnlessSet() throws {
+        let followed = try parse("gateway:\n  id: hall\n")
+        #expect(followed.room == "hall")
+        #expect(followed.broker.clientID == "baton-hall")
+        let set = try parse("gateway:\n  id: hall\n  room: Front hall\nbroker:\n  client-id: pi-7\n")
+        #expect(set.room == "Front hall")
+        #expect(set.broker.clientID == "pi-7")
+    }
+
+    @Test func valuesAreTakenAsWritten() throws {
+        // YAML would read these as a number and a boolean; a room name is text.
+        #expect(try parse("gateway:\n  room: 101\n").room == "101")
+        #expect(try parse("gateway:\n  room: no\n").room == "no")
+        // A quoted "null" is text; a bare ~ leaves the key unset.
+        let c = try parse("broker:\n  username: ~\n  password: \"null\"\n")
+        #expect(c.broker.username == nil)
+        #expect(c.broker.password == "null")
+        #expect(try parse("broker:\n  protocol: 5\n").broker.protocolVersion == .v5)
+        #expect(try parse("log:\n  level: WARNING\n").logLevel == "warning")
+        #expect(try parse("topics:\n  discovery: off\n").discovery == false)
+        #expect(try parse("radio:\n  company-id: 65535\n").companyID == 0xFFFF)
+        #expect(try parse("radio:\n  company-id: 0x0a0b\n").companyID == 0x0A0B)
+        #expect(try parse("radio:\n  source: h4:/dev/ttyACM0\n").radio == .h4(path: "/dev/ttyACM0"))
+    }
+
+    @Test func anMQTTSURLWithoutTLSSettingsUsesTheSystemCAs() throws {
+        let c = try parse("broker:\n  url: mqtts://broker.lan\n")
+        #expect(c.broker.tls == MQTTTLS())
+        #expect(c.broker.port == 8883)
+    }
+
+    @Test func thePasswordFileGivesItsFirstLine() throws {
+        let dir = try Scratch()
+        try dir.write("mqtt-password", "hunter2\nsecond line\n")
+        try dir.write("windows-password", "hunter3\r\n")
+        let file = try dir.write("baton.yaml", "broker:\n  username: baton\n  password-file: mqtt-password\n")
+        #expect(try GatewayConfig.load(file: file, hostName: host).broker.password == "hunter2")
+        let windows = try dir.write("windows.yaml", "broker:\n  password-file: windows-password\n")
+        #expect(try GatewayConfig.load(file: windows, hostName: host).broker.password == "hunter3")
+    }
+
+    @Test func capacitiesAcceptTheirMaximumAndNotOneMore() throws {
+        #expect(try parse("table:\n  capacity: 100000\n").table.capacity == 100_000)
+        #expect(problems("table:\n  capacity: 100001\n")
+                == "/etc/baton/baton.yaml:2: table.capacity: must be between 1 and 100000, got 100001")
+        #expect(try parse("apple:\n  capacity: 100000\n").apple.capacity == 100_000)
+        #expect(problems("apple:\n  capacity: 100001\n")
+                == "/etc/baton/baton.yaml:2: apple.capacity: must be between 1 and 100000, got 100001")
+    }
+}
+
+// MARK: - Mistakes, as the user reads them
+
+@Suite struct ConfigErrorTests {
+    @Test func aMisspelledKeyGetsASuggestion() {
+        #expect(problems("gateway:\n  room: Kitchen\nbrokr:\n  url: mqtt://pi.lan\n")
+                == #"/etc/baton/baton.yaml:3: unknown key "brokr" (did you mean "broker"?)"#)
+        #expect(problems("broker:\n  keepalve: 30s\n")
+                == #"/etc/baton/baton.yaml:2: broker: unknown key "keepalve" (did you mean "keepalive"?)"#)
+        #expect(problems("broker:\n  client_id: pi\n")
+                == #"/etc/baton/baton.yaml:2: broker: unknown key "client_id" (did you mean "client-id"?)"#)
+        #expect(problems("broker:\n  colour: blue\n")
+                == #"/etc/baton/baton.yaml:2: broker: unknown key "colour""#)
+    }
+
+    @Test func aKeyInTheWrongPlaceIsPointedHome() {
+        #expect(problems("keepalive: 30s\n")
+                == #"/etc/baton/baton.yaml:1: unknown key "keepalive" (did you mean "broker.keepalive"?)"#)
+        #expect(problems("radio:\n  prefix: home\n")
+                == #"/etc/baton/baton.yaml:2: radio: unknown key "prefix" (did you mean "topics.prefix"?)"#)
+        #expect(problems("broker.url: mqtt://pi.lan\n")
+                == #"/etc/baton/baton.yaml:1: unknown key "broker.url" (keys nest by indentation: write "broker:", then indented under it "url:")"#)
+        #expect(problems("broker:\n  url: mqtt://pi.lan\n  topics:\n    prefix: home\n")
+                == #"/etc/baton/baton.yaml:3: broker: unknown key "topics" ("topics" is a section of its own: start it at the beginning of a line, not indented)"#)
+    }
+
+    @Test func aKeyGivenTwice() {
+        #expect(problems("table:\n  capacity: 100\n  capacity: 200\n")
+                == "/etc/baton/baton.yaml:3: table.capacity: given twice (first on line 2)")
+    }
+
+    @Test func aValueOfTheWrongShape() {
+        #expect(problems("gateway:\n  room: [Kitchen, Hall]\n")
+                == "/etc/baton/baton.yaml:2: gateway.room: expected text, got a list")
+        #expect(problems("table:\n  capacity:\n    max: 10\n")
+                == "/etc/baton/baton.yaml:3: table.capacity: expected a whole number, got a section of keys")
+        #expect(problems("broker: mqtt://pi.lan\n")
+                == #"/etc/baton/baton.yaml:1: broker: expected a section of "key: value" lines indented under it, got "mqtt://pi.lan""#)
+        #expect(problems("- broker\n")
+                == #"/etc/baton/baton.yaml:1: expected sections like "broker:" at the top of the file, got a list"#)
+        #expect(problems("topics:\n  discovery: maybe\n")
+                == #"/etc/baton/baton.yaml:2: topics.discovery: expected true or false, got "maybe""#)
+        #expect(problems("radio:\n  company-id: apple\n")
+                == #"/etc/baton/baton.yaml:2: radio.company-id: expected a number like 0xFFFF, got "apple""#)
+    }
+
+    @Test func aBadDuration() {
+        #expect(problems("gateway:\n  room: Kitchen\nbroker:\n  url: mqtt://pi.lan\n  keepalive: thirty\n")
+                == #"/etc/baton/baton.yaml:5: broker.keepalive: expected a duration like 30s or 500ms, got "thirty""#)
+        #expect(problems("status:\n  interval: 30\n")
+                == #"/etc/baton/baton.yaml:2: status.interval: expected a duration like 30s or 500ms, got "30" (a number needs its unit: ms, s, m or h)"#)
+        #expect(problems("status:\n  interval: 1.5s\n")
+                == #"/etc/baton/baton.yaml:2: status.interval: expected a duration like 30s or 500ms, got "1.5s""#)
+    }
+
+    @Test func aValueOutOfRange() {
+        #expect(problems("broker:\n  keepalive: 2s\n")
+                == "/etc/baton/baton.yaml:2: broker.keepalive: must be between 5s and 65535s, got 2s")
+        #expect(problems("broker:\n  keepalive: 30500ms\n")
+                == "/etc/baton/baton.yaml:2: broker.keepalive: must be whole seconds, got 30500ms")
+        #expect(problems("table:\n  capacity: 0\n")
+                == "/etc/baton/baton.yaml:2: table.capacity: must be between 1 and 100000, got 0")
+        #expect(problems("table:\n  expiry: 500ms\n")
+                == "/etc/baton/baton.yaml:2: table.expiry: must be at least 1s, got 500ms")
+        #expect(problems("radio:\n  company-id: 0x10000\n")
+                == "/etc/baton/baton.yaml:2: radio.company-id: must be between 0x0000 and 0xFFFF, got 0x10000")
+        #expect(problems("radio:\n  company-id: 0x004C\n")
+                == "/etc/baton/baton.yaml:2: radio.company-id: 0x004C is Apple's company id (read as Continuity frames): pick another, got 0x004C")
+        #expect(problems("broker:\n  reconnect-min: 10s\n  reconnect-max: 5s\n")
+                == "/etc/baton/baton.yaml:3: broker.reconnect-max: must not be less than broker.reconnect-min (10s), got 5s")
+        #expect(problems("broker:\n  reconnect-min: 1m\n")
+                == "/etc/baton/baton.yaml:2: broker.reconnect-min: must not be more than broker.reconnect-max (30s), got 1m")
+    }
+
+    @Test func aValueOutsideItsChoices() {
+        #expect(problems("log:\n  level: verbose\n")
+                == #"/etc/baton/baton.yaml:2: log.level: expected trace, debug, info, notice, warning, error or critical, got "verbose""#)
+        #expect(problems("apple:\n  tracking: some\n")
+                == #"/etc/baton/baton.yaml:2: apple.tracking: expected off, handoff or all, got "some""#)
+        #expect(problems("broker:\n  protocol: 4\n")
+                == #"/etc/baton/baton.yaml:2: broker.protocol: expected auto, 5 or 3.1.1, got "4""#)
+    }
+
+    @Test func aBadBrokerURLSaysWhatToWrite() {
+        // The reason is BatonMQTT's own (docs/broker.md); the config adds where it was.
+        for url in ["http://pi.lan", "pi.lan", "mqtt://pi.lan:99999"] {
+            let text = problems("broker:\n  url: \(url)\n")
+            #expect(text == "/etc/baton/baton.yaml:2: broker.url: " + urlReason(url))
+            #expect(text?.contains(url) == true, "the message quotes what was written")
+        }
+    }
+
+    @Test func aBadGatewayIDOrRoom() {
+        #expect(problems("gateway:\n  id: Kitchen Pi\n")
+                == #"/etc/baton/baton.yaml:2: gateway.id: use only a-z, 0-9, _ and - (the id is part of MQTT topics and Home Assistant's device id), got "Kitchen Pi""#)
+        #expect(problems("gateway:\n  id: \(String(repeating: "a", count: 65))\n")
+                == "/etc/baton/baton.yaml:2: gateway.id: must be at most 64 characters, got 65")
+        #expect(problems("gateway:\n  room: \"\"\n")
+                == "/etc/baton/baton.yaml:2: gateway.room: must not be empty")
+        #expect(problems("gateway:\n  room: \"Hall\\nway\"\n")
+                == #"/etc/baton/baton.yaml:2: gateway.room: must not contain control characters (line breaks, tabs), got "Hall\nway""#)
+    }
+
+    @Test func aBadRadioSource() {
+        #expect(problems("radio:\n  source: hco0\n")
+                == #"/etc/baton/baton.yaml:2: radio.source: expected an adapter like hci0, or h4:/dev/ttyACM0, capture:FILE or sim:SOCKET, got "hco0""#)
+        #expect(problems("radio:\n  source: /dev/ttyACM0\n")
+                == #"/etc/baton/baton.yaml:2: radio.source: expected an adapter like hci0, or h4:/dev/ttyACM0, capture:FILE or sim:SOCKET, got "/dev/ttyACM0" (a path needs its kind in front: h4:, capture: or sim:)"#)
+        #expect(problems("radio:\n  source: \"h4:\"\n")
+                == "/etc/baton/baton.yaml:2: radio.source: h4: needs the controller's serial device, like h4:/dev/ttyACM0")
+    }
+
+    @Test func aBadTopicPrefix() {
+        #expect(problems("topics:\n  prefix: home/#\n")
+                == #"/etc/baton/baton.yaml:2: topics.prefix: must not contain the MQTT wildcards + or # (MQTT 5.0 §4.7.1), got "home/#""#)
+        #expect(problems("topics:\n  discovery-prefix: +/ha\n")
+                == #"/etc/baton/baton.yaml:2: topics.discovery-prefix: must not contain the MQTT wildcards + or # (MQTT 5.0 §4.7.1), got "+/ha""#)
+        #expect(problems("topics:\n  prefix: /baton\n")
+                == #"/etc/baton/baton.yaml:2: topics.prefix: must not start or end with "/", got "/baton""#)
+        #expect(problems("topics:\n  prefix: home//baton\n")
+                == #"/etc/baton/baton.yaml:2: topics.prefix: must not contain an empty topic level ("//"), got "home//baton""#)
+        #expect(problems("topics:\n  prefix: $SYS/baton\n")
+                == #"/etc/baton/baton.yaml:2: topics.prefix: must not start with "$" (such topics are the broker's own, MQTT 5.0 §4.7.2), got "$SYS/baton""#)
+        #expect(problems("topics:\n  prefix: \"\"\n")
+                == "/etc/baton/baton.yaml:2: topics.prefix: must not be empty")
+    }
+
+    @Test func aClientCertificateWithoutItsKey() throws {
+        let dir = try Scratch()
+        try dir.write("kitchen.crt", "CERT\n")
+        try dir.write("kitchen.key", "KEY\n")
+        #expect(problems("broker:\n  url: mqtts://pi.lan\n  tls:\n    cert-file: kitchen.crt\n", file: dir.path + "/baton.yaml")
+                == "\(dir.path)/baton.yaml:4: broker.tls.cert-file: a client certificate needs its private key: set broker.tls.key-file too")
+        #expect(problems("broker:\n  url: mqtts://pi.lan\n  tls:\n    key-file: kitchen.key\n", file: dir.path + "/baton.yaml")
+                == "\(dir.path)/baton.yaml:4: broker.tls.key-file: a private key needs its client certificate: set broker.tls.cert-file too")
+    }
+
+    @Test func aTLSFileThatCannotBeRead() throws {
+        #expect(problems("broker:\n  url: mqtts://pi.lan\n  tls:\n    ca-file: /nonexistent/baton/ca.crt\n")
+                == #"/etc/baton/baton.yaml:4: broker.tls.ca-file: cannot read "/nonexistent/baton/ca.crt": No such file or directory"#)
+        let dir = try Scratch()
+        #expect(problems("broker:\n  url: mqtts://pi.lan\n  tls:\n    ca-file: .\n", file: dir.path + "/baton.yaml")
+                == "\(dir.path)/baton.yaml:4: broker.tls.ca-file: cannot read \"\(dir.path)/.\": it is a directory")
+    }
+
+    @Test func tlsSettingsWithAPlainURL() {
+        #expect(problems("broker:\n  url: mqtt://pi.lan\n  tls:\n    insecure: true\n")
+                == #"/etc/baton/baton.yaml:3: broker.tls: TLS settings need an mqtts:// broker.url, and it is "mqtt://pi.lan""#)
+        #expect(problems("broker:\n  tls:\n    insecure: true\n")
+                == "/etc/baton/baton.yaml:2: broker.tls: TLS settings need an mqtts:// broker.url, and it is the default, mqtt://127.0.0.1:1883")
+        #expect(problems("broker:\n  url: mqtt://pi.lan\n  tls:\n    ca-file: /nonexistent/baton/ca.crt\n") == """
+            /etc/baton/baton.yaml:3: broker.tls: TLS settings need an mqtts:// broker.url, and it is "mqtt://pi.lan"
+            /etc/baton/baton.yaml:4: broker.tls.ca-file: cannot read "/nonexistent/baton/ca.crt": No such file or directory
+            """)
+        // `insecure: false` is the default, with any URL.
+        #expect(problems("broker:\n  url: mqtt://pi.lan\n  tls:\n    insecure: false\n") == nil)
+    }
+
+    @Test func aMissingPasswordFile() {
+        #expect(problems("broker:\n  username: baton\n  password-file: /nonexistent/baton/mqtt-password\n")
+                == #"/etc/baton/baton.yaml:3: broker.password-file: cannot read "/nonexistent/baton/mqtt-password": No such file or directory"#)
+    }
+
+    @Test func anEmptyPasswordFile() throws {
+        let dir = try Scratch()
+        try dir.write("mqtt-password", "\n")
+        #expect(problems("broker:\n  password-file: mqtt-password\n", file: dir.path + "/baton.yaml")
+                == "\(dir.path)/baton.yaml:2: broker.password-file: \"\(dir.path)/mqtt-password\" has an empty first line: write the password on it")
+    }
+
+    @Test func aPasswordAndAPasswordFile() {
+        #expect(problems("broker:\n  password: secret\n  password-file: /etc/baton/mqtt-password\n")
+                == "/etc/baton/baton.yaml:3: broker.password-file: give broker.password or broker.password-file, not both")
+    }
+
+    @Test func aYAMLSyntaxErrorNamesItsLine() {
+        #expect(problems("broker:\n  url: mqtt://pi.lan\n keepalive: 30s\n")
+                == "/etc/baton/baton.yaml:3: YAML syntax: did not find expected key (while parsing a block mapping on line 1)")
+        #expect(problems("broker:\n\turl: mqtt://pi.lan\n")
+                == "/etc/baton/baton.yaml:2: YAML syntax: found character that cannot start any token (while scanning for the next token on line 2); indent with spaces, YAML does not allow tabs")
+        #expect(problems("gateway:\n  room: \"Kitchen\n")
+                == "/etc/baton/baton.yaml:3: YAML syntax: found unexpected end of stream (while scanning a quoted scalar on line 2)")
+    }
+
+    @Test func everyProblemIsReportedInFileOrder() throws {
+        let yaml = "broker:\n  keepalive: thirty\ntable:\n  capacity: 0\nbrokr: {}\n"
+        let error = try #require(throws: ConfigError.self) { try parse(yaml) }
+        #expect(error.all.map(\.line) == [2, 4, 5])
+        #expect(error.others.count == 2)
+        #expect(error.description == """
+            /etc/baton/baton.yaml:2: broker.keepalive: expected a duration like 30s or 500ms, got "thirty"
+            /etc/baton/baton.yaml:4: table.capacity: must be between 1 and 100000, got 0
+            /etc/baton/baton.yaml:5: unknown key "brokr" (did you mean "broker"?)
+            """)
+    }
+
+    @Test func aFileThatCannotBeRead() throws {
+        let dir = try Scratch()
+        let absent = dir.path + "/absent.yaml"
+        #expect(throws: ConfigError(file: absent, line: nil, key: "",
+                                    message: "cannot read the config file: No such file or directory")) {
+            try GatewayConfig.load(file: absent, hostName: host)
+        }
+        #expect(throws: ConfigError(file: dir.path, line: nil, key: "", message: "cannot read the config file: it is a directory")) {
+            try GatewayConfig.load(file: dir.path, hostName: host)
+        }
+        let latin1 = try dir.write("latin1.yaml", Array("gateway:\n  room: K".utf8) + [0xFC] + Array("che\n".utf8))
+        let error = try #require(throws: ConfigError.self) { try GatewayConfig.load(file: latin1, hostName: host) }
+        #expect(error.description == "\(latin1):2: not UTF-8 text (save the file as UTF-8)")
+    }
+}
+
+// MARK: - Flags over the file
+
+@Suite struct ConfigOverrideTests {
+    @Test func flagsOverrideTheFile() throws {
+        var c = try parse("gateway:\n  id: kitchen\nbroker:\n  url: mqtts://broker.lan\ntopics:\n  prefix: home/baton\n")
+        try c.apply(GatewayOverrides(broker: "mqtt://10.0.0.2:1884", radio: "sim:/run/baton/sim.sock", room: "Küche",
+                                     id: "kitchen-2", prefix: "lab/baton"))
+        #expect(c.gatewayID == "kitchen-2")
+        #expect(c.room == "Küche")
+        #expect(c.broker.clientID == "baton-kitchen-2")
+        #expect(c.broker.host == "10.0.0.2")
+        #expect(c.broker.port == 1884)
+        #expect(c.broker.tls == nil)
+        #expect(c.radio == .simulator(socket: "/run/baton/sim.sock"))
+        #expect(c.prefix == "lab/baton")
+    }
+
+    @Test func theIDFlagCarriesOnlyDefaultsWithIt() throws {
+        var followed = try parse("gateway:\n  id: kitchen\n")
+        try followed.apply(GatewayOverrides(id: "hall"))
+        #expect(followed.room == "hall")
+        #expect(followed.broker.clientID == "baton-hall")
+
+        var set = try parse("gateway:\n  id: kitchen\n  room: Kitchen\nbroker:\n  client-id: pi-7\n")
+        try set.apply(GatewayOverrides(id: "hall"))
+        #expect(set.gatewayID == "hall")
+        #expect(set.room == "Kitchen")
+        #expect(set.broker.clientID == "pi-7")
+    }
+
+    @Test func theBrokerFlagKeepsTheFilesTLSSettingsForMQTTS() throws {
+        let dir = try Scratch()
+        try dir.write("ca.crt", "CA\n")
+        let file = dir.path + "/baton.yaml"
+        var c = try parse("broker:\n  url: mqtts://broker.lan\n  tls:\n    ca-file: ca.crt\n", file: file)
+        try c.apply(GatewayOverrides(broker: "mqtts://other.lan"))
+        #expect(c.broker.tls == MQTTTLS(caFile: dir.path + "/ca.crt"))
+        #expect(c.broker.port == 8883)
+        var plain = try parse("")
+        try plain.apply(GatewayOverrides(broker: "mqtts://broker.lan"))
+        #expect(plain.broker.tls == MQTTTLS())
+    }
+
+    @Test func badFlagsAreNamedAndChangeNothing() throws {
+        let before = try parse("gateway:\n  id: kitchen\n")
+        var c = before
+        let error = try #require(throws: ConfigError.self) {
+            try c.apply(GatewayOverrides(broker: "broker.lan", radio: "bluetooth", room: "", id: "Kitchen", prefix: "baton/+"))
+        }
+        #expect(error.description == """
+            command line: --id: use only a-z, 0-9, _ and - (the id is part of MQTT topics and Home Assistant's device id), got "Kitchen"
+            command line: --room: must not be empty
+            command line: --broker: \(urlReason("broker.lan"))
+            command line: --radio: expected an adapter like hci0, or h4:/dev/ttyACM0, capture:FILE or sim:SOCKET, got "bluetooth"
+            command line: --prefix: must not contain the MQTT wildcards + or # (MQTT 5.0 §4.7.1), got "baton/+"
+            """)
+        #expect(error.key == "--id")
+        #expect(error.file == "command line")
+        #expect(c == before)
+    }
+}
+
+// MARK: - Radio source text
+
+@Suite struct RadioSourceSpecTests {
+    @Test(arguments: [
+        ("hci0", RadioSourceSpec.adapter("hci0")),
+        ("hci12", .adapter("hci12")),
+        ("h4:/dev/ttyACM0", .h4(path: "/dev/ttyACM0")),
+        ("capture:room.btsnoop", .capture(path: "room.btsnoop")),
+        ("sim:/run/baton/sim.sock", .simulator(socket: "/run/baton/sim.sock")),
+    ])
+    func parsesAndPrintsBack(text: String, spec: RadioSourceSpec) throws {
+        #expect(try RadioSourceSpec(parsing: text) == spec)
+        #expect(spec.description == text)
+    }
+
+    @Test(arguments: ["", "hci", "hci-1", "hci65536", "hciX", "usb0", "h4:", "capture:", "sim:"])
+    func refuses(text: String) {
+        #expect(throws: ConfigValueError.self) { try RadioSourceSpec(parsing: text) }
+    }
+}
