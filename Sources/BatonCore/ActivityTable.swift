@@ -41,6 +41,10 @@ public struct TrackedActivity: Sendable, Equatable {
     public var lastSeen: Instant
     /// When the last change a subscriber sees happened (became current, saved, invalidated).
     public var lastChange: Instant
+    /// What that change was, and the smoothed RSSI at that moment: what the published message
+    /// said, so a republish after a reconnect repeats it exactly (docs/mqtt.md §5).
+    public var lastChangeKind: ActivityChangeKind
+    public var rssiAtChange: Int8
     /// Advertisements heard from this device since it entered the table.
     public var reports: UInt32
 }
@@ -179,6 +183,8 @@ public struct ActivityTable: ~Copyable {
             preconditionFailure("hear never expires or evicts a known device")
         }
         entries[slot].activity.lastChange = now
+        entries[slot].activity.lastChangeKind = kind
+        entries[slot].activity.rssiAtChange = entries[slot].activity.rssi
         let changed = entries[slot].activity
         entries.moveToTail(slot, list: Self.list(changed.state))
         onChange(ActivityChange(kind: kind, activity: changed))
@@ -208,7 +214,9 @@ public struct ActivityTable: ~Copyable {
         smoothed.add(rssi)
         let activity = TrackedActivity(deviceID: beacon.deviceID, beacon: beacon, state: ends ? .invalidated : .current,
                                        address: address, addressType: addressType, rssi: smoothed.dBm, lastRSSI: rssi,
-                                       firstSeen: now, lastSeen: now, lastChange: now, reports: 1)
+                                       firstSeen: now, lastSeen: now, lastChange: now,
+                                       lastChangeKind: ends ? .invalidated : .becameCurrent, rssiAtChange: smoothed.dBm,
+                                       reports: 1)
         let slot = entries.append(Entry(activity: activity, smoothed: smoothed), to: Self.list(activity.state))
         index.insert(beacon.deviceID, slot: slot)
         // An invalidated first beacon has nothing to clear and nothing to show: kept (so an older

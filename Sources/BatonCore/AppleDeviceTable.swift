@@ -56,6 +56,10 @@ public struct AppleDevice: Sendable, Equatable {
     /// When the Handoff sequence last changed (or was first heard).
     public var handoffChanged: Instant?
     public var rssi: Int8
+    /// The smoothed RSSI and the address count at the last change: what the published
+    /// message said, so a republish after a reconnect repeats it exactly (docs/mqtt.md §5).
+    public var rssiAtChange: Int8 = 127
+    public var addressesAtChange: UInt32 = 1
     public var firstSeen: Instant
     public var lastSeen: Instant
     /// Distinct addresses this entry was heard from (rotation, two radios at once).
@@ -224,6 +228,8 @@ public struct AppleDeviceTable: ~Copyable {
             claimFingerprint(slot, heard.fingerprint)
         }
         guard let kind else { return }
+        entries[slot].device.rssiAtChange = entries[slot].device.rssi
+        entries[slot].device.addressesAtChange = entries[slot].device.addresses
         onChange(AppleChange(kind: kind, device: entries[slot].device))
     }
 
@@ -251,6 +257,7 @@ public struct AppleDeviceTable: ~Copyable {
         let device = AppleDevice(id: pseudonym(key), address: address & 0xFFFF_FFFF_FFFF, addressType: addressType,
                                  kinds: heard.kinds, handoffSequence: handoff ? heard.handoffSequence : nil,
                                  handoffChanged: handoff ? now : nil, rssi: smoothed.dBm,
+                                 rssiAtChange: smoothed.dBm, addressesAtChange: 1,
                                  firstSeen: now, lastSeen: now, addresses: 1)
         let slot = entries.append(Entry(device: device, smoothed: smoothed, previousAddress: nil,
                                         fingerprint: 0, holdsFingerprint: false), to: Self.list)

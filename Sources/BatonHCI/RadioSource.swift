@@ -42,6 +42,14 @@ public protocol RadioSource: ~Copyable {
     /// A thrown error leaves the source in `.stopped`; `start(now:)` recovers.
     mutating func poll(now: ContinuousClock.Instant,
                        _ onEvent: (UnsafeRawBufferPointer) -> Void) throws(RadioError) -> Int
+
+    /// For a finite source: where its input stopped being readable (a capture cut off by a
+    /// power loss), if it did. What came before was delivered.
+    var damage: WireError? { get }
+}
+
+extension RadioSource where Self: ~Copyable {
+    public var damage: WireError? { nil }
 }
 
 public enum RadioState: Sendable, Equatable {

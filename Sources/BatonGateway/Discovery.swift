@@ -1,0 +1,86 @@
+// Home Assistant MQTT discovery (docs/mqtt.md §4). Home Assistant reads
+// `<discovery prefix>/<component>/<node id>/<object id>/config`; node and object ids are
+// [a-zA-Z0-9_-]. Each payload names its state topic, a unique_id, the device block that
+// groups entities into one device, and availability tied to this gateway's status topic,
+// so an entity shows "unavailable" when its gateway goes offline. An empty retained
+// message on a config topic removes the entity: that is how an expired device leaves.
+public import BatonWire
+
+public enum Discovery {
+    public static let manufacturer: StaticString = "Baton"
+
+    /// The gateway as a Home Assistant device with one connectivity entity.
+    public static func gatewayConnectivity(topics: Topics, room: String, version: String,
+                                           into w: inout JSONWriter) throws(WireError) {
+        try w.beginObject()
+        try w.key("name"); try w.string("Connectivity")
+        try w.key("unique_id"); try w.string("\(topics.gatewayNode)_connectivity")
+        try w.key("device_class"); try w.string("connectivity")
+        try w.key("entity_category"); try w.string("diagnostic")
+        try w.key("state_topic"); try w.string(topics.status)
+        try w.key("payload_on"); try w.string("online")
+        try w.key("payload_off"); try w.string("offline")
+        // The counters beside the status become the entity's attributes.
+        try w.key("json_attributes_topic"); try w.string(topics.stats)
+        try w.key("device"); try w.beginObject()
+        try w.key("identifiers"); try w.beginArray(); try w.string(topics.gatewayNode); try w.endArray()
+        try w.key("name"); try w.string("Baton \(room)")
+        try w.key("manufacturer"); try w.string(manufacturer)
+        try w.key("model"); try w.string("Baton gateway")
+        try w.key("sw_version"); try w.string(version)
+        try w.key("suggested_area"); try w.string(room)
+        try w.endObject()
+        try origin(version: version, into: &w)
+        try w.endObject()
+    }
+
+    public enum DeviceEntity: Sendable { case room, activity }
+
+    /// One entity of a tracked device: its room, or its current activity (type hash as the
+    /// state, the whole activity JSON as attributes: seq, flags, web URL flag, first seen).
+    public static func deviceEntity(_ entity: DeviceEntity, deviceID: UInt64, topics: Topics, version: String,
+                                    into w: inout JSONWriter) throws(WireError) {
+        let node = Topics.deviceNode(deviceID)
+        let text = Topics.deviceText(deviceID)
+        try w.beginObject()
+        switch entity {
+        case .room:
+            try w.key("name"); try w.string("Room")
+            try w.key("unique_id"); try w.string("\(node)_room")
+            try w.key("icon"); try w.string("mdi:map-marker")
+            // An empty retained message (the activity ended) is not JSON: say "unknown"
+            // instead of making Home Assistant log a template error.
+            try w.key("value_template"); try w.string("{{ value_json.room if value_json is defined else None }}")
+        case .activity:
+            try w.key("name"); try w.string("Activity")
+            try w.key("unique_id"); try w.string("\(node)_activity")
+            try w.key("icon"); try w.string("mdi:gesture-swipe-horizontal")
+            try w.key("value_template"); try w.string("{{ value_json.type_hash if value_json is defined else None }}")
+            try w.key("json_attributes_topic"); try w.string(topics.activity(deviceID))
+        }
+        try w.key("state_topic"); try w.string(topics.activity(deviceID))
+        try w.key("availability"); try w.beginArray()
+        try w.beginObject()
+        try w.key("topic"); try w.string(topics.status)
+        try w.key("payload_available"); try w.string("online")
+        try w.key("payload_not_available"); try w.string("offline")
+        try w.endObject()
+        try w.endArray()
+        try w.key("device"); try w.beginObject()
+        try w.key("identifiers"); try w.beginArray(); try w.string(node); try w.endArray()
+        try w.key("name"); try w.string("Baton device \(text)")
+        try w.key("manufacturer"); try w.string(manufacturer)
+        try w.key("model"); try w.string("Activity beacon")
+        try w.key("via_device"); try w.string(topics.gatewayNode)
+        try w.endObject()
+        try origin(version: version, into: &w)
+        try w.endObject()
+    }
+
+    static func origin(version: String, into w: inout JSONWriter) throws(WireError) {
+        try w.key("origin"); try w.beginObject()
+        try w.key("name"); try w.string("Baton")
+        try w.key("sw_version"); try w.string(version)
+        try w.endObject()
+    }
+}

@@ -1,0 +1,397 @@
+// The service (DESIGN.md "Data flow"): one thread, one poll() loop over the radio, the
+// broker socket, the stop pipe and a timer computed from the nearest deadline.
+//
+//   radio --HCI events--> AdvertisementDecoder --beacons--> ActivityTable --changes--> Publisher
+//                                              --Continuity--> AppleDeviceTable --changes--/
+//
+// The loop scans continuously (no scan-then-sleep duty cycle) and watches its own radio:
+// no advertising report for `radio.silence` while scanning means the controller went
+// quiet, and it is re-initialised, counted and reported on the stats topic (docs/mqtt.md §1).
+import BatonCore
+public import BatonHCI
+public import BatonMQTT
+import BatonWire
+import Glibc
+public import Logging
+
+public enum BatonVersion {
+    public static let current = "0.4.0"
+}
+
+public struct GatewayCounters: Sendable, Equatable {
+    /// Controller re-initialisations after `radio.silence` without a report.
+    public var radioRestarts = 0
+    /// Errors the radio source threw (each followed by a retry).
+    public var radioErrors = 0
+    public var lastRadioError: String?
+    public var loopTurns = 0
+    public init() {}
+}
+
+/// Why the loop ended.
+public enum GatewayExit: Sendable, Equatable {
+    /// SIGTERM/SIGINT: said offline and disconnected.
+    case stopped
+    /// A radio error no retry can fix (no Bluetooth in the kernel, a bad setting, a missing
+    /// capability): the text says what to do.
+    case radioFailed(String)
+}
+
+public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
+    public let config: GatewayConfig
+    var radio: Radio
+    var decoder: AdvertisementDecoder
+    var table: ActivityTable
+    var apple: AppleDeviceTable
+    var publisher: Publisher
+    var notifier: SystemdNotifier
+    var log: Logger
+    public private(set) var counters = GatewayCounters()
+    let startedAt: ContinuousClock.Instant
+    let clock: WallClock
+    /// The last advertising report, or when scanning (re)started: the watchdog's reference.
+    var lastReportAt: ContinuousClock.Instant
+    var radioRetryAt: ContinuousClock.Instant?
+    var nextStats: ContinuousClock.Instant
+    var mqttEvents: [MQTTEvent]
+    var announcedFinish = false
+    let statsScratch: UnsafeMutableRawBufferPointer
+    /// How long after a radio error the source is started again.
+    public static var radioRetry: Duration { .seconds(5) }
+
+    public init(config: GatewayConfig, radio: consuming Radio, mqtt: consuming MQTTClient, log: Logger,
+                environment: [String: String], now: ContinuousClock.Instant, unixMicroseconds: Int64) {
+        self.config = config
+        self.radio = radio
+        self.decoder = AdvertisementDecoder(beaconCompanyID: config.companyID)
+        self.table = ActivityTable(config: config.table)
+        self.apple = AppleDeviceTable(config: config.apple)
+        self.clock = WallClock(unixMicrosecondsAtStart: unixMicroseconds, instantAtStart: now)
+        self.publisher = Publisher(
+            mqtt: mqtt,
+            topics: Topics(prefix: config.prefix, discoveryPrefix: config.discoveryPrefix, gatewayID: config.gatewayID),
+            origin: .init(room: config.room, gatewayID: config.gatewayID), clock: clock, version: BatonVersion.current,
+            discovery: config.discovery, appleAddresses: config.appleAddresses, orphanGrace: config.table.expiry,
+            ownedCapacity: config.table.capacity + config.apple.capacity, log: log)
+        self.notifier = SystemdNotifier(environment: environment)
+        self.log = log
+        self.startedAt = now
+        self.lastReportAt = now
+        self.nextStats = now + config.statusInterval
+        self.mqttEvents = []
+        self.mqttEvents.reserveCapacity(64)
+        self.statsScratch = .allocate(byteCount: 4096, alignment: 8)
+    }
+
+    deinit { statsScratch.deallocate() }
+
+    public var activityCount: Int { table.count }
+    public var tally: AdvertisementTally { decoder.tally }
+
+    // MARK: the loop
+
+    /// Runs until SIGTERM/SIGINT or an unrecoverable radio error.
+    public mutating func run() -> GatewayExit {
+        let stop = StopSignals()
+        let now = ContinuousClock.now
+        publisher.mqtt.start(now: now)
+        startRadio(now: now)
+        notifier.send("READY=1\nSTATUS=scanning on \(config.radio), broker \(config.broker.host):\(config.broker.port)")
+        while true {
+            if let failure = fatalRadioError {
+                shutdown()
+                return .radioFailed(failure)
+            }
+            if turn(stopFD: stop.fd) { if stop.drain() { break } }
+        }
+        notifier.send("STOPPING=1")
+        log.info("stopping: saying offline and disconnecting")
+        shutdown()
+        return .stopped
+    }
+
+    var fatalRadioError: String?
+
+    /// One turn: wait for the nearest deadline or a ready descriptor, then do what is due.
+    /// Returns true when `stopFD` became readable.
+    public mutating func turn(stopFD: Int32 = -1) -> Bool {
+        var now = ContinuousClock.now
+        let timeout = pollTimeout(now: now)
+        var fds = (pollfd(fd: radio.fd, events: Int16(POLLIN), revents: 0),
+                   pollfd(fd: publisher.mqtt.socket, events: Int16(POLLIN), revents: 0),
+                   pollfd(fd: stopFD, events: Int16(POLLIN), revents: 0))
+        if radio.wantsWrite { fds.0.events |= Int16(POLLOUT) }
+        if publisher.mqtt.wantsWrite { fds.1.events |= Int16(POLLOUT) }
+        // EINTR (a signal) is just an early turn; the stop pipe says whether to stop.
+        _ = withUnsafeMutablePointer(to: &fds) {
+            $0.withMemoryRebound(to: pollfd.self, capacity: 3) { Glibc.poll($0, 3, timeout) }
+        }
+        now = ContinuousClock.now
+        counters.loopTurns &+= 1
+
+        // The radio: ready descriptor, or a due deadline (capture replay has no descriptor).
+        if radio.state != .finished, radioRetryAt == nil {
+            let due = radio.nextDeadline.map { $0 <= now } ?? false
+            if fds.0.revents != 0 || due || radio.fd < 0 && radio.state != .stopped {
+                pollRadio(now: now)
+            }
+        }
+        if let retry = radioRetryAt, retry <= now {
+            radioRetryAt = nil
+            startRadio(now: now)
+        }
+        watchRadio(now: now)
+
+        // The broker.
+        let readable = fds.1.revents & Int16(POLLIN | POLLHUP | POLLERR) != 0
+        let writable = fds.1.revents & Int16(POLLOUT) != 0
+        Self.pollBroker(&publisher.mqtt, &mqttEvents, now: now, readable: readable, writable: writable)
+        if !mqttEvents.isEmpty { handleBrokerEvents(now: now) }
+
+        // Timers.
+        if let due = table.nextExpiry, due <= now {
+            Self.expire(&table, &publisher, now: now)
+        }
+        if let due = apple.nextExpiry, due <= now {
+            Self.expire(&apple, &publisher, now: now)
+        }
+        if let due = publisher.nextOrphanDeadline, due <= now {
+            publisher.clearOrphans(table: table, apple: apple, now: now)
+        }
+        if nextStats <= now {
+            publishStats(now: now)
+            nextStats = now + config.statusInterval
+        }
+        notifier.pingIfDue(now: now)
+        return fds.2.revents != 0
+    }
+
+    /// Milliseconds to the nearest deadline, at most one second (loop_misc wants that often).
+    func pollTimeout(now: ContinuousClock.Instant) -> Int32 {
+        var next = now + .seconds(1)
+        func consider(_ d: ContinuousClock.Instant?) { if let d, d < next { next = d } }
+        if radio.state != .finished, radioRetryAt == nil { consider(radio.nextDeadline) }
+        consider(radioRetryAt)
+        consider(watchdogDeadline)
+        consider(publisher.mqtt.nextDeadline)
+        consider(table.nextExpiry)
+        consider(apple.nextExpiry)
+        consider(publisher.nextOrphanDeadline)
+        consider(nextStats)
+        consider(notifier.nextDeadline)
+        guard next > now else { return 0 }
+        let (s, atto) = (next - now).components
+        // Round up: waking a hair early would spin a turn for nothing.
+        return Int32(s * 1000 + (atto + 999_999_999_999_999) / 1_000_000_000_000_000)
+    }
+
+    // MARK: radio
+
+    mutating func startRadio(now: ContinuousClock.Instant) {
+        do throws(RadioError) {
+            try radio.start(now: now)
+            lastReportAt = now
+            announcedFinish = false
+        } catch {
+            radioFailed(error, now: now)
+        }
+    }
+
+    mutating func pollRadio(now: ContinuousClock.Instant) {
+        let reportsBefore = decoder.tally.reports
+        do throws(RadioError) {
+            _ = try Self.pollRadio(&radio, &decoder, &table, &apple, &publisher, now: now, clock: clock)
+        } catch {
+            radioFailed(error, now: now)
+        }
+        if decoder.tally.reports != reportsBefore { lastReportAt = now }
+        if radio.state == .finished, !announcedFinish {
+            announcedFinish = true
+            if let damage = radio.damage {
+                // Counted with the other drops: the records before the damage were replayed.
+                decoder.tally.drops.count(damage)
+                log.warning("capture \(config.radio): stopped being readable: \(damage); everything before it was replayed")
+            }
+            log.info("capture replayed: \(decoder.tally.reports) reports, \(decoder.tally.beacons) beacons; holding the activities until they expire")
+        }
+    }
+
+    /// The hot path: event → reports → beacon or Continuity → table → change. Allocates
+    /// nothing unless something changed (scripts/bench counts it). Static with each piece as
+    /// its own inout, so the closures borrow disjoint state.
+    static func pollRadio(_ radio: inout Radio, _ decoder: inout AdvertisementDecoder, _ table: inout ActivityTable,
+                          _ apple: inout AppleDeviceTable, _ publisher: inout Publisher,
+                          now: ContinuousClock.Instant, clock: WallClock) throws(RadioError) -> Int {
+        let timestamp = clock.unixMicroseconds(now)
+        return try radio.poll(now: now) { event in
+            route(event: event, timestamp: timestamp, now: now, &decoder, &table, &apple, &publisher)
+        }
+    }
+
+    @inline(__always)
+    static func route(event: UnsafeRawBufferPointer, timestamp: Int64, now: ContinuousClock.Instant,
+                      _ decoder: inout AdvertisementDecoder, _ table: inout ActivityTable,
+                      _ apple: inout AppleDeviceTable, _ publisher: inout Publisher) {
+        decoder.decode(event: event, timestamp: timestamp) { heard in
+            let r = heard.report
+            if let beacon = heard.content.beacon {
+                table.hear(beacon, rssi: r.rssi, address: r.address, addressType: r.addressType, now: now) { change in
+                    publisher.activityChanged(change)
+                }
+            } else if heard.content.apple != nil {
+                apple.hear(heard.content.continuityMessages, rssi: r.rssi, address: r.address,
+                           addressType: r.addressType, now: now) { change in
+                    publisher.appleChanged(change)
+                }
+            }
+        }
+    }
+
+    mutating func radioFailed(_ error: RadioError, now: ContinuousClock.Instant) {
+        counters.radioErrors &+= 1
+        counters.lastRadioError = error.description
+        switch error {
+        case .noBluetoothSupport, .invalidConfiguration, .permissionDenied:
+            log.critical("radio \(config.radio): \(error)")
+            fatalRadioError = error.description
+        default:
+            log.error("radio \(config.radio): \(error); starting it again in \(Self.radioRetry)")
+            radioRetryAt = now + Self.radioRetry
+        }
+        publishStats(now: now)
+    }
+
+    /// When the watchdog fires if no report arrives first.
+    var watchdogDeadline: ContinuousClock.Instant? {
+        radio.state == .scanning && radioRetryAt == nil ? lastReportAt + config.radioSilence : nil
+    }
+
+    /// Scanning, yet silent for `radio.silence`: the controller stopped delivering (a stuck
+    /// firmware, a USB hiccup, another process that disabled scanning). Start it over.
+    mutating func watchRadio(now: ContinuousClock.Instant) {
+        guard let due = watchdogDeadline, due <= now else { return }
+        counters.radioRestarts &+= 1
+        log.warning("radio \(config.radio): no advertising report for \(config.radioSilence) while scanning; re-initialising the controller (restart \(counters.radioRestarts))")
+        startRadio(now: now)
+        publishStats(now: now)
+    }
+
+    // MARK: broker
+
+    static func pollBroker(_ mqtt: inout MQTTClient, _ events: inout [MQTTEvent], now: ContinuousClock.Instant,
+                           readable: Bool, writable: Bool) {
+        mqtt.poll(now: now, readable: readable, writable: writable) { events.append($0) }
+    }
+
+    mutating func handleBrokerEvents(now: ContinuousClock.Instant) {
+        for event in mqttEvents {
+            switch event {
+            case .connected(let version, _):
+                log.info("connected to the broker \(config.broker.host):\(config.broker.port) (MQTT \(version.rawValue)); publishing status and \(table.count) activities")
+                publisher.connected(table: table, apple: apple, now: now)
+                publishStats(now: now)
+            case .refused(let reason):
+                log.error("\(reason)")
+            case .disconnected(let reason):
+                log.warning("broker connection lost: \(reason); reconnecting with backoff")
+            case .message(let message):
+                publisher.received(message, table: table, apple: apple, now: now)
+            }
+        }
+        mqttEvents.removeAll(keepingCapacity: true)
+    }
+
+    static func expire(_ table: inout ActivityTable, _ publisher: inout Publisher, now: ContinuousClock.Instant) {
+        table.expire(now: now) { publisher.activityChanged($0) }
+    }
+
+    static func expire(_ apple: inout AppleDeviceTable, _ publisher: inout Publisher, now: ContinuousClock.Instant) {
+        apple.expire(now: now) { publisher.appleChanged($0) }
+    }
+
+    /// Status `offline` from us (a clean stop sends no will), then a clean DISCONNECT, and a
+    /// bounded wait for the bytes to leave.
+    mutating func shutdown() {
+        guard publisher.mqtt.isConnected else { return }
+        publisher.publish(publisher.topics.status, text: "offline")
+        publisher.mqtt.disconnect()
+        let deadline = ContinuousClock.now + .seconds(1)
+        while publisher.mqtt.wantsWrite, ContinuousClock.now < deadline {
+            var fd = pollfd(fd: publisher.mqtt.socket, events: Int16(POLLOUT), revents: 0)
+            guard fd.fd >= 0 else { break }
+            _ = Glibc.poll(&fd, 1, 100)
+            Self.pollBroker(&publisher.mqtt, &mqttEvents, now: ContinuousClock.now, readable: false,
+                            writable: fd.revents & Int16(POLLOUT) != 0)
+        }
+    }
+
+    // MARK: stats
+
+    mutating func publishStats(now: ContinuousClock.Instant) {
+        var w = JSONWriter(statsScratch)
+        do throws(WireError) {
+            try writeStats(now: now, into: &w)
+        } catch {
+            return log.error("stats JSON did not fit 4 KiB (our bug): \(error)")
+        }
+        publisher.publishStats(w.written)
+    }
+
+    func writeStats(now: ContinuousClock.Instant, into w: inout JSONWriter) throws(WireError) {
+        let t = decoder.tally
+        try w.beginObject()
+        try w.key("gateway"); try w.string(config.gatewayID)
+        try w.key("room"); try w.string(config.room)
+        try w.key("version"); try w.string(BatonVersion.current)
+        try w.key("uptime_s"); try w.int((now - startedAt).components.seconds)
+        try w.key("radio"); try w.beginObject()
+        try w.key("source"); try w.string(config.radio.description)
+        try w.key("state"); try w.string(Self.name(radio.state, retrying: radioRetryAt != nil))
+        try w.key("restarts"); try w.int(Int64(counters.radioRestarts))
+        try w.key("errors"); try w.int(Int64(counters.radioErrors))
+        try w.key("last_error")
+        if let e = counters.lastRadioError { try w.string(e) } else { try w.null() }
+        try w.key("silent_s"); try w.int((now - lastReportAt).components.seconds)
+        try w.endObject()
+        try w.key("reports"); try w.int(Int64(t.reports))
+        try w.key("beacons"); try w.int(Int64(t.beacons))
+        try w.key("continuity"); try w.int(Int64(t.continuityReports))
+        try w.key("changes_published"); try w.int(Int64(publisher.counters.changesPublished))
+        try w.key("drops"); try w.beginObject()
+        for d in t.drops.sorted { try w.key(d.reason); try w.int(Int64(d.count)) }
+        let tc = table.counters
+        if tc.staleSequence > 0 { try w.key("stale-sequence"); try w.int(Int64(tc.staleSequence)) }
+        try w.endObject()
+        try w.key("table"); try w.beginObject()
+        try w.key("fill"); try w.int(Int64(table.count))
+        try w.key("capacity"); try w.int(Int64(table.capacity))
+        try w.key("evicted"); try w.int(Int64(tc.evicted))
+        try w.key("expired"); try w.int(Int64(tc.expired))
+        try w.endObject()
+        let ac = apple.counters
+        try w.key("apple"); try w.beginObject()
+        try w.key("fill"); try w.int(Int64(apple.count))
+        try w.key("capacity"); try w.int(Int64(apple.capacity))
+        try w.key("evicted"); try w.int(Int64(ac.evicted))
+        try w.key("expired"); try w.int(Int64(ac.expired))
+        try w.endObject()
+        let pc = publisher.counters
+        try w.key("broker"); try w.beginObject()
+        try w.key("connects"); try w.int(Int64(pc.connects))
+        try w.key("changes_while_away"); try w.int(Int64(pc.changesWhileAway))
+        try w.key("orphans_cleared"); try w.int(Int64(pc.orphansCleared))
+        try w.key("publish_errors"); try w.int(Int64(pc.publishErrors))
+        try w.endObject()
+        try w.endObject()
+    }
+
+    static func name(_ state: RadioState, retrying: Bool) -> StaticString {
+        if retrying { return "retrying" }
+        switch state {
+        case .stopped: return "stopped"
+        case .initialising: return "initialising"
+        case .scanning: return "scanning"
+        case .finished: return "finished"
+        }
+    }
+}

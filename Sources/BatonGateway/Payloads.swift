@@ -1,0 +1,96 @@
+// What the gateway publishes, written by the fixed-buffer JSONWriter (docs/mqtt.md has an
+// example of each). These run once per change, never per advertisement.
+public import BatonCore
+public import BatonWire
+
+/// Converts the loop's monotonic instants to wall-clock time for JSON, from one reading of
+/// both clocks at start: a wall-clock jump (NTP setting a Pi's clock after boot) then moves no
+/// expiry, and timestamps stay consistent with each other.
+public struct WallClock: Sendable {
+    public let unixMicrosecondsAtStart: Int64
+    public let instantAtStart: ContinuousClock.Instant
+
+    public init(unixMicrosecondsAtStart: Int64, instantAtStart: ContinuousClock.Instant) {
+        self.unixMicrosecondsAtStart = unixMicrosecondsAtStart
+        self.instantAtStart = instantAtStart
+    }
+
+    public func unixMicroseconds(_ instant: ContinuousClock.Instant) -> Int64 {
+        let d = instant - instantAtStart
+        let (s, atto) = d.components
+        return unixMicrosecondsAtStart + s * 1_000_000 + atto / 1_000_000_000_000
+    }
+}
+
+public enum Payloads {
+    /// Room and gateway of the publisher, written into every activity and Apple entry.
+    public struct Origin: Sendable {
+        public var room: String
+        public var gatewayID: String
+        public init(room: String, gatewayID: String) { self.room = room; self.gatewayID = gatewayID }
+    }
+
+    /// `<prefix>/activities/<device>` (docs/mqtt.md §2).
+    /// Everything in it is as of the last change, so republishing the same entry after a
+    /// reconnect gives the same bytes (docs/mqtt.md §5).
+    public static func activity(_ a: TrackedActivity, origin: Origin, clock: WallClock,
+                                into w: inout JSONWriter) throws(WireError) {
+        let b = a.beacon
+        try w.beginObject()
+        try w.key("device"); try w.string(Topics.deviceText(a.deviceID))
+        try w.key("state"); try w.string(a.state == .current ? "current" : "invalidated")
+        try w.key("change"); try w.string(name(a.lastChangeKind))
+        try w.key("seq"); try w.uint(UInt64(b.sequence))
+        try w.key("type_hash"); try w.string(Topics.hex(UInt64(b.activityTypeHash), digits: 8))
+        try w.key("group"); try w.string(Topics.hex(UInt64(b.groupHash), digits: 8))
+        try w.key("supports_streams"); try w.bool(b.flags.contains(.supportsStreams))
+        try w.key("has_web_url"); try w.bool(b.flags.contains(.hasWebURL))
+        try w.key("relayed"); try w.bool(b.flags.contains(.relayed))
+        try w.key("psm"); try w.uint(UInt64(b.psm))
+        try w.key("room"); try w.string(origin.room)
+        try w.key("gateway"); try w.string(origin.gatewayID)
+        try w.key("rssi"); try w.int(Int64(a.rssiAtChange))
+        try w.key("first_seen"); try w.timestamp(unixMicroseconds: clock.unixMicroseconds(a.firstSeen))
+        try w.key("changed"); try w.timestamp(unixMicroseconds: clock.unixMicroseconds(a.lastChange))
+        try w.endObject()
+    }
+
+    public static func name(_ change: ActivityChangeKind) -> StaticString {
+        switch change {
+        case .becameCurrent: "became-current"
+        case .saved: "saved"
+        case .invalidated: "invalidated"
+        case .expired: "expired"
+        case .evicted: "evicted"
+        }
+    }
+
+    /// `<prefix>/apple/<id>` (docs/mqtt.md §3). The MAC address only when the config asks.
+    public static func apple(_ d: AppleDevice, origin: Origin, clock: WallClock, withAddress: Bool,
+                             into w: inout JSONWriter) throws(WireError) {
+        try w.beginObject()
+        try w.key("id"); try w.string(Topics.appleText(d.id))
+        try w.key("kinds"); try w.beginArray()
+        if d.kinds.contains(.handoff) { try w.string("handoff") }
+        if d.kinds.contains(.nearbyInfo) { try w.string("nearby-info") }
+        if d.kinds.contains(.nearbyAction) { try w.string("nearby-action") }
+        try w.endArray()
+        try w.key("handoff_seq")
+        if let s = d.handoffSequence { try w.uint(UInt64(s)) } else { try w.null() }
+        try w.key("handoff_changed")
+        if let t = d.handoffChanged { try w.timestamp(unixMicroseconds: clock.unixMicroseconds(t)) } else { try w.null() }
+        try w.key("rssi"); try w.int(Int64(d.rssiAtChange))
+        try w.key("addresses"); try w.uint(UInt64(d.addressesAtChange))
+        if withAddress {
+            try w.key("address"); try w.string(addressText(d.address))
+        }
+        try w.key("room"); try w.string(origin.room)
+        try w.key("gateway"); try w.string(origin.gatewayID)
+        try w.key("first_seen"); try w.timestamp(unixMicroseconds: clock.unixMicroseconds(d.firstSeen))
+        try w.endObject()
+    }
+
+    static func addressText(_ a: UInt64) -> String {
+        (0..<6).map { i in Topics.hex((a >> UInt64(8 * (5 - i))) & 0xFF, digits: 2).uppercased() }.joined(separator: ":")
+    }
+}

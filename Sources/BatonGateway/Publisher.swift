@@ -1,0 +1,277 @@
+// Keeps the broker's retained state equal to what this room holds (docs/mqtt.md §5
+// "Through restarts"). It is state-based: while the broker is away nothing is queued but the
+// clears of what ended meanwhile; on every (re)connect it publishes the birth status and all
+// it owns again, so a broker that restarted without persistence converges back to the truth.
+public import BatonCore
+public import BatonMQTT
+import BatonWire
+import Foundation
+public import Logging
+
+public struct PublisherCounters: Sendable, Equatable {
+    /// Retained activity / Apple messages published (set or cleared).
+    public var changesPublished = 0
+    /// Changes that happened while the broker was away; republished on connect.
+    public var changesWhileAway = 0
+    /// Clears that did not fit the pending list (the knob: table.capacity + apple.capacity).
+    public var pendingClearsDropped = 0
+    /// Retained entries a previous run of this gateway left, cleared after the expiry.
+    public var orphansCleared = 0
+    public var publishErrors = 0
+    public var connects = 0
+    public init() {}
+}
+
+/// Something published retained that must be cleared.
+public enum OwnedTopic: Sendable, Equatable {
+    case activity(UInt64)
+    case apple(UInt32)
+}
+
+public struct Publisher: ~Copyable {
+    public var mqtt: MQTTClient
+    public let topics: Topics
+    public let origin: Payloads.Origin
+    public let clock: WallClock
+    public let version: String
+    public let discovery: Bool
+    public let appleAddresses: Bool
+    /// Grace for retained entries left by an earlier run: cleared if not heard within it.
+    public let orphanGrace: Duration
+    public var log: Logger
+    public private(set) var counters = PublisherCounters()
+    /// One JSON document at a time; 4 KiB holds the largest (the stats with every drop reason).
+    private let scratch: UnsafeMutableRawBufferPointer
+    /// Clears owed to the broker since it went away. Capacity reserved once.
+    private var pending: [OwnedTopic]
+    private let pendingCapacity: Int
+    /// Retained entries naming this gateway that its table does not hold, with the instant
+    /// they are cleared unless heard again first.
+    private var orphans: [(topic: OwnedTopic, deadline: ContinuousClock.Instant)]
+
+    public init(mqtt: consuming MQTTClient, topics: Topics, origin: Payloads.Origin, clock: WallClock, version: String,
+                discovery: Bool, appleAddresses: Bool, orphanGrace: Duration, ownedCapacity: Int, log: Logger) {
+        self.mqtt = mqtt
+        self.topics = topics
+        self.origin = origin
+        self.clock = clock
+        self.version = version
+        self.discovery = discovery
+        self.appleAddresses = appleAddresses
+        self.orphanGrace = orphanGrace
+        self.log = log
+        self.scratch = .allocate(byteCount: 4096, alignment: 8)
+        self.pendingCapacity = ownedCapacity
+        self.pending = []
+        self.pending.reserveCapacity(ownedCapacity)
+        self.orphans = []
+        self.orphans.reserveCapacity(ownedCapacity)
+    }
+
+    deinit { scratch.deallocate() }
+
+    public var pendingClears: Int { pending.count }
+    public var orphanCount: Int { orphans.count }
+    public var nextOrphanDeadline: ContinuousClock.Instant? { orphans.lazy.map(\.deadline).min() }
+
+    // MARK: changes
+
+    public mutating func activityChanged(_ change: ActivityChange) {
+        let a = change.activity
+        switch change.kind {
+        case .becameCurrent, .saved:
+            guard mqtt.isConnected else { counters.changesWhileAway &+= 1; return }
+            publishActivity(a)
+            if change.kind == .becameCurrent { publishDeviceDiscovery(a.deviceID) }
+        case .invalidated:
+            // The device is still here; its activity ended. Its Home Assistant entities stay
+            // and read "unknown" until it becomes current again or expires.
+            clear(.activity(a.deviceID), removeDiscovery: false)
+        case .expired, .evicted:
+            clear(.activity(a.deviceID), removeDiscovery: true)
+        }
+    }
+
+    public mutating func appleChanged(_ change: AppleChange) {
+        switch change.kind {
+        case .appeared, .handoffChanged, .kindsChanged:
+            guard mqtt.isConnected else { counters.changesWhileAway &+= 1; return }
+            publishApple(change.device)
+        case .expired, .evicted:
+            clear(.apple(change.device.id), removeDiscovery: false)
+        }
+    }
+
+    private mutating func clear(_ topic: OwnedTopic, removeDiscovery: Bool) {
+        guard mqtt.isConnected else {
+            counters.changesWhileAway &+= 1
+            if pending.count < pendingCapacity {
+                if !pending.contains(topic) { pending.append(topic) }
+            } else {
+                // Not lost for good: on reconnect the leftover is found as an orphan and
+                // cleared after the grace period.
+                counters.pendingClearsDropped &+= 1
+            }
+            return
+        }
+        switch topic {
+        case .activity(let id):
+            if removeDiscovery && discovery {
+                publish(topics.deviceRoomConfig(id), empty: true)
+                publish(topics.deviceActivityConfig(id), empty: true)
+            }
+            publish(topics.activity(id), empty: true)
+        case .apple(let id):
+            publish(topics.apple(id), empty: true)
+        }
+        counters.changesPublished &+= 1
+    }
+
+    // MARK: publishing
+
+    private mutating func publishActivity(_ a: TrackedActivity) {
+        var w = JSONWriter(scratch)
+        do throws(WireError) {
+            try Payloads.activity(a, origin: origin, clock: clock, into: &w)
+        } catch {
+            return log.error("activity JSON did not fit 4 KiB (our bug): \(error)")
+        }
+        publish(topics.activity(a.deviceID), w.written)
+        counters.changesPublished &+= 1
+    }
+
+    private mutating func publishApple(_ d: AppleDevice) {
+        var w = JSONWriter(scratch)
+        do throws(WireError) {
+            try Payloads.apple(d, origin: origin, clock: clock, withAddress: appleAddresses, into: &w)
+        } catch {
+            return log.error("Apple entry JSON did not fit 4 KiB (our bug): \(error)")
+        }
+        publish(topics.apple(d.id), w.written)
+        counters.changesPublished &+= 1
+    }
+
+    private mutating func publishDeviceDiscovery(_ deviceID: UInt64) {
+        guard discovery else { return }
+        for entity in [Discovery.DeviceEntity.room, .activity] {
+            var w = JSONWriter(scratch)
+            do throws(WireError) {
+                try Discovery.deviceEntity(entity, deviceID: deviceID, topics: topics, version: version, into: &w)
+            } catch {
+                return log.error("discovery JSON did not fit 4 KiB (our bug): \(error)")
+            }
+            let topic = entity == .room ? topics.deviceRoomConfig(deviceID) : topics.deviceActivityConfig(deviceID)
+            publish(topic, w.written)
+        }
+    }
+
+    /// Retained, QoS 1: a subscriber that comes later must see it, and the broker must have it.
+    private mutating func publish(_ topic: String, _ payload: UnsafeRawBufferPointer) {
+        do throws(MQTTError) {
+            try mqtt.publish(topic: topic, payload: payload, qos: 1, retain: true)
+        } catch {
+            counters.publishErrors &+= 1
+            log.warning("publish to \(topic) failed: \(error)")
+        }
+    }
+
+    private mutating func publish(_ topic: String, empty: Bool) {
+        publish(topic, UnsafeRawBufferPointer(start: nil, count: 0))
+    }
+
+    public mutating func publish(_ topic: String, text: String) {
+        var t = text
+        t.withUTF8 { publish(topic, UnsafeRawBufferPointer($0)) }
+    }
+
+    /// The stats JSON beside the status (docs/mqtt.md §1), rendered by the caller.
+    public mutating func publishStats(_ json: UnsafeRawBufferPointer) {
+        guard mqtt.isConnected else { return }
+        publish(topics.stats, json)
+    }
+
+    // MARK: (re)connect
+
+    /// Birth, then everything owned: the broker may have restarted with nothing retained.
+    public mutating func connected(table: borrowing ActivityTable, apple: borrowing AppleDeviceTable,
+                                   now: ContinuousClock.Instant) {
+        counters.connects &+= 1
+        publish(topics.status, text: "online")
+        if discovery {
+            var w = JSONWriter(scratch)
+            do throws(WireError) {
+                try Discovery.gatewayConnectivity(topics: topics, room: origin.room, version: version, into: &w)
+                publish(topics.gatewayConnectivityConfig, w.written)
+            } catch {
+                log.error("discovery JSON did not fit 4 KiB (our bug): \(error)")
+            }
+        }
+        let owed = pending
+        pending.removeAll(keepingCapacity: true)
+        for topic in owed { clear(topic, removeDiscovery: true) }
+        table.forEach { a in
+            guard a.state == .current else { return }
+            publishActivity(a)
+            publishDeviceDiscovery(a.deviceID)
+        }
+        apple.forEach { d in publishApple(d) }
+        // Retained entries naming this gateway that it no longer holds (a restart of the
+        // gateway, or clears lost while away) arrive as retained messages and become orphans.
+        do throws(MQTTError) {
+            try mqtt.subscribe(topics.activityPattern, qos: 1)
+            try mqtt.subscribe(topics.applePattern, qos: 1)
+        } catch {
+            log.warning("subscribing to this gateway's retained entries failed: \(error)")
+        }
+    }
+
+    /// A message on the subscribed patterns. Only retained ones matter: those are the
+    /// broker's memory; live ones are our own publishes coming back.
+    public mutating func received(_ message: MQTTMessage, table: borrowing ActivityTable,
+                                  apple: borrowing AppleDeviceTable, now: ContinuousClock.Instant) {
+        guard message.retained, !message.payload.isEmpty else { return }
+        let owned: OwnedTopic
+        if let id = topics.deviceID(inActivityTopic: message.topic) {
+            if let a = table.activity(deviceID: id), a.state == .current { return }
+            owned = .activity(id)
+        } else if let id = topics.appleID(inAppleTopic: message.topic) {
+            var held = false
+            apple.forEach { if $0.id == id { held = true } }
+            if held { return }
+            owned = .apple(id)
+        } else {
+            return
+        }
+        guard Self.gateway(of: message.payload) == topics.gatewayID else { return }
+        guard !orphans.contains(where: { $0.topic == owned }), orphans.count < pendingCapacity else { return }
+        orphans.append((owned, now + orphanGrace))
+    }
+
+    /// Clears the orphans whose grace has passed and that were not heard again.
+    public mutating func clearOrphans(table: borrowing ActivityTable, apple: borrowing AppleDeviceTable,
+                                      now: ContinuousClock.Instant) {
+        guard mqtt.isConnected, orphans.contains(where: { $0.deadline <= now }) else { return }
+        var kept: [(topic: OwnedTopic, deadline: ContinuousClock.Instant)] = []
+        for o in orphans {
+            guard o.deadline <= now else { kept.append(o); continue }
+            switch o.topic {
+            case .activity(let id):
+                if let a = table.activity(deviceID: id), a.state == .current { continue }
+            case .apple(let id):
+                var held = false
+                apple.forEach { if $0.id == id { held = true } }
+                if held { continue }
+            }
+            log.info("clearing \(o.topic) left retained by an earlier run and not heard since")
+            clear(o.topic, removeDiscovery: true)
+            counters.orphansCleared &+= 1
+        }
+        orphans.removeAll(keepingCapacity: true)
+        orphans.append(contentsOf: kept)
+    }
+
+    static func gateway(of payload: [UInt8]) -> String? {
+        guard let object = try? JSONSerialization.jsonObject(with: Data(payload)) as? [String: Any] else { return nil }
+        return object["gateway"] as? String
+    }
+}

@@ -1,0 +1,94 @@
+// `baton gateway`: opens the radio the config names, connects the broker client, and runs the
+// loop. The radio's concrete type is chosen here, once, so the loop is generic and direct.
+import BatonCore
+import BatonHCI
+import BatonMQTT
+import Foundation
+import Glibc
+public import Logging
+
+public enum GatewayLauncher {
+    /// The broker client for a gateway: its will is the status topic's `offline`.
+    public static func mqttConfig(_ config: GatewayConfig) -> MQTTConfig {
+        var m = config.broker
+        let topics = Topics(prefix: config.prefix, discoveryPrefix: config.discoveryPrefix, gatewayID: config.gatewayID)
+        m.will = MQTTWill(topic: topics.status, payload: Array("offline".utf8), qos: 1, retain: true)
+        return m
+    }
+
+    /// Runs a gateway until it is stopped. Returns the process exit status: 0 after a stop,
+    /// 1 when the radio or the broker settings cannot work (the log says why).
+    public static func run(config: GatewayConfig, log: Logger) -> Int32 {
+        let mqtt: MQTTClient
+        do throws(MQTTError) { mqtt = try MQTTClient(config: mqttConfig(config)) } catch {
+            log.critical("broker: \(error)")
+            return 1
+        }
+        log.info("baton \(BatonVersion.current) gateway \(config.gatewayID) in room \(config.room): radio \(config.radio), broker \(config.broker.host):\(config.broker.port), prefix \(config.prefix)")
+        let radioConfig = RadioConfig()
+        do throws(RadioError) {
+            switch config.radio {
+            case .adapter(let name):
+                return run(radio: try RadioBlueZ(adapter: name, config: radioConfig), mqtt: mqtt, config: config, log: log)
+            case .h4(let path):
+                let fd = try RadioH4.openSerial(path: path)
+                return run(radio: try RadioH4(fd: fd, config: radioConfig), mqtt: mqtt, config: config, log: log)
+            case .simulator(let socket):
+                let fd = try connectUnix(socket)
+                return run(radio: try RadioH4(fd: fd, config: radioConfig), mqtt: mqtt, config: config, log: log)
+            case .capture(let path):
+                guard let data = FileManager.default.contents(atPath: path) else {
+                    log.critical("radio capture:\(path): cannot read the file")
+                    return 1
+                }
+                let pace: RadioCapture.Pace = config.pacedCapture ? .timestamps(speed: 1) : .asFastAsPossible
+                let radio: RadioCapture
+                do throws(RadioError) { radio = try RadioCapture(file: Array(data), pace: pace) } catch {
+                    log.critical("radio capture:\(path): not a capture Baton reads: \(error)")
+                    return 1
+                }
+                return run(radio: radio, mqtt: mqtt, config: config, log: log)
+            }
+        } catch {
+            log.critical("radio \(config.radio): \(error)")
+            return 1
+        }
+    }
+
+    static func run<R: RadioSource & ~Copyable>(radio: consuming R, mqtt: consuming MQTTClient,
+                                                config: GatewayConfig, log: Logger) -> Int32 {
+        var tv = timespec()
+        clock_gettime(CLOCK_REALTIME, &tv)
+        var gateway = Gateway(config: config, radio: radio, mqtt: mqtt, log: log,
+                              environment: ProcessInfo.processInfo.environment, now: .now,
+                              unixMicroseconds: Int64(tv.tv_sec) * 1_000_000 + Int64(tv.tv_nsec) / 1000)
+        switch gateway.run() {
+        case .stopped: return 0
+        case .radioFailed: return 1
+        }
+    }
+
+    /// The simulator's virtual controller: H4 over a Unix stream socket.
+    static func connectUnix(_ path: String) throws(RadioError) -> Int32 {
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { throw .os(Errno(errno, call: "socket(AF_UNIX)")) }
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        let bytes = Array(path.utf8)
+        guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else {
+            close(fd)
+            throw .invalidConfiguration("simulator socket path \(path) is longer than a Unix socket path may be")
+        }
+        withUnsafeMutableBytes(of: &address.sun_path) { raw in for (i, b) in bytes.enumerated() { raw[i] = b } }
+        let r = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        if r != 0 {
+            let e = errno
+            close(fd)
+            if e == ENOENT || e == ECONNREFUSED { throw .adapterNotFound("sim:\(path) (is `baton sim` running?)") }
+            throw .os(Errno(e, call: "connect(sim socket)"))
+        }
+        return fd
+    }
+}

@@ -1,0 +1,64 @@
+// The MQTT topic layout: the contract written down in docs/mqtt.md. Every topic the gateway
+// publishes or reads is spelled here and nowhere else.
+
+public struct Topics: Sendable, Equatable {
+    public let prefix: String
+    public let discoveryPrefix: String
+    public let gatewayID: String
+
+    public init(prefix: String, discoveryPrefix: String, gatewayID: String) {
+        self.prefix = prefix
+        self.discoveryPrefix = discoveryPrefix
+        self.gatewayID = gatewayID
+    }
+
+    /// Retained `online`; the last will says `offline` (docs/mqtt.md §1).
+    public var status: String { "\(prefix)/gateways/\(gatewayID)/status" }
+    /// Retained JSON beside the status: room, version, uptime, counters (docs/mqtt.md §1).
+    public var stats: String { "\(prefix)/gateways/\(gatewayID)/stats" }
+    /// Retained JSON of a device's current activity; empty when it ends (docs/mqtt.md §2).
+    public func activity(_ deviceID: UInt64) -> String { "\(prefix)/activities/\(Self.deviceText(deviceID))" }
+    public var activityPattern: String { "\(prefix)/activities/+" }
+    /// Retained JSON of an Apple device seen through Continuity frames (docs/mqtt.md §3).
+    public func apple(_ id: UInt32) -> String { "\(prefix)/apple/\(Self.appleText(id))" }
+    public var applePattern: String { "\(prefix)/apple/+" }
+
+    // Home Assistant MQTT discovery (docs/mqtt.md §4): <discovery>/<component>/<node>/<object>/config.
+    public var gatewayNode: String { "baton_\(gatewayID)" }
+    public var gatewayConnectivityConfig: String { "\(discoveryPrefix)/binary_sensor/\(gatewayNode)/connectivity/config" }
+    public static func deviceNode(_ deviceID: UInt64) -> String { "baton_\(deviceText(deviceID))" }
+    public func deviceRoomConfig(_ deviceID: UInt64) -> String {
+        "\(discoveryPrefix)/sensor/\(Self.deviceNode(deviceID))/room/config"
+    }
+    public func deviceActivityConfig(_ deviceID: UInt64) -> String {
+        "\(discoveryPrefix)/sensor/\(Self.deviceNode(deviceID))/activity/config"
+    }
+
+    /// A device id in topics: 12 lowercase hex digits, most significant byte first
+    /// (docs/protocol.md §2.4 prints it the same way, with colons).
+    public static func deviceText(_ id: UInt64) -> String { hex(id & 0xFFFF_FFFF_FFFF, digits: 12) }
+    public static func appleText(_ id: UInt32) -> String { hex(UInt64(id), digits: 8) }
+
+    /// The device id in an activity topic of this prefix, if it is one.
+    public func deviceID(inActivityTopic topic: String) -> UInt64? {
+        let head = "\(prefix)/activities/"
+        guard topic.hasPrefix(head) else { return nil }
+        let tail = topic.dropFirst(head.count)
+        guard tail.count == 12, let v = UInt64(tail, radix: 16), tail.allSatisfy({ $0.isHexDigit && !$0.isUppercase }) else { return nil }
+        return v
+    }
+
+    /// The entry id in an Apple topic of this prefix, if it is one.
+    public func appleID(inAppleTopic topic: String) -> UInt32? {
+        let head = "\(prefix)/apple/"
+        guard topic.hasPrefix(head) else { return nil }
+        let tail = topic.dropFirst(head.count)
+        guard tail.count == 8, let v = UInt32(tail, radix: 16), tail.allSatisfy({ $0.isHexDigit && !$0.isUppercase }) else { return nil }
+        return v
+    }
+
+    static func hex(_ v: UInt64, digits: Int) -> String {
+        let s = String(v, radix: 16)
+        return String(repeating: "0", count: max(0, digits - s.count)) + s
+    }
+}

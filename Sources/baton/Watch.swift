@@ -1,0 +1,155 @@
+import ArgumentParser
+import BatonMQTT
+import Foundation
+import Glibc
+
+/// `baton watch`: the current activities per room as a live table (docs/mqtt.md §6), what a
+/// person would otherwise do with `mosquitto_sub -v` and squinting.
+struct WatchCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "watch",
+        abstract: "Show the current activities per room, live, from the broker.")
+
+    @Option(name: .long, help: "Broker URL: mqtt://host[:port] or mqtts://host[:port].")
+    var broker: String = "mqtt://127.0.0.1:1883"
+    @Option(name: .long, help: "MQTT topic prefix the gateways use.")
+    var prefix: String = "baton"
+    @Option(name: .long, help: "Broker user name.")
+    var username: String?
+    @Option(name: .long, help: "Broker password.")
+    var password: String?
+    @Flag(name: .long, help: "Print the table once the broker's retained state has arrived, then exit.")
+    var once = false
+    @Flag(name: .long, help: "One line per change instead of a redrawn table (the default when not on a terminal).")
+    var lines = false
+
+    func run() throws {
+        let url: MQTTURL
+        do throws(MQTTError) { url = try MQTTURL(parsing: broker) } catch {
+            throw ValidationError("--broker: \(error)")
+        }
+        var config = MQTTConfig(host: url.host, port: url.port, tls: url.tls ? MQTTTLS() : nil,
+                                clientID: "baton-watch-\(getpid())", username: username, password: password)
+        config.reconnectMax = .seconds(5)
+        var client: MQTTClient
+        do throws(MQTTError) { client = try MQTTClient(config: config) } catch {
+            throw ValidationError("broker: \(error)")
+        }
+        var view = WatchView(prefix: prefix, redraw: !lines && !once && isatty(STDOUT_FILENO) == 1)
+        client.start(now: .now)
+        var lastMessage = ContinuousClock.now
+        var connectedAt: ContinuousClock.Instant?
+        let giveUp = ContinuousClock.now + .seconds(10)
+        while true {
+            var fd = pollfd(fd: client.socket, events: Int16(POLLIN), revents: 0)
+            if client.wantsWrite { fd.events |= Int16(POLLOUT) }
+            _ = Glibc.poll(&fd, 1, 200)
+            let now = ContinuousClock.now
+            var events: [MQTTEvent] = []
+            client.poll(now: now, readable: fd.revents & Int16(POLLIN | POLLHUP | POLLERR) != 0,
+                        writable: fd.revents & Int16(POLLOUT) != 0) { events.append($0) }
+            for event in events {
+                switch event {
+                case .connected:
+                    connectedAt = now
+                    lastMessage = now
+                    do throws(MQTTError) {
+                        try client.subscribe("\(prefix)/activities/+", qos: 1)
+                        try client.subscribe("\(prefix)/gateways/+/status", qos: 1)
+                        try client.subscribe("\(prefix)/gateways/+/stats", qos: 0)
+                    } catch {
+                        throw ValidationError("subscribe: \(error)")
+                    }
+                case .refused(let reason), .disconnected(let reason):
+                    FileHandle.standardError.write(Data("baton watch: \(reason)\n".utf8))
+                case .message(let m):
+                    lastMessage = now
+                    view.take(m)
+                }
+            }
+            if once {
+                // Retained messages arrive right after the subscription; half a second of
+                // quiet means they are all here.
+                if let c = connectedAt, now - lastMessage > .milliseconds(500), now - c > .milliseconds(500) {
+                    print(view.table(), terminator: "")
+                    return
+                }
+                if connectedAt == nil, now > giveUp {
+                    throw ValidationError("could not connect to \(broker) within 10 s")
+                }
+            }
+            view.flush()
+        }
+    }
+}
+
+/// What the watcher knows: activities by device, gateways by id.
+struct WatchView {
+    struct Activity { var room: String; var gateway: String; var type: String; var seq: Int; var state: String; var changed: String }
+    let prefix: String
+    let redraw: Bool
+    var activities: [String: Activity] = [:]
+    var gateways: [String: String] = [:]
+    var rooms: [String: String] = [:]
+    var dirty = false
+
+    init(prefix: String, redraw: Bool) { self.prefix = prefix; self.redraw = redraw }
+
+    mutating func take(_ m: MQTTMessage) {
+        let parts = m.topic.split(separator: "/", omittingEmptySubsequences: false).map(String.init)
+        let base = prefix.split(separator: "/").count
+        guard parts.count > base else { return }
+        let rest = Array(parts[base...])
+        if rest.count == 2, rest[0] == "activities" {
+            let device = rest[1]
+            if m.payload.isEmpty {
+                if activities.removeValue(forKey: device) != nil { changed("\(device) cleared") }
+                return
+            }
+            guard let o = try? JSONSerialization.jsonObject(with: Data(m.payload)) as? [String: Any] else { return }
+            let a = Activity(room: o["room"] as? String ?? "?", gateway: o["gateway"] as? String ?? "?",
+                             type: o["type_hash"] as? String ?? "?", seq: o["seq"] as? Int ?? 0,
+                             state: o["change"] as? String ?? "?", changed: o["changed"] as? String ?? "")
+            activities[device] = a
+            changed("\(device) \(a.state) in \(a.room) (gateway \(a.gateway), seq \(a.seq), type \(a.type))")
+        } else if rest.count == 3, rest[0] == "gateways", rest[2] == "status" {
+            gateways[rest[1]] = String(decoding: m.payload, as: UTF8.self)
+            changed("gateway \(rest[1]) \(gateways[rest[1]]!)")
+        } else if rest.count == 3, rest[0] == "gateways", rest[2] == "stats" {
+            if let o = try? JSONSerialization.jsonObject(with: Data(m.payload)) as? [String: Any], let room = o["room"] as? String {
+                rooms[rest[1]] = room
+            }
+        }
+    }
+
+    mutating func changed(_ line: String) {
+        if redraw {
+            dirty = true
+        } else {
+            let stamp = String(Date().description.dropFirst(11).prefix(8))
+            print("\(stamp) \(line)")
+            fflush(nil)
+        }
+    }
+
+    mutating func flush() {
+        guard redraw, dirty else { return }
+        dirty = false
+        print("\u{1B}[H\u{1B}[2J" + table(), terminator: "")
+        fflush(nil)
+    }
+
+    func table() -> String {
+        var out = "ROOM            DEVICE        TYPE      SEQ    STATE            GATEWAY\n"
+        let sorted = activities.sorted { ($0.value.room, $0.key) < ($1.value.room, $1.key) }
+        for (device, a) in sorted {
+            out += pad(a.room, 15) + " " + pad(device, 13) + " " + pad(a.type, 9) + " " + pad(String(a.seq), 6) + " "
+                + pad(a.state, 16) + " " + a.gateway + " (" + (gateways[a.gateway] ?? "?") + ")\n"
+        }
+        out += "\(activities.count) activities; gateways: "
+        out += gateways.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ") + "\n"
+        return out
+    }
+
+    func pad(_ s: String, _ n: Int) -> String { s.count >= n ? s : s + String(repeating: " ", count: n - s.count) }
+}

@@ -1,0 +1,207 @@
+// `baton gateway` against a real mosquitto, checked with mosquitto_sub the way a user would
+// check it (docs/mqtt.md is the contract these tests read from).
+import BatonTestSupport
+import BatonWire
+import Foundation
+import Testing
+
+@Suite(.serialized) struct GatewayTests {
+    /// docs/mqtt.md §2: after a replay, a fresh subscriber sees exactly one retained activity
+    /// per Baton device, with the last sequence it sent, and the gateway `online` (§1).
+    @Test func replayedCaptureLeavesExactlyTheDevicesActivities() throws {
+        let dir = try scratchDirectory("replay")
+        let broker = try MosquittoBroker()
+        let capture = try GeneratedCapture(in: dir, devices: 30, reports: 3_000, seed: 11)
+        let gateway = try GatewayProcess(yaml: gatewayYAML(port: broker.port, radio: "capture:\(capture.path)"), in: dir)
+        defer { gateway.kill() }
+
+        let expected = Set(capture.lastBeacons.keys.map { String(format: "baton/activities/%012llx", $0) })
+        #expect(expected.count == 10)
+        let activities = try eventually(within: 15) { () -> [String: [UInt8]]? in
+            let r = try broker.retained("baton/activities/+")
+            return Set(r.keys) == expected ? r : nil
+        }
+        let got = try #require(activities, "retained activities never matched; gateway log:\n\(gateway.log)")
+        for (id, beacon) in capture.lastBeacons {
+            let o = try #require(json(got[String(format: "baton/activities/%012llx", id)]!))
+            #expect(o["seq"] as? Int == Int(beacon.sequence))
+            #expect(o["state"] as? String == "current")
+            #expect(o["room"] as? String == "Hall")
+            #expect(o["gateway"] as? String == "hall")
+            #expect(o["type_hash"] as? String == String(format: "%08x", beacon.activityTypeHash))
+            #expect(o["supports_streams"] as? Bool == beacon.flags.contains(.supportsStreams))
+        }
+        #expect(text(try broker.retained("baton/gateways/hall/status")["baton/gateways/hall/status"]) == "online")
+        // Apple devices with Handoff get pseudonymous entries, without MAC addresses.
+        let apple = try broker.retained("baton/apple/+")
+        #expect(apple.count == capture.apple)
+        for (_, payload) in apple { #expect(json(payload)?["address"] == nil) }
+    }
+
+    /// docs/mqtt.md §2: the invalidated flag clears the retained activity.
+    @Test func invalidateClearsEveryActivity() throws {
+        let dir = try scratchDirectory("invalidate")
+        let broker = try MosquittoBroker()
+        let capture = try GeneratedCapture(in: dir, devices: 30, reports: 3_000, seed: 12, invalidateAtEnd: true)
+        let gateway = try GatewayProcess(yaml: gatewayYAML(port: broker.port, radio: "capture:\(capture.path)"), in: dir)
+        defer { gateway.kill() }
+        // The stats say the capture was heard and changes were published; then nothing is left.
+        let stats = try eventually(within: 15) { () -> [String: Any]? in
+            guard let o = json(try broker.retained("baton/gateways/hall/stats")["baton/gateways/hall/stats"] ?? []),
+                  (o["radio"] as? [String: Any])?["state"] as? String == "finished" else { return nil }
+            return o
+        }
+        let o = try #require(stats, "\(gateway.log)")
+        #expect(o["beacons"] as? Int ?? 0 > 900)
+        // Each device became current at least once and was cleared once.
+        #expect(o["changes_published"] as? Int ?? 0 >= 2 * capture.lastBeacons.count)
+        #expect(try broker.retained("baton/activities/+").isEmpty)
+        // Their Home Assistant devices stay (the device is still in the room), reading unknown.
+        #expect(try broker.retained("homeassistant/sensor/#").count == 2 * capture.lastBeacons.count)
+    }
+
+    /// docs/mqtt.md §2 and §4: silence for `table.expiry` clears the activity and removes the
+    /// Home Assistant device.
+    @Test func expiryClearsActivitiesAndTheirDiscovery() throws {
+        let dir = try scratchDirectory("expiry")
+        let broker = try MosquittoBroker()
+        let capture = try GeneratedCapture(in: dir, devices: 9, reports: 500, seed: 13)
+        let gateway = try GatewayProcess(
+            yaml: gatewayYAML(port: broker.port, radio: "capture:\(capture.path)", expiry: "3s"), in: dir)
+        defer { gateway.kill() }
+        let appeared = try eventually(within: 10) { try broker.retained("baton/activities/+").count == 3 ? true : nil }
+        #expect(appeared == true, "activities never appeared: \(gateway.log)")
+        #expect(try broker.retained("homeassistant/sensor/#").count == 6)
+        let cleared = try eventually(within: 15) {
+            try broker.retained("baton/activities/+").isEmpty && broker.retained("homeassistant/sensor/#").isEmpty ? true : nil
+        }
+        #expect(cleared == true, "still retained after expiry: \(gateway.log)")
+        #expect(gateway.isRunning)
+    }
+
+    /// docs/mqtt.md §1: the last will says `offline` when the gateway is killed.
+    @Test func statusTurnsOfflineWhenTheGatewayIsKilled() throws {
+        let dir = try scratchDirectory("will")
+        let broker = try MosquittoBroker()
+        let capture = try GeneratedCapture(in: dir, devices: 6, reports: 200, seed: 14)
+        let gateway = try GatewayProcess(yaml: gatewayYAML(port: broker.port, radio: "capture:\(capture.path)"), in: dir)
+        let status = "baton/gateways/hall/status"
+        #expect(try eventually(within: 10) { text(try broker.retained(status)[status]) == "online" ? true : nil } == true)
+        gateway.kill()
+        #expect(try eventually(within: 10) { text(try broker.retained(status)[status]) == "offline" ? true : nil } == true)
+    }
+
+    /// A clean stop (SIGTERM) says offline itself and exits 0.
+    @Test func sigtermSaysOfflineAndExitsCleanly() throws {
+        let dir = try scratchDirectory("sigterm")
+        let broker = try MosquittoBroker()
+        let capture = try GeneratedCapture(in: dir, devices: 6, reports: 200, seed: 15)
+        let gateway = try GatewayProcess(yaml: gatewayYAML(port: broker.port, radio: "capture:\(capture.path)"), in: dir)
+        let status = "baton/gateways/hall/status"
+        #expect(try eventually(within: 10) { text(try broker.retained(status)[status]) == "online" ? true : nil } == true)
+        #expect(gateway.stop() == 0)
+        #expect(text(try broker.retained(status)[status]) == "offline")
+    }
+
+    /// docs/mqtt.md §5: a broker restarted without persistence holds the gateway's exact
+    /// retained state again within 2 s of its return.
+    @Test func brokerRestartWithoutPersistenceConverges() throws {
+        let dir = try scratchDirectory("restart")
+        let broker = try MosquittoBroker()
+        let capture = try GeneratedCapture(in: dir, devices: 30, reports: 2_000, seed: 16)
+        let gateway = try GatewayProcess(yaml: gatewayYAML(port: broker.port, radio: "capture:\(capture.path)"), in: dir)
+        defer { gateway.kill() }
+        let before = try eventually(within: 15) { () -> [String: [UInt8]]? in
+            let r = try broker.retained("baton/activities/+")
+            return r.count == capture.lastBeacons.count ? r : nil
+        }
+        let state = try #require(before, "\(gateway.log)")
+        broker.kill()
+        usleep(300_000)
+        try broker.restart()
+        let returned = Date()
+        let after = try eventually(within: 2) { () -> [String: [UInt8]]? in
+            let r = try broker.retained("baton/activities/+")
+            return r == state ? r : nil
+        }
+        #expect(after != nil, "not converged \(Date().timeIntervalSince(returned)) s after the broker returned; log:\n\(gateway.log)")
+        let status = "baton/gateways/hall/status"
+        #expect(text(try broker.retained(status)[status]) == "online")
+    }
+
+    /// docs/broker.md: refused credentials are a clear log line and a retry with backoff,
+    /// never a crash loop.
+    @Test func refusedCredentialsAreLoggedAndRetriedWithBackoff() throws {
+        let dir = try scratchDirectory("auth")
+        let broker = try MosquittoBroker(users: ["hall": "right"])
+        let capture = try GeneratedCapture(in: dir, devices: 6, reports: 200, seed: 17)
+        let yaml = gatewayYAML(port: broker.port, radio: "capture:\(capture.path)")
+            .replacingOccurrences(of: "  keepalive: 5s", with: "  keepalive: 5s\n  username: hall\n  password: wrong")
+        let gateway = try GatewayProcess(yaml: yaml, in: dir)
+        defer { gateway.kill() }
+        usleep(3_000_000)
+        #expect(gateway.isRunning)
+        let refusals = gateway.log.components(separatedBy: "\n").filter { $0.contains("refused") }
+        #expect(!refusals.isEmpty, "no refusal logged: \(gateway.log)")
+        // Backoff from 100 ms doubling to 1 s with full jitter (docs/broker.md): about ten
+        // attempts in 3 s; a retry loop without backoff would make hundreds.
+        #expect(refusals.count <= 15, "\(refusals.count) attempts in 3 s")
+        #expect(!refusals[0].contains("wrong"), "the password must never be logged")
+    }
+
+    /// docs/config.md: a typo stops the start with file, line and key.
+    @Test func configTypoStopsWithFileLineAndKey() throws {
+        let dir = try scratchDirectory("typo")
+        let gateway = try GatewayProcess(yaml: "gateway:\n  id: hall\nbrokr:\n  url: mqtt://127.0.0.1:1\n", in: dir)
+        gateway.process.waitUntilExit()
+        #expect(gateway.process.terminationStatus == 2)
+        #expect(gateway.log.contains("baton.yaml:3: unknown key \"brokr\" (did you mean \"broker\"?)"), "\(gateway.log)")
+    }
+
+    /// Bad input keeps the gateway running: a capture cut mid-record and adverts that do not
+    /// decode are counted, and the rest is published.
+    @Test func truncatedCaptureAndMalformedAdvertsAreCountedNotFatal() throws {
+        let dir = try scratchDirectory("truncated")
+        let broker = try MosquittoBroker()
+        let capture = try GeneratedCapture(in: dir, devices: 30, reports: 3_000, seed: 18, truncateBy: 7,
+                                           corruptFirstBeacon: true)
+        let gateway = try GatewayProcess(yaml: gatewayYAML(port: broker.port, radio: "capture:\(capture.path)"), in: dir)
+        defer { gateway.kill() }
+        let stats = try eventually(within: 15) { () -> [String: Any]? in
+            guard let o = json(try broker.retained("baton/gateways/hall/stats")["baton/gateways/hall/stats"] ?? []),
+                  (o["radio"] as? [String: Any])?["state"] as? String == "finished" else { return nil }
+            return o
+        }
+        let o = try #require(stats, "\(gateway.log)")
+        let drops = try #require(o["drops"] as? [String: Int])
+        #expect(drops["ad-overlong"] == 1, "the corrupted beacon is one counted drop: \(drops)")
+        #expect(drops.values.reduce(0, +) >= 2, "the cut record is counted too: \(drops)")
+        #expect(try broker.retained("baton/activities/+").count == capture.lastBeacons.count)
+        #expect(gateway.isRunning)
+    }
+
+    /// docs/mqtt.md §6: `baton watch --once` shows each activity under its room.
+    @Test func watchShowsTheActivitiesPerRoom() throws {
+        let dir = try scratchDirectory("watch")
+        let broker = try MosquittoBroker()
+        let capture = try GeneratedCapture(in: dir, devices: 12, reports: 600, seed: 19)
+        let gateway = try GatewayProcess(yaml: gatewayYAML(port: broker.port, radio: "capture:\(capture.path)"), in: dir)
+        defer { gateway.kill() }
+        #expect(try eventually(within: 10) { try broker.retained("baton/activities/+").count == 4 ? true : nil } == true)
+        let watch = Process()
+        watch.executableURL = batonBinary
+        watch.arguments = ["watch", "--broker", "mqtt://127.0.0.1:\(broker.port)", "--once"]
+        let out = Pipe()
+        watch.standardOutput = out
+        try watch.run()
+        let printed = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        watch.waitUntilExit()
+        #expect(watch.terminationStatus == 0)
+        let rows = printed.split(separator: "\n").filter { $0.hasPrefix("Hall ") }
+        #expect(rows.count == 4, "\(printed)")
+        for id in capture.lastBeacons.keys {
+            #expect(rows.contains { $0.contains(String(format: "%012llx", id)) }, "\(printed)")
+        }
+        #expect(printed.contains("hall online"))
+    }
+}

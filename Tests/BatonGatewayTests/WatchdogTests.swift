@@ -1,0 +1,116 @@
+// The radio watchdog (docs/mqtt.md §1 `radio.restarts`, docs/config.md `radio.silence`): a
+// controller that stops delivering reports while scanning is re-initialised, counted and
+// reported. The controller here is a scripted H4 peer on the simulator's socket (`sim:`), so
+// the gateway's own H4 path runs byte for byte.
+import BatonSim
+import BatonTestSupport
+import Foundation
+import Glibc
+import Testing
+
+/// Listens on a Unix socket, answers the init sequence like a 4.2 controller, and delivers
+/// advertising reports only while told to.
+final class ScriptedController {
+    let listener: Int32
+    var fd: Int32 = -1
+    var pending: [UInt8] = []
+    /// Opcodes of the commands received, in order.
+    var commands: [UInt16] = []
+
+    init(path: String) throws {
+        listener = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &address.sun_path) { raw in for (i, b) in path.utf8.enumerated() { raw[i] = b } }
+        let r = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        try #require(r == 0 && listen(listener, 1) == 0)
+    }
+
+    deinit {
+        if fd >= 0 { close(fd) }
+        close(listener)
+    }
+
+    func accept(timeoutMs: Int32) -> Bool {
+        var p = pollfd(fd: listener, events: Int16(POLLIN), revents: 0)
+        guard poll(&p, 1, timeoutMs) > 0 else { return false }
+        fd = Glibc.accept(listener, nil, nil)
+        return fd >= 0
+    }
+
+    /// Answers commands for up to `timeoutMs`, until one with `opcode` has been answered.
+    @discardableResult
+    func serve(until opcode: UInt16, timeoutMs: Int) -> Bool {
+        let deadline = Date().addingTimeInterval(Double(timeoutMs) / 1000)
+        while Date() < deadline {
+            var p = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+            guard poll(&p, 1, 50) >= 0 else { return false }
+            var buf = [UInt8](repeating: 0, count: 1024)
+            let n = buf.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+            if n > 0 { pending += buf[..<n] }
+            while pending.count >= 4, pending.count >= 4 + Int(pending[3]) {
+                let frame = Array(pending[..<(4 + Int(pending[3]))])
+                pending.removeFirst(frame.count)
+                let op = UInt16(frame[1]) | UInt16(frame[2]) << 8
+                commands.append(op)
+                answer(op)
+                if op == opcode { return true }
+            }
+        }
+        return false
+    }
+
+    /// §7.7.14 Command Complete with the return parameters a 4.2 controller gives.
+    func answer(_ opcode: UInt16) {
+        var extra: [UInt8] = []
+        if opcode == 0x1001 { extra = [0x08, 0x00, 0x01, 0x08, 0x02, 0x00, 0x09, 0x22] }
+        if opcode == 0x2003 { extra = [0x3F, 0, 0, 0, 0, 0, 0, 0] }
+        send([0x04, 0x0E, UInt8(4 + extra.count), 0x01, UInt8(opcode & 0xFF), UInt8(opcode >> 8), 0x00] + extra)
+    }
+
+    func send(_ bytes: [UInt8]) {
+        _ = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+    }
+}
+
+struct WatchdogTests {
+    @Test func silentControllerIsReinitialisedAndCounted() throws {
+        let dir = try scratchDirectory("watchdog")
+        let socketPath = dir.appendingPathComponent("ctl.sock").path
+        let controller = try ScriptedController(path: socketPath)
+        let broker = try MosquittoBroker()
+        let yaml = gatewayYAML(port: broker.port, radio: "sim:\(socketPath)")
+            .replacingOccurrences(of: "silence: 30s", with: "silence: 2s")
+        let gateway = try GatewayProcess(yaml: yaml, in: dir)
+        defer { gateway.kill() }
+
+        try #require(controller.accept(timeoutMs: 10_000), "the gateway never connected: \(gateway.log)")
+        // HCI_Reset … LE_Set_Scan_Enable (0x200C): the init sequence of a controller Baton owns.
+        try #require(controller.serve(until: 0x200C, timeoutMs: 10_000), "init never finished: \(controller.commands)")
+        #expect(controller.commands.first == 0x0C03)
+        // Reports flow for a while: a beacon device is heard.
+        var g = CaptureGenerator(devices: 3, seed: 5)
+        for _ in 0..<20 {
+            let r = g.next()
+            controller.send([0x04] + AdvertisingEvents.event([r][...]))
+        }
+        let status = "baton/activities/+"
+        #expect(try eventually(within: 10) { try broker.retained(status).count == 1 ? true : nil } == true, "\(gateway.log)")
+        // Then the controller goes quiet while scanning: after 2 s the gateway starts over
+        // with a Reset, and says so.
+        let before = controller.commands.count
+        #expect(controller.serve(until: 0x0C03, timeoutMs: 10_000), "no re-initialisation: \(gateway.log)")
+        #expect(controller.commands.count == before + 1)
+        let stats = "baton/gateways/hall/stats"
+        let restarts = try eventually(within: 10) { () -> Int? in
+            let radio = json(try broker.retained(stats)[stats] ?? [])?["radio"] as? [String: Any]
+            return (radio?["restarts"] as? Int).flatMap { $0 >= 1 ? $0 : nil }
+        }
+        #expect(restarts != nil, "\(gateway.log)")
+        #expect(gateway.log.contains("re-initialising the controller"))
+        // The activity heard before is still held: re-initialising the radio loses no state.
+        #expect(try broker.retained(status).count == 1)
+    }
+}
