@@ -43,7 +43,7 @@ public struct Publisher: ~Copyable {
     /// One JSON document at a time; 4 KiB holds the largest (the stats with every drop reason).
     private let scratch: UnsafeMutableRawBufferPointer
     /// Clears owed to the broker since it went away. Capacity reserved once.
-    private var pending: [OwnedTopic]
+    private var pending: [(topic: OwnedTopic, removeDiscovery: Bool)]
     private let pendingCapacity: Int
     /// Retained entries naming this gateway that its table does not hold, with the instant
     /// they are cleared unless heard again first.
@@ -106,7 +106,11 @@ public struct Publisher: ~Copyable {
         guard mqtt.isConnected else {
             counters.changesWhileAway &+= 1
             if pending.count < pendingCapacity {
-                if !pending.contains(topic) { pending.append(topic) }
+                if let i = pending.firstIndex(where: { $0.topic == topic }) {
+                    pending[i].removeDiscovery = pending[i].removeDiscovery || removeDiscovery
+                } else {
+                    pending.append((topic, removeDiscovery))
+                }
             } else {
                 // Not lost for good: on reconnect the leftover is found as an orphan and
                 // cleared after the grace period.
@@ -208,7 +212,7 @@ public struct Publisher: ~Copyable {
         }
         let owed = pending
         pending.removeAll(keepingCapacity: true)
-        for topic in owed { clear(topic, removeDiscovery: true) }
+        for owedClear in owed { clear(owedClear.topic, removeDiscovery: owedClear.removeDiscovery) }
         table.forEach { a in
             guard a.state == .current else { return }
             publishActivity(a)
@@ -262,7 +266,7 @@ public struct Publisher: ~Copyable {
                 apple.forEach { if $0.id == id { held = true } }
                 if held { continue }
             }
-            log.info("clearing \(o.topic) left retained by an earlier run and not heard since")
+            log.info("clearing \(topics.name(o.topic)), left retained by an earlier run and not heard since")
             clear(o.topic, removeDiscovery: true)
             counters.orphansCleared &+= 1
         }

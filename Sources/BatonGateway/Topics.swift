@@ -57,6 +57,14 @@ public struct Topics: Sendable, Equatable {
         return v
     }
 
+    /// The retained topic an owned entry lives on.
+    public func name(_ owned: OwnedTopic) -> String {
+        switch owned {
+        case .activity(let id): activity(id)
+        case .apple(let id): apple(id)
+        }
+    }
+
     static func hex(_ v: UInt64, digits: Int) -> String {
         let s = String(v, radix: 16)
         return String(repeating: "0", count: max(0, digits - s.count)) + s

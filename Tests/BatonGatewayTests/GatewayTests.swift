@@ -204,4 +204,36 @@ import Testing
         }
         #expect(printed.contains("hall online"))
     }
+
+    /// docs/mqtt.md §5: retained activities an earlier run of this gateway left, for devices
+    /// nobody hears any more, are cleared after the expiry; the ones still heard stay.
+    @Test func aRestartedGatewayClearsWhatItsEarlierRunLeft() throws {
+        let dir = try scratchDirectory("orphans")
+        let broker = try MosquittoBroker()
+        let before = try GeneratedCapture(in: dir, devices: 9, reports: 400, seed: 31)
+        let first = try GatewayProcess(
+            yaml: gatewayYAML(port: broker.port, radio: "capture:\(before.path)", expiry: "3s"), in: dir)
+        let left = try eventually(within: 10) { () -> [String: [UInt8]]? in
+            let r = try broker.retained("baton/activities/+")
+            return r.count == before.lastBeacons.count ? r : nil
+        }
+        try #require(left != nil, "\(first.log)")
+        first.kill()
+        // The same gateway comes back and hears other devices only.
+        let after = try GeneratedCapture(in: dir, devices: 9, reports: 400, seed: 32)
+        let second = try GatewayProcess(
+            yaml: gatewayYAML(port: broker.port, radio: "capture:\(after.path)", expiry: "3s"), in: dir)
+        defer { second.kill() }
+        let earlier = Set(left!.keys)
+        let cleared = try eventually(within: 15) { () -> Int? in
+            guard Set(try broker.retained("baton/activities/+").keys).isDisjoint(with: earlier) else { return nil }
+            let stats = json(try broker.retained("baton/gateways/hall/stats")["baton/gateways/hall/stats"] ?? [])
+            // The stats are republished every second; wait for the count to catch up.
+            let count = (stats?["broker"] as? [String: Any])?["orphans_cleared"] as? Int
+            // Its activities and its Apple entries alike.
+            return count == before.lastBeacons.count + before.apple ? count : nil
+        }
+        // Cleared by the orphan rule (counted), not by anything else.
+        #expect(cleared != nil, "\(second.log)")
+    }
 }
