@@ -70,6 +70,8 @@ public struct Publisher: ~Copyable {
 
     deinit { scratch.deallocate() }
 
+    static let jsonProperties = MQTTProperties(contentType: "application/json")
+
     public var pendingClears: Int { pending.count }
     public var orphanCount: Int { orphans.count }
     public var nextOrphanDeadline: ContinuousClock.Instant? { orphans.lazy.map(\.deadline).min() }
@@ -170,9 +172,13 @@ public struct Publisher: ~Copyable {
     }
 
     /// Retained, QoS 1: a subscriber that comes later must see it, and the broker must have it.
+    /// JSON documents say so in MQTT v5's content type (MQTT 5.0 §3.3.2.3.9); the status text
+    /// and clears carry nothing.
     private mutating func publish(_ topic: String, _ payload: UnsafeRawBufferPointer) {
+        let isJSON = payload.first == UInt8(ascii: "{")
         do throws(MQTTError) {
-            try mqtt.publish(topic: topic, payload: payload, qos: 1, retain: true)
+            try mqtt.publish(topic: topic, payload: payload, qos: 1, retain: true,
+                             properties: isJSON ? Self.jsonProperties : nil)
         } catch {
             counters.publishErrors &+= 1
             log.warning("publish to \(topic) failed: \(error)")
