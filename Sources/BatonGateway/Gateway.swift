@@ -40,6 +40,10 @@ public enum GatewayExit: Sendable, Equatable {
 public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     public let config: GatewayConfig
     var radio: Radio
+    /// Opens the source again: a controller unplugged and plugged back, a simulator
+    /// restarted. Used when the source says it is gone (closed, adapter down or not found).
+    let reopen: (() throws(RadioError) -> Radio)?
+    var needsReopen = false
     var decoder: AdvertisementDecoder
     var table: ActivityTable
     var apple: AppleDeviceTable
@@ -49,8 +53,10 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     public private(set) var counters = GatewayCounters()
     let startedAt: ContinuousClock.Instant
     let clock: WallClock
-    /// The last advertising report, or when scanning (re)started: the watchdog's reference.
+    /// The last advertising report (stats `silent_s`).
     var lastReportAt: ContinuousClock.Instant
+    /// The last report or when scanning (re)started, whichever is later: the watchdog's reference.
+    var watchdogFrom: ContinuousClock.Instant
     var radioRetryAt: ContinuousClock.Instant?
     var nextStats: ContinuousClock.Instant
     var mqttEvents: [MQTTEvent]
@@ -59,10 +65,12 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     /// How long after a radio error the source is started again.
     public static var radioRetry: Duration { .seconds(5) }
 
-    public init(config: GatewayConfig, radio: consuming Radio, mqtt: consuming MQTTClient, log: Logger,
+    public init(config: GatewayConfig, radio: consuming Radio, reopen: (() throws(RadioError) -> Radio)? = nil,
+                mqtt: consuming MQTTClient, log: Logger,
                 environment: [String: String], now: ContinuousClock.Instant, unixMicroseconds: Int64) {
         self.config = config
         self.radio = radio
+        self.reopen = reopen
         self.decoder = AdvertisementDecoder(beaconCompanyID: config.companyID)
         self.table = ActivityTable(config: config.table)
         self.apple = AppleDeviceTable(config: config.apple)
@@ -77,6 +85,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         self.log = log
         self.startedAt = now
         self.lastReportAt = now
+        self.watchdogFrom = now
         self.nextStats = now + config.statusInterval
         self.mqttEvents = []
         self.mqttEvents.reserveCapacity(64)
@@ -117,10 +126,13 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     public mutating func turn(stopFD: Int32 = -1) -> Bool {
         var now = ContinuousClock.now
         let timeout = pollTimeout(now: now)
-        var fds = (pollfd(fd: radio.fd, events: Int16(POLLIN), revents: 0),
+        // A source that failed is not polled until its retry: a closed or vanished descriptor
+        // reports POLLHUP/POLLERR at once, every turn, and would spin the loop.
+        let radioFD = radioRetryAt == nil && radio.state != .stopped && radio.state != .finished ? radio.fd : -1
+        var fds = (pollfd(fd: radioFD, events: Int16(POLLIN), revents: 0),
                    pollfd(fd: publisher.mqtt.socket, events: Int16(POLLIN), revents: 0),
                    pollfd(fd: stopFD, events: Int16(POLLIN), revents: 0))
-        if radio.wantsWrite { fds.0.events |= Int16(POLLOUT) }
+        if radioFD >= 0, radio.wantsWrite { fds.0.events |= Int16(POLLOUT) }
         if publisher.mqtt.wantsWrite { fds.1.events |= Int16(POLLOUT) }
         // EINTR (a signal) is just an early turn; the stop pipe says whether to stop.
         _ = withUnsafeMutablePointer(to: &fds) {
@@ -155,7 +167,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         if let due = apple.nextExpiry, due <= now {
             Self.expire(&apple, &publisher, now: now)
         }
-        if let due = publisher.nextOrphanDeadline, due <= now {
+        if publisher.mqtt.isConnected, let due = publisher.nextOrphanDeadline, due <= now {
             publisher.clearOrphans(table: table, apple: apple, now: now)
         }
         if nextStats <= now {
@@ -176,7 +188,9 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         consider(publisher.mqtt.nextDeadline)
         consider(table.nextExpiry)
         consider(apple.nextExpiry)
-        consider(publisher.nextOrphanDeadline)
+        // Orphans are cleared only while connected; a past deadline must not spin the loop
+        // while the broker is away.
+        if publisher.mqtt.isConnected { consider(publisher.nextOrphanDeadline) }
         consider(nextStats)
         consider(notifier.nextDeadline)
         guard next > now else { return 0 }
@@ -189,8 +203,13 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
 
     mutating func startRadio(now: ContinuousClock.Instant) {
         do throws(RadioError) {
+            if needsReopen, let reopen {
+                radio = try reopen()
+                needsReopen = false
+                log.info("radio \(config.radio): opened again")
+            }
             try radio.start(now: now)
-            lastReportAt = now
+            watchdogFrom = now
             announcedFinish = false
         } catch {
             radioFailed(error, now: now)
@@ -204,7 +223,10 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         } catch {
             radioFailed(error, now: now)
         }
-        if decoder.tally.reports != reportsBefore { lastReportAt = now }
+        if decoder.tally.reports != reportsBefore {
+            lastReportAt = now
+            watchdogFrom = now
+        }
         if radio.state == .finished, !announcedFinish {
             announcedFinish = true
             if let damage = radio.damage {
@@ -254,6 +276,11 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         case .noBluetoothSupport, .invalidConfiguration, .permissionDenied:
             log.critical("radio \(config.radio): \(error)")
             fatalRadioError = error.description
+        case .closed, .adapterDown, .adapterNotFound, .os:
+            // The descriptor is dead: the retry opens the source again.
+            needsReopen = reopen != nil
+            log.error("radio \(config.radio): \(error); opening it again in \(Self.radioRetry)")
+            radioRetryAt = now + Self.radioRetry
         default:
             log.error("radio \(config.radio): \(error); starting it again in \(Self.radioRetry)")
             radioRetryAt = now + Self.radioRetry
@@ -261,9 +288,10 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         publishStats(now: now)
     }
 
-    /// When the watchdog fires if no report arrives first.
+    /// When the watchdog fires if no report arrives first. Only sources with a controller
+    /// behind a descriptor have one to re-initialise; a capture replay's gaps are the capture's.
     var watchdogDeadline: ContinuousClock.Instant? {
-        radio.state == .scanning && radioRetryAt == nil ? lastReportAt + config.radioSilence : nil
+        radio.fd >= 0 && radio.state == .scanning && radioRetryAt == nil ? watchdogFrom + config.radioSilence : nil
     }
 
     /// Scanning, yet silent for `radio.silence`: the controller stopped delivering (a stuck
@@ -309,20 +337,12 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         apple.expire(now: now) { publisher.appleChanged($0) }
     }
 
-    /// Status `offline` from us (a clean stop sends no will), then a clean DISCONNECT, and a
-    /// bounded wait for the bytes to leave.
+    /// Status `offline` from us (a clean stop sends no will), then a clean DISCONNECT, which
+    /// waits up to a second for the bytes to leave.
     mutating func shutdown() {
         guard publisher.mqtt.isConnected else { return }
         publisher.publish(publisher.topics.status, text: "offline")
         publisher.mqtt.disconnect()
-        let deadline = ContinuousClock.now + .seconds(1)
-        while publisher.mqtt.wantsWrite, ContinuousClock.now < deadline {
-            var fd = pollfd(fd: publisher.mqtt.socket, events: Int16(POLLOUT), revents: 0)
-            guard fd.fd >= 0 else { break }
-            _ = Glibc.poll(&fd, 1, 100)
-            Self.pollBroker(&publisher.mqtt, &mqttEvents, now: ContinuousClock.now, readable: false,
-                            writable: fd.revents & Int16(POLLOUT) != 0)
-        }
     }
 
     // MARK: stats

@@ -105,32 +105,35 @@ public struct Publisher: ~Copyable {
     }
 
     private mutating func clear(_ topic: OwnedTopic, removeDiscovery: Bool) {
-        guard mqtt.isConnected else {
-            counters.changesWhileAway &+= 1
-            if pending.count < pendingCapacity {
-                if let i = pending.firstIndex(where: { $0.topic == topic }) {
-                    pending[i].removeDiscovery = pending[i].removeDiscovery || removeDiscovery
-                } else {
-                    pending.append((topic, removeDiscovery))
+        var sent = mqtt.isConnected
+        if sent {
+            switch topic {
+            case .activity(let id):
+                if removeDiscovery && discovery {
+                    sent = publish(topics.deviceRoomConfig(id), empty: true) && sent
+                    sent = publish(topics.deviceActivityConfig(id), empty: true) && sent
                 }
-            } else {
-                // Not lost for good: on reconnect the leftover is found as an orphan and
-                // cleared after the grace period.
-                counters.pendingClearsDropped &+= 1
+                sent = publish(topics.activity(id), empty: true) && sent
+            case .apple(let id):
+                sent = publish(topics.apple(id), empty: true)
             }
+        }
+        if sent {
+            counters.changesPublished &+= 1
             return
         }
-        switch topic {
-        case .activity(let id):
-            if removeDiscovery && discovery {
-                publish(topics.deviceRoomConfig(id), empty: true)
-                publish(topics.deviceActivityConfig(id), empty: true)
-            }
-            publish(topics.activity(id), empty: true)
-        case .apple(let id):
-            publish(topics.apple(id), empty: true)
+        // Not connected, or the connection died in this turn (the library says so before
+        // the disconnect event arrives): owed, and sent on the next connect.
+        counters.changesWhileAway &+= 1
+        if let i = pending.firstIndex(where: { $0.topic == topic }) {
+            pending[i].removeDiscovery = pending[i].removeDiscovery || removeDiscovery
+        } else if pending.count < pendingCapacity {
+            pending.append((topic, removeDiscovery))
+        } else {
+            // Not lost for good: on reconnect the leftover is found as an orphan and cleared
+            // after the grace period.
+            counters.pendingClearsDropped &+= 1
         }
-        counters.changesPublished &+= 1
     }
 
     // MARK: publishing
@@ -142,8 +145,7 @@ public struct Publisher: ~Copyable {
         } catch {
             return log.error("activity JSON did not fit 4 KiB (our bug): \(error)")
         }
-        publish(topics.activity(a.deviceID), w.written)
-        counters.changesPublished &+= 1
+        if publish(topics.activity(a.deviceID), w.written) { counters.changesPublished &+= 1 }
     }
 
     private mutating func publishApple(_ d: AppleDevice) {
@@ -153,8 +155,7 @@ public struct Publisher: ~Copyable {
         } catch {
             return log.error("Apple entry JSON did not fit 4 KiB (our bug): \(error)")
         }
-        publish(topics.apple(d.id), w.written)
-        counters.changesPublished &+= 1
+        if publish(topics.apple(d.id), w.written) { counters.changesPublished &+= 1 }
     }
 
     private mutating func publishDeviceDiscovery(_ deviceID: UInt64) {
@@ -167,31 +168,40 @@ public struct Publisher: ~Copyable {
                 return log.error("discovery JSON did not fit 4 KiB (our bug): \(error)")
             }
             let topic = entity == .room ? topics.deviceRoomConfig(deviceID) : topics.deviceActivityConfig(deviceID)
-            publish(topic, w.written)
+            _ = publish(topic, w.written)
         }
     }
 
     /// Retained, QoS 1: a subscriber that comes later must see it, and the broker must have it.
     /// JSON documents say so in MQTT v5's content type (MQTT 5.0 §3.3.2.3.9); the status text
     /// and clears carry nothing.
-    private mutating func publish(_ topic: String, _ payload: UnsafeRawBufferPointer) {
+    @discardableResult
+    private mutating func publish(_ topic: String, _ payload: UnsafeRawBufferPointer) -> Bool {
         let isJSON = payload.first == UInt8(ascii: "{")
         do throws(MQTTError) {
             try mqtt.publish(topic: topic, payload: payload, qos: 1, retain: true,
                              properties: isJSON ? Self.jsonProperties : nil)
+            return true
         } catch {
             counters.publishErrors &+= 1
-            log.warning("publish to \(topic) failed: \(error)")
+            // One line per connection, not one per topic: a dead socket fails them all.
+            if !loggedPublishError {
+                loggedPublishError = true
+                log.warning("publish to \(topic) failed: \(error); what is owed goes out on the next connect")
+            }
+            return false
         }
     }
 
-    private mutating func publish(_ topic: String, empty: Bool) {
+    private var loggedPublishError = false
+
+    private mutating func publish(_ topic: String, empty: Bool) -> Bool {
         publish(topic, UnsafeRawBufferPointer(start: nil, count: 0))
     }
 
     public mutating func publish(_ topic: String, text: String) {
         var t = text
-        t.withUTF8 { publish(topic, UnsafeRawBufferPointer($0)) }
+        _ = t.withUTF8 { publish(topic, UnsafeRawBufferPointer($0)) }
     }
 
     /// The stats JSON beside the status (docs/mqtt.md §1), rendered by the caller.
@@ -206,6 +216,7 @@ public struct Publisher: ~Copyable {
     public mutating func connected(table: borrowing ActivityTable, apple: borrowing AppleDeviceTable,
                                    now: ContinuousClock.Instant) {
         counters.connects &+= 1
+        loggedPublishError = false
         publish(topics.status, text: "online")
         if discovery {
             var w = JSONWriter(scratch)
@@ -220,9 +231,9 @@ public struct Publisher: ~Copyable {
         pending.removeAll(keepingCapacity: true)
         for owedClear in owed { clear(owedClear.topic, removeDiscovery: owedClear.removeDiscovery) }
         table.forEach { a in
-            guard a.state == .current else { return }
-            publishActivity(a)
+            // An invalidated device keeps its Home Assistant entities (docs/mqtt.md §4).
             publishDeviceDiscovery(a.deviceID)
+            if a.state == .current { publishActivity(a) }
         }
         apple.forEach { d in publishApple(d) }
         // Retained entries naming this gateway that it no longer holds (a restart of the
@@ -242,16 +253,13 @@ public struct Publisher: ~Copyable {
         guard message.retained, !message.payload.isEmpty else { return }
         let owned: OwnedTopic
         if let id = topics.deviceID(inActivityTopic: message.topic) {
-            if let a = table.activity(deviceID: id), a.state == .current { return }
             owned = .activity(id)
         } else if let id = topics.appleID(inAppleTopic: message.topic) {
-            var held = false
-            apple.forEach { if $0.id == id { held = true } }
-            if held { return }
             owned = .apple(id)
         } else {
             return
         }
+        if Self.holds(owned, table: table, apple: apple) { return }
         guard Self.gateway(of: message.payload) == topics.gatewayID else { return }
         guard !orphans.contains(where: { $0.topic == owned }), orphans.count < pendingCapacity else { return }
         orphans.append((owned, now + orphanGrace))
@@ -264,20 +272,25 @@ public struct Publisher: ~Copyable {
         var kept: [(topic: OwnedTopic, deadline: ContinuousClock.Instant)] = []
         for o in orphans {
             guard o.deadline <= now else { kept.append(o); continue }
-            switch o.topic {
-            case .activity(let id):
-                if let a = table.activity(deviceID: id), a.state == .current { continue }
-            case .apple(let id):
-                var held = false
-                apple.forEach { if $0.id == id { held = true } }
-                if held { continue }
-            }
+            if Self.holds(o.topic, table: table, apple: apple) { continue }
             log.info("clearing \(topics.name(o.topic)), left retained by an earlier run and not heard since")
             clear(o.topic, removeDiscovery: true)
             counters.orphansCleared &+= 1
         }
         orphans.removeAll(keepingCapacity: true)
         orphans.append(contentsOf: kept)
+    }
+
+    /// True when the tables hold what the topic shows: a current activity, an Apple entry.
+    static func holds(_ owned: OwnedTopic, table: borrowing ActivityTable, apple: borrowing AppleDeviceTable) -> Bool {
+        switch owned {
+        case .activity(let id):
+            return table.activity(deviceID: id)?.state == .current
+        case .apple(let id):
+            var held = false
+            apple.forEach { if $0.id == id { held = true } }
+            return held
+        }
     }
 
     static func gateway(of payload: [UInt8]) -> String? {

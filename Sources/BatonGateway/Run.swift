@@ -28,14 +28,19 @@ public enum GatewayLauncher {
         let radioConfig = RadioConfig()
         do throws(RadioError) {
             switch config.radio {
+            // A source missing at start exits with status 1 (systemd starts the unit again in
+            // 5 s); one that goes away while running is opened again by the loop.
             case .adapter(let name):
-                return run(radio: try RadioBlueZ(adapter: name, config: radioConfig), mqtt: mqtt, config: config, log: log)
+                let open = { () throws(RadioError) -> RadioBlueZ in try RadioBlueZ(adapter: name, config: radioConfig) }
+                return run(radio: try open(), reopen: open, mqtt: mqtt, config: config, log: log)
             case .h4(let path):
-                let fd = try RadioH4.openSerial(path: path)
-                return run(radio: try RadioH4(fd: fd, config: radioConfig), mqtt: mqtt, config: config, log: log)
+                let open = { () throws(RadioError) -> RadioH4 in
+                    try RadioH4(fd: try RadioH4.openSerial(path: path), config: radioConfig)
+                }
+                return run(radio: try open(), reopen: open, mqtt: mqtt, config: config, log: log)
             case .simulator(let socket):
-                let fd = try connectUnix(socket)
-                return run(radio: try RadioH4(fd: fd, config: radioConfig), mqtt: mqtt, config: config, log: log)
+                let open = { () throws(RadioError) -> RadioH4 in try RadioH4(fd: try connectUnix(socket), config: radioConfig) }
+                return run(radio: try open(), reopen: open, mqtt: mqtt, config: config, log: log)
             case .capture(let path):
                 guard let data = FileManager.default.contents(atPath: path) else {
                     log.critical("radio capture:\(path): cannot read the file")
@@ -47,7 +52,7 @@ public enum GatewayLauncher {
                     log.critical("radio capture:\(path): not a capture Baton reads: \(error)")
                     return 1
                 }
-                return run(radio: radio, mqtt: mqtt, config: config, log: log)
+                return run(radio: radio, reopen: nil, mqtt: mqtt, config: config, log: log)
             }
         } catch {
             log.critical("radio \(config.radio): \(error)")
@@ -55,11 +60,11 @@ public enum GatewayLauncher {
         }
     }
 
-    static func run<R: RadioSource & ~Copyable>(radio: consuming R, mqtt: consuming MQTTClient,
-                                                config: GatewayConfig, log: Logger) -> Int32 {
+    static func run<R: RadioSource & ~Copyable>(radio: consuming R, reopen: (() throws(RadioError) -> R)?,
+                                                mqtt: consuming MQTTClient, config: GatewayConfig, log: Logger) -> Int32 {
         var tv = timespec()
         clock_gettime(CLOCK_REALTIME, &tv)
-        var gateway = Gateway(config: config, radio: radio, mqtt: mqtt, log: log,
+        var gateway = Gateway(config: config, radio: radio, reopen: reopen, mqtt: mqtt, log: log,
                               environment: ProcessInfo.processInfo.environment, now: .now,
                               unixMicroseconds: Int64(tv.tv_sec) * 1_000_000 + Int64(tv.tv_nsec) / 1000)
         switch gateway.run() {

@@ -9,8 +9,10 @@ struct GatewayCommand: ParsableCommand {
         abstract: "Run the room's gateway: hear activity beacons, publish current activities to MQTT.",
         discussion: "Settings come from --config (docs/config.md); the flags override the file. Stops cleanly on SIGTERM or Ctrl-C.")
 
-    @Option(name: .long, help: "The YAML config file (docs/config.md).")
+    @Option(name: .long, help: "The YAML config file (docs/config.md); default /etc/baton/baton.yaml when it exists.")
     var config: String?
+
+    static let defaultConfig = "/etc/baton/baton.yaml"
     @Option(name: .long, help: "Broker URL: mqtt://host[:port] or mqtts://host[:port].")
     var broker: String?
     @Option(name: .long, help: "Radio source: hci0, h4:/dev/ttyACM0, capture:FILE or sim:SOCKET.")
@@ -26,7 +28,9 @@ struct GatewayCommand: ParsableCommand {
         let host = ProcessInfo.processInfo.hostName
         var settings: GatewayConfig
         do throws(ConfigError) {
-            settings = try config.map { path throws(ConfigError) in try GatewayConfig.load(file: path, hostName: host) }
+            // An explicit --config must exist; the default file is read only when present.
+            let path = config ?? (FileManager.default.fileExists(atPath: Self.defaultConfig) ? Self.defaultConfig : nil)
+            settings = try path.map { path throws(ConfigError) in try GatewayConfig.load(file: path, hostName: host) }
                 ?? GatewayConfig.defaults(hostName: host)
             try settings.apply(GatewayOverrides(broker: broker, radio: radio, room: room, id: id, prefix: prefix))
         } catch {

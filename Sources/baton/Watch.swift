@@ -51,12 +51,14 @@ struct WatchCommand: ParsableCommand {
             for event in events {
                 switch event {
                 case .connected:
+                    // What was cleared while we were away never arrives: start from the
+                    // retained state the broker sends now.
+                    view.reset()
                     connectedAt = now
                     lastMessage = now
                     do throws(MQTTError) {
                         try client.subscribe("\(prefix)/activities/+", qos: 1)
                         try client.subscribe("\(prefix)/gateways/+/status", qos: 1)
-                        try client.subscribe("\(prefix)/gateways/+/stats", qos: 0)
                     } catch {
                         throw ValidationError("subscribe: \(error)")
                     }
@@ -90,7 +92,6 @@ struct WatchView {
     let redraw: Bool
     var activities: [String: Activity] = [:]
     var gateways: [String: String] = [:]
-    var rooms: [String: String] = [:]
     var dirty = false
 
     init(prefix: String, redraw: Bool) { self.prefix = prefix; self.redraw = redraw }
@@ -115,11 +116,13 @@ struct WatchView {
         } else if rest.count == 3, rest[0] == "gateways", rest[2] == "status" {
             gateways[rest[1]] = String(decoding: m.payload, as: UTF8.self)
             changed("gateway \(rest[1]) \(gateways[rest[1]]!)")
-        } else if rest.count == 3, rest[0] == "gateways", rest[2] == "stats" {
-            if let o = try? JSONSerialization.jsonObject(with: Data(m.payload)) as? [String: Any], let room = o["room"] as? String {
-                rooms[rest[1]] = room
-            }
         }
+    }
+
+    mutating func reset() {
+        activities.removeAll()
+        gateways.removeAll()
+        dirty = true
     }
 
     mutating func changed(_ line: String) {

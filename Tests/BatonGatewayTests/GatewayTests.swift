@@ -101,6 +101,8 @@ import Testing
         #expect(try eventually(within: 10) { text(try broker.retained(status)[status]) == "online" ? true : nil } == true)
         #expect(gateway.stop() == 0)
         #expect(text(try broker.retained(status)[status]) == "offline")
+        // Said by the gateway with a clean DISCONNECT, not by the broker's will.
+        #expect(broker.waitForLog("Client baton-hall disconnected."), "\(broker.log)")
     }
 
     /// docs/mqtt.md §5: a broker restarted without persistence holds the gateway's exact

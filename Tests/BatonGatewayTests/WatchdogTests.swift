@@ -70,6 +70,13 @@ final class ScriptedController {
         send([0x04, 0x0E, UInt8(4 + extra.count), 0x01, UInt8(opcode & 0xFF), UInt8(opcode >> 8), 0x00] + extra)
     }
 
+    /// Closes the connection, as a simulator that exits would.
+    func hangUp() {
+        close(fd)
+        fd = -1
+        pending.removeAll()
+    }
+
     func send(_ bytes: [UInt8]) {
         _ = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
     }
@@ -113,4 +120,34 @@ struct WatchdogTests {
         // The activity heard before is still held: re-initialising the radio loses no state.
         #expect(try broker.retained(status).count == 1)
     }
+
+    /// A controller that goes away (a simulator restarted, a USB controller unplugged) is
+    /// opened again after 5 s, and the gateway does not spin on the dead descriptor meanwhile.
+    @Test func closedControllerIsOpenedAgainWithoutSpinning() throws {
+        let dir = try scratchDirectory("reopen")
+        let socketPath = dir.appendingPathComponent("ctl.sock").path
+        let controller = try ScriptedController(path: socketPath)
+        let broker = try MosquittoBroker()
+        let gateway = try GatewayProcess(yaml: gatewayYAML(port: broker.port, radio: "sim:\(socketPath)"), in: dir)
+        defer { gateway.kill() }
+        try #require(controller.accept(timeoutMs: 10_000), "the gateway never connected: \(gateway.log)")
+        try #require(controller.serve(until: 0x200C, timeoutMs: 10_000))
+        let cpuBefore = try cpuTicks(gateway.process.processIdentifier)
+        controller.hangUp()
+        #expect(controller.accept(timeoutMs: 15_000), "not opened again: \(gateway.log)")
+        let cpuAfter = try cpuTicks(gateway.process.processIdentifier)
+        // About 5 s passed; a loop polling the dead descriptor would burn all of them.
+        #expect(cpuAfter - cpuBefore < 150, "\(cpuAfter - cpuBefore) ticks of CPU while waiting to reopen")
+        #expect(controller.serve(until: 0x200C, timeoutMs: 10_000), "init after reopening: \(gateway.log)")
+        #expect(gateway.log.contains("opened again"))
+    }
+}
+
+/// utime + stime of a process, in clock ticks (proc(5), /proc/PID/stat fields 14 and 15).
+func cpuTicks(_ pid: Int32) throws -> Int {
+    let stat = try String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8)
+    // The command name may hold spaces; the fields after its closing parenthesis do not.
+    let after = stat[stat.index(after: try #require(stat.lastIndex(of: ")")))...]
+    let fields = after.split(separator: " ")
+    return (Int(fields[11]) ?? 0) + (Int(fields[12]) ?? 0)
 }
