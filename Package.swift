@@ -87,6 +87,18 @@ if ProcessInfo.processInfo.environment["BATON_BENCH"] != nil {
                        .product(name: "ArgumentParser", package: "swift-argument-parser"),
                        .product(name: "MallocInterposerSwift", package: "malloc-interposer")],
         path: "Tests/Benchmarks/BatonBench"))
+    // The gateway figures (docs/performance.md "The gateway"): end-to-end latency and peak
+    // memory of the release `baton gateway` as a child process, and allocations per unchanged
+    // advertisement through the whole loop in process. BatonTestSupport gives it the same
+    // throwaway mosquitto the tests use.
+    targets.append(.executableTarget(
+        name: "GatewayBench",
+        dependencies: ["BatonGateway", "BatonCore", "BatonMQTT", "BatonHCI", "BatonSim", "BatonWire",
+                       "BatonTestSupport", "CMosquitto",
+                       .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                       .product(name: "Logging", package: "swift-log"),
+                       .product(name: "MallocInterposerSwift", package: "malloc-interposer")],
+        path: "Tests/Benchmarks/GatewayBench"))
 }
 
 let package = Package(

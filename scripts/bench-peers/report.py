@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""Combines the three halves of scripts/bench into one table (or one JSON object) and checks
-the allocation budget. Standard library only; runs on the system python3.
+"""Combines the parts of scripts/bench into one table (or one JSON object) and checks the
+allocation budgets. Standard library only; runs on the system python3.
 
-  report.py --swift swift.json --cwalk cwalk.json --peers peers.json --budget decode.json [--json]
+  report.py --swift swift.json --cwalk cwalk.json --peers peers.json --budget decode.json
+            [--gateway gateway.json --gateway-budget gateway-budget.json] [--json]
 
-Exit status: 0 when every decoder saw the same reports and Baton's allocations per report are
-within the budget in git; 1 otherwise. The speed aims are reported, never enforced: wall-clock
-figures on a shared machine are not a pass/fail signal.
+Exit status: 0 when every decoder saw the same reports, Baton's allocations per report are
+within the budget in git, and (with --gateway) the gateway loop's allocations per unchanged
+advertisement are within theirs; 1 otherwise. The speed aims, the gateway's latency and its
+memory are reported, never enforced: wall-clock figures on a shared machine are not a
+pass/fail signal, and no peer gateway runs in the bench to compare them with.
 """
 import argparse
 import json
@@ -34,8 +37,12 @@ def main():
     ap.add_argument("--cwalk", required=True)
     ap.add_argument("--peers", required=True)
     ap.add_argument("--budget", required=True)
+    ap.add_argument("--gateway", help="GatewayBench --json output")
+    ap.add_argument("--gateway-budget", help="Tests/Benchmarks/Thresholds/gateway.json")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if bool(args.gateway) != bool(args.gateway_budget):
+        ap.error("--gateway and --gateway-budget go together")
     load = lambda p: json.load(open(p))
     swift, cwalk, peers, budget = load(args.swift), load(args.cwalk), load(args.peers), load(args.budget)
 
@@ -78,6 +85,11 @@ def main():
     if swift["calibration_mallocs"] < 1000:
         problems.append("the malloc counter did not see the calibration allocations")
 
+    gateway = load(args.gateway) if args.gateway else None
+    gateway_check = None
+    if gateway is not None:
+        gateway_check = check_gateway(gateway, load(args.gateway_budget), problems)
+
     if args.json:
         out = {
             "capture": {k: swift[k] for k in ("reports", "records", "bytes", "devices", "seed")},
@@ -88,6 +100,9 @@ def main():
             "allocations": {"per_report": per_report, "budget": limit, "within_budget": allocation_ok},
             "problems": problems,
         }
+        if gateway is not None:
+            out["gateway"] = gateway
+            out["gateway_allocations"] = gateway_check
         print(json.dumps(out, indent=2))
     else:
         print(f"capture: {swift['reports']:,} reports in {swift['records']:,} btsnoop records "
@@ -105,9 +120,77 @@ def main():
         print(f"aim Baton ≥ {AIM_C_WALK}× the C walk: {vs_c:.2f}× — {'met' if aims['c_walk']['met'] else 'NOT met'}")
         print(f"aim Baton ≥ {AIM_PEER:g}× the faster peer ({faster_name}, {rate(faster)}/s): {vs_peer:.2f}× — "
               f"{'met' if aims['faster_peer']['met'] else 'NOT met'}")
+        if gateway is not None:
+            print()
+            print_gateway(gateway, gateway_check)
         for p in problems:
             print(f"bench: {p}", file=sys.stderr)
     sys.exit(1 if problems else 0)
+
+
+def check_gateway(gateway, budget, problems):
+    """The gateway loop's allocation budget, and the checks that make its figure mean something."""
+    a = gateway.get("allocations")
+    if a is None:
+        problems.append("the gateway bench did not measure allocations")
+        return None
+    limit = budget["gateway_allocations_per_unchanged_advertisement"]
+    per = a["allocations_per_unchanged_advertisement"]
+    ok = per <= limit
+    if not ok:
+        problems.append(f"gateway allocations per unchanged advertisement {per} exceed the budget {limit} "
+                        f"(Tests/Benchmarks/Thresholds/gateway.json)")
+    if a["calibration_mallocs"] < 1000 or a["library_calibration_mallocs"] < 1:
+        problems.append("the malloc counter did not see the calibration allocations (Swift objects, libmosquitto)")
+    if a["published_during_window"] != 0:
+        problems.append(f"the gateway published {a['published_during_window']} changes while its allocations were "
+                        f"counted: the window did not hold only unchanged advertisements")
+    return {"per_unchanged_advertisement": per, "budget": limit, "within_budget": ok}
+
+
+def kib(x):
+    return f"{x:,} KiB"
+
+
+def us(x):
+    return f"{x / 1000:.2f} ms" if x >= 1000 else f"{x:.0f} µs"
+
+
+def print_gateway(g, check):
+    print("gateway: the release `baton gateway` and a mosquitto on 127.0.0.1. No peer gateway runs here")
+    print("(Theengs Gateway and ESPresense need a BLE adapter or an ESP32): these are figures, not ratios.")
+    lat = g.get("latency")
+    if lat:
+        print()
+        print(f"end-to-end latency, report written to the controller socket → retained message at a subscriber,")
+        print(f"{lat['changes']:,} changes one at a time (after {lat['warmup']} warm-up):")
+        print(f"  p50 {us(lat['p50_us'])}   p90 {us(lat['p90_us'])}   p99 {us(lat['p99_us'])}   "
+              f"p99.9 {us(lat['p999_us'])}   max {us(lat['max_us'])}   mean {us(lat['mean_us'])}")
+    mem = g.get("memory")
+    if mem:
+        idle, loaded = mem["idle"], mem["loaded"]
+        rate = mem["reports_per_second_sent"]
+        pace = f"{rate:,} reports/s" if rate else "as fast as the socket took them"
+        print()
+        print(f"resident memory (/proc/PID/status), table.capacity 1024; {loaded['reports']:,} reports sent at {pace}:")
+        rows = [("idle (no devices)", idle),
+                (f"{loaded['table_fill']:,} activities, {loaded['apple_fill']} Apple entries", loaded)]
+        width = max(len(r[0]) for r in rows)
+        print(f"  {'':<{width}}  {'VmHWM':>10}  {'RssAnon':>10}  {'RssFile':>10}")
+        for name, r in rows:
+            m = r["memory"]
+            print(f"  {name:<{width}}  {kib(m['vm_hwm_kib']):>10}  {kib(m['rss_anon_kib']):>10}  {kib(m['rss_file_kib']):>10}")
+        print(f"  per activity: {mem['per_device_rss_anon_bytes']:,.0f} bytes RssAnon, "
+              f"{mem['per_device_vm_hwm_bytes']:,.0f} bytes VmHWM")
+    a = g.get("allocations")
+    if a and check:
+        print()
+        print(f"allocations per unchanged advertisement through Gateway.turn() (in process, malloc-interposer): "
+              f"{check['per_unchanged_advertisement']:g}")
+        print(f"  ({a['mallocs']} mallocs over {a['reports_counted']:,} reports: {a['beacons']:,} beacons, "
+              f"{a['continuity']:,} Continuity, {a['other']:,} other; {a['turns']:,} turns in "
+              f"{a['window_ms'] / 1000:.1f} s; budget {check['budget']:g}) "
+              f"{'OK' if check['within_budget'] else 'OVER BUDGET'}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,229 @@
+// Heap allocations per unchanged advertisement through the whole gateway loop
+// (docs/performance.md "Allocations in the loop"). In process: a `Gateway<RadioCapture>` built
+// with its public init, connected to the bench's mosquitto, turned by the bench with the same
+// `turn()` its `run()` calls. Every call in a counted turn is counted: poll(), the capture
+// radio, the decoder, both tables, the publisher, libmosquitto's loop calls, the timers.
+//
+// The capture is paced at its own timestamps, in phases:
+//   0 ms          one HCI command record (skipped by the radio; it only starts the clock);
+//   200 ms        every device once: each becomes current (or appears) and is published;
+//   400 ms        5,000 warm-up reports, all unchanged: every unchanged path runs once;
+//   450–990 ms    a skipped command record every 10 ms: the loop turns, the broker's
+//                 PUBACKs and the gateway's own publishes coming back are read and settle;
+//   1000 ms       the measured reports, 20 µs apart (100,000 take 2 s, so the window holds
+//                 libmosquitto's once-a-second loop_misc too), every one unchanged: identical
+//                 beacons, identical Continuity, identical names; only the RSSI moves;
+//   +1 h          one more report, never reached: the replay never finishes inside the
+//                 window (its end is logged once, which allocates; a radio never ends).
+// Counting starts at the first turn after 900 ms, once the warm-up was heard, and stops after
+// the turn that heard the last measured report. The figure is mallocs in those turns divided
+// by the reports those turns processed. A subscriber checks afterwards that nothing was
+// published while counting, i.e. every counted report was unchanged.
+import BatonCore
+import BatonGateway
+import BatonHCI
+import BatonMQTT
+import BatonSim
+import BatonTestSupport
+import BatonWire
+import CMosquitto
+import Foundation
+import Glibc
+import Logging
+import MallocInterposerSwift
+
+struct AllocationFigures {
+    var devices: Int
+    var batonDevices: Int
+    var mallocs: Int
+    var frees: Int
+    var reports: Int
+    var beacons: Int
+    var continuity: Int
+    var other: Int
+    var turns: Int
+    var windowMilliseconds: Double
+    var calibrationMallocs: Int
+    var libraryCalibrationMallocs: Int
+    var publishedDuringWindow: Int
+    var statusIntervalSeconds: Int64
+    var keepaliveSeconds: Int
+
+    var perReport: Double { Double(mallocs) / Double(reports) }
+
+    var json: String {
+        """
+        {"devices": \(devices), "baton_devices": \(batonDevices), "reports_counted": \(reports), \
+        "beacons": \(beacons), "continuity": \(continuity), "other": \(other), "turns": \(turns), \
+        "window_ms": \(windowMilliseconds), "mallocs": \(mallocs), "frees": \(frees), \
+        "allocations_per_unchanged_advertisement": \(perReport), "calibration_mallocs": \(calibrationMallocs), \
+        "library_calibration_mallocs": \(libraryCalibrationMallocs), \
+        "published_during_window": \(publishedDuringWindow), "status_interval_s": \(statusIntervalSeconds), \
+        "keepalive_s": \(keepaliveSeconds)}
+        """
+    }
+}
+
+/// The capture's phases, as built.
+struct PacedCapture {
+    var file: [UInt8]
+    var firsts: Int
+    var warmup: Int
+    var measured: Int
+}
+
+func pacedCapture(devices: Int, warmup: Int, measured: Int, seed: UInt64) throws -> PacedCapture {
+    // saveEvery .max: no device ever saves or changes its Handoff sequence.
+    var generator = CaptureGenerator(devices: devices, seed: seed, saveEvery: .max)
+    var firsts: [GeneratedReport] = []
+    var rest: [GeneratedReport] = []
+    var seen = Set<Int>()
+    rest.reserveCapacity(warmup + measured + 1)
+    var made = 0
+    while rest.count < warmup + measured + 1 || seen.count < devices {
+        let r = generator.next()
+        if seen.insert(r.device).inserted { firsts.append(r) } else if rest.count < warmup + measured + 1 { rest.append(r) }
+        made += 1
+        guard made < 100 * (warmup + measured + devices) else { throw BenchError("the generator never reached every device") }
+    }
+
+    let base: Int64 = 1_795_000_000_000_000
+    var timed: [(Int64, H4PacketType, [UInt8])] = []
+    // LE_Set_Scan_Enable (Core 5.4, Vol 4, Part E, §7.8.11) as the host sent it: a record the
+    // radio skips, only there to start the replay's clock and to pace the settling turns.
+    let command: [UInt8] = [0x0C, 0x20, 0x02, 0x01, 0x00]
+    timed.append((base, .command, command))
+    for (k, r) in firsts.enumerated() { timed.append((base + 200_000 + Int64(k) * 100, .event, AdvertisingEvents.event([r][...]))) }
+    for k in 0..<warmup { timed.append((base + 400_000 + Int64(k) * 10, .event, AdvertisingEvents.event([rest[k]][...]))) }
+    for t in stride(from: Int64(460_000), through: 990_000, by: 10_000) { timed.append((base + t, .command, command)) }
+    for k in 0..<measured {
+        timed.append((base + 1_000_000 + Int64(k) * 20, .event, AdvertisingEvents.event([rest[warmup + k]][...])))
+    }
+    timed.append((base + 3_600_000_000, .event, AdvertisingEvents.event([rest[warmup + measured]][...])))
+
+    let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 + timed.count * 320, alignment: 8)
+    defer { buffer.deallocate() }
+    var w = ByteWriter(buffer)
+    try BTSnoop.writeHeader(datalink: BTSnoop.datalinkH4, into: &w)
+    for record in timed {
+        let direction: HCIDirection = record.1 == .command ? .hostToController : .controllerToHost
+        try record.2.withUnsafeBytes { raw in
+            try BTSnoop.writeH4Record(timestamp: record.0, type: record.1, direction: direction, packet: raw, into: &w)
+        }
+    }
+    return PacedCapture(file: Array(w.written), firsts: firsts.count, warmup: warmup, measured: measured)
+}
+
+/// Proves the counter counts: a known number of class instances while counting. A counter
+/// not wired in would report 0 here, and a 0 for the loop would then mean nothing.
+func calibrateCounter() -> Int {
+    final class Box { let value: Int; init(_ value: Int) { self.value = value } }
+    var boxes: [Box] = []
+    boxes.reserveCapacity(1000)
+    MallocInterposerSwift.initialize()
+    MallocInterposerSwift.hook()
+    for i in 0..<1000 { boxes.append(Box(i)) }
+    MallocInterposerSwift.unhook()
+    precondition(boxes.count == 1000)
+    return MallocInterposerSwift.getStatistics().mallocCount
+}
+
+/// Proves the counter also sees allocations made inside libmosquitto (a C library calling
+/// malloc through its own PLT, as it does in mosquitto_loop_read/_write/_misc): one client
+/// created and destroyed while counting must show up.
+func calibrateLibraryCounter() -> Int {
+    _ = mosquitto_lib_init()  // counted per call by libmosquitto; the client's own init is the same
+    MallocInterposerSwift.initialize()
+    MallocInterposerSwift.hook()
+    let client = mosquitto_new("bench-calibration", true, nil)
+    MallocInterposerSwift.unhook()
+    let n = MallocInterposerSwift.getStatistics().mallocCount
+    if let client { mosquitto_destroy(client) }
+    return n
+}
+
+func measureAllocations(broker: MosquittoBroker, devices: Int, warmup: Int, measured: Int, seed: UInt64,
+                        statusInterval: Duration, keepalive: Int) throws -> AllocationFigures {
+    let calibration = calibrateCounter()
+    guard calibration >= 1000 else {
+        throw BenchError("the malloc counter saw \(calibration) allocations for 1000 objects: is the interposer linked?")
+    }
+    let libraryCalibration = calibrateLibraryCounter()
+    guard libraryCalibration >= 1 else {
+        throw BenchError("the malloc counter saw no allocation inside libmosquitto's mosquitto_new")
+    }
+    let capture = try pacedCapture(devices: devices, warmup: warmup, measured: measured, seed: seed)
+    let batonDevices = (devices + 2) / 3
+
+    let subscriber = try Subscriber(port: broker.port, clientID: "bench-alloc-subscriber")
+    try subscriber.connect(subscribing: ["baton/activities/+", "baton/apple/+"])
+    var activities = Set<String>()
+    var published = 0
+    let count: (MQTTMessage) -> Void = { m in
+        guard !m.payload.isEmpty, let g = json(m.payload)?["gateway"] as? String, g == "bench-alloc" else { return }
+        published += 1
+        if m.topic.hasPrefix("baton/activities/") { activities.insert(m.topic) }
+    }
+
+    var config = GatewayConfig.defaults(hostName: "bench")
+    try config.apply(GatewayOverrides(broker: "mqtt://127.0.0.1:\(broker.port)", radio: "capture:generated.btsnoop",
+                                      room: "Bench", id: "bench-alloc"))
+    // The defaults are 30 s each: no stats publish and no PINGREQ falls in a 2 s window.
+    // Shorter ones put those timers' own allocations in it (docs/performance.md).
+    config.statusInterval = statusInterval
+    config.broker.keepalive = keepalive
+    var mqtt = try MQTTClient(config: GatewayLauncher.mqttConfig(config))
+    var radio = try RadioCapture(file: capture.file, pace: .timestamps(speed: 1))
+    // What `Gateway.run()` does before its first turn: the broker connect and the radio start.
+    let start = ContinuousClock.now
+    mqtt.start(now: start)
+    try radio.start(now: start)
+    var tv = timespec()
+    clock_gettime(CLOCK_REALTIME, &tv)
+    let log = Logger(label: "baton.gateway", factory: { StreamLogHandler.standardError(label: $0) })
+    var gateway = Gateway(config: config, radio: radio, mqtt: mqtt, log: log, environment: [:], now: start,
+                          unixMicroseconds: Int64(tv.tv_sec) * 1_000_000 + Int64(tv.tv_nsec) / 1000)
+
+    // Warm-up and settling: every device heard, every unchanged path run, the broker quiet.
+    let beforeMeasured = capture.firsts + capture.warmup
+    while ContinuousClock.now < start + .milliseconds(900) || gateway.tally.reports < beforeMeasured {
+        _ = gateway.turn()
+        subscriber.pump(timeoutMs: 0, count)
+        guard ContinuousClock.now < start + .seconds(30) else {
+            throw BenchError("the gateway heard \(gateway.tally.reports) of the \(beforeMeasured) warm-up reports in 30 s")
+        }
+    }
+    subscriber.pump(for: .milliseconds(50), count)
+    guard activities.count == batonDevices else {
+        throw BenchError("the subscriber saw \(activities.count) of \(batonDevices) activities from the in-process gateway: did it connect?")
+    }
+    let publishedBefore = published
+
+    // The counted window.
+    let t0 = gateway.tally
+    let turns0 = gateway.counters.loopTurns
+    let total = beforeMeasured + capture.measured
+    let windowStart = ContinuousClock.now
+    MallocInterposerSwift.initialize()
+    MallocInterposerSwift.hook()
+    while gateway.tally.reports < total, ContinuousClock.now < windowStart + .seconds(30) {
+        _ = gateway.turn()
+    }
+    MallocInterposerSwift.unhook()
+    let windowEnd = ContinuousClock.now
+    let stats = MallocInterposerSwift.getStatistics()
+    let t1 = gateway.tally
+    guard t1.reports == total else {
+        throw BenchError("the gateway heard \(t1.reports - beforeMeasured) of \(capture.measured) measured reports in 30 s")
+    }
+
+    // Nothing may have been published while counting: every counted report was unchanged.
+    subscriber.pump(for: .milliseconds(300), count)
+    return AllocationFigures(
+        devices: devices, batonDevices: batonDevices, mallocs: stats.mallocCount, frees: stats.freeCount,
+        reports: t1.reports - t0.reports, beacons: t1.beacons - t0.beacons,
+        continuity: t1.continuityReports - t0.continuityReports, other: t1.other - t0.other,
+        turns: gateway.counters.loopTurns - turns0, windowMilliseconds: microseconds(windowEnd - windowStart) / 1000,
+        calibrationMallocs: calibration, libraryCalibrationMallocs: libraryCalibration, publishedDuringWindow: published - publishedBefore,
+        statusIntervalSeconds: statusInterval.components.seconds, keepaliveSeconds: keepalive)
+}
