@@ -167,6 +167,9 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         if let due = apple.nextExpiry, due <= now {
             Self.expire(&apple, &publisher, now: now)
         }
+        if publisher.mqtt.isConnected, let due = publisher.retainedScanEnds, due <= now {
+            publisher.endRetainedScan()
+        }
         if publisher.mqtt.isConnected, let due = publisher.nextOrphanDeadline, due <= now {
             publisher.clearOrphans(table: table, apple: apple, now: now)
         }
@@ -190,7 +193,10 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         consider(apple.nextExpiry)
         // Orphans are cleared only while connected; a past deadline must not spin the loop
         // while the broker is away.
-        if publisher.mqtt.isConnected { consider(publisher.nextOrphanDeadline) }
+        if publisher.mqtt.isConnected {
+            consider(publisher.nextOrphanDeadline)
+            consider(publisher.retainedScanEnds)
+        }
         consider(nextStats)
         consider(notifier.nextDeadline)
         guard next > now else { return 0 }

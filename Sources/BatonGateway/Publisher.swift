@@ -241,8 +241,26 @@ public struct Publisher: ~Copyable {
         do throws(MQTTError) {
             try mqtt.subscribe(topics.activityPattern, qos: 1)
             try mqtt.subscribe(topics.applePattern, qos: 1)
+            retainedScanEnds = now + Self.retainedScan
         } catch {
             log.warning("subscribing to this gateway's retained entries failed: \(error)")
+        }
+    }
+
+    /// The broker sends retained messages right after SUBACK; after this long the
+    /// subscription only brings every gateway's live changes (ours included), each copied
+    /// into the heap for nothing, so it ends.
+    public static var retainedScan: Duration { .seconds(5) }
+    public private(set) var retainedScanEnds: ContinuousClock.Instant?
+
+    public mutating func endRetainedScan() {
+        retainedScanEnds = nil
+        do throws(MQTTError) {
+            try mqtt.unsubscribe(topics.activityPattern)
+            try mqtt.unsubscribe(topics.applePattern)
+        } catch {
+            // Harmless: the messages keep coming and are ignored, as before.
+            log.debug("unsubscribing after the retained scan failed: \(error)")
         }
     }
 
