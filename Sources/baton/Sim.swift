@@ -3,11 +3,12 @@ import ArgumentParser
 import BatonSim
 import BatonWire
 import Foundation
+import Glibc
 
 struct Sim: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Simulated devices and rooms.",
-        subcommands: [Capture.self])
+        subcommands: [Capture.self, Room.self])
 
     struct Capture: ParsableCommand {
         static let configuration = CommandConfiguration(
@@ -54,6 +55,98 @@ struct Sim: ParsableCommand {
                 throw ValidationError("cannot write \(output)")
             }
             print("wrote \(written.count) reports from \(devices) devices to \(output) (\(file.count) bytes)")
+        }
+    }
+}
+
+extension Sim {
+    /// `baton sim room`: one room's virtual controller on a Unix socket, for `baton gateway
+    /// --radio sim:SOCKET` (docs/simulator.md "A room's controller").
+    struct Room: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Serve one room's virtual controller (H4 over a Unix socket) with simulated devices.",
+            discussion: """
+                A gateway started with --radio sim:SOCKET connects, initialises the controller and \
+                scans; the devices' advertisements then arrive at --rate per second. A gateway that \
+                disconnects can connect again. Stops on Ctrl-C, or after --reports reports.
+                """)
+
+        @Option(help: "The Unix socket to listen on.")
+        var socket: String
+
+        @Option(help: "Number of simulated devices.")
+        var devices = 12
+
+        @Option(help: "Random seed.")
+        var seed: UInt64 = 1
+
+        @Option(help: "Advertising reports per second.")
+        var rate = 50
+
+        @Option(help: "Stop after this many reports delivered (0: run until stopped).")
+        var reports = 0
+
+        func validate() throws {
+            guard devices >= 1, rate >= 1, rate <= 100_000, reports >= 0 else {
+                throw ValidationError("--devices and --rate must be at least 1 (rate at most 100000), --reports at least 0")
+            }
+        }
+
+        func run() throws {
+            let listener = try listen(socket)
+            defer { close(listener); unlink(socket) }
+            var generator = CaptureGenerator(devices: devices, seed: seed)
+            var controller: VirtualController?
+            let interval = Duration.seconds(1) / rate
+            var due = ContinuousClock.now
+            var delivered = 0
+            FileHandle.standardError.write(Data("baton sim room: listening on \(socket)\n".utf8))
+            while reports == 0 || delivered < reports {
+                var fds = [pollfd(fd: controller?.fd ?? listener, events: Int16(POLLIN), revents: 0)]
+                if controller?.wantsWrite == true { fds[0].events |= Int16(POLLOUT) }
+                let left = (due - .now).components
+                let wait = max(0, left.seconds * 1000 + left.attoseconds / 1_000_000_000_000_000)
+                _ = Glibc.poll(&fds, 1, Int32(min(wait, 1000)))
+                if controller == nil {
+                    if fds[0].revents != 0 {
+                        let fd = accept(listener, nil, nil)
+                        if fd >= 0 { controller = VirtualController(fd: fd) }
+                    }
+                    due = .now
+                    continue
+                }
+                controller!.poll()
+                if controller!.closed {
+                    controller = nil
+                    FileHandle.standardError.write(Data("baton sim room: the gateway disconnected; waiting for it\n".utf8))
+                    continue
+                }
+                while ContinuousClock.now >= due, reports == 0 || delivered < reports {
+                    let before = controller!.reportsDelivered
+                    controller!.deliver(generator.next())
+                    delivered += controller!.reportsDelivered - before
+                    due += interval
+                }
+            }
+        }
+
+        func listen(_ path: String) throws -> Int32 {
+            unlink(path)
+            let fd = Glibc.socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+            var address = sockaddr_un()
+            address.sun_family = sa_family_t(AF_UNIX)
+            let bytes = Array(path.utf8)
+            guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else {
+                throw ValidationError("--socket: \(path) is longer than a Unix socket path may be")
+            }
+            withUnsafeMutableBytes(of: &address.sun_path) { raw in for (i, b) in bytes.enumerated() { raw[i] = b } }
+            let r = withUnsafePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+            }
+            guard r == 0, Glibc.listen(fd, 1) == 0 else {
+                throw ValidationError("--socket: cannot listen on \(path): \(String(cString: strerror(errno)))")
+            }
+            return fd
         }
     }
 }

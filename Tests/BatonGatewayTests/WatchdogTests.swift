@@ -151,3 +151,31 @@ func cpuTicks(_ pid: Int32) throws -> Int {
     let fields = after.split(separator: " ")
     return (Int(fields[11]) ?? 0) + (Int(fields[12]) ?? 0)
 }
+
+/// docs/simulator.md "A room's controller": `baton sim room` is a controller the gateway's H4
+/// path initialises and scans with; the room's Baton devices appear on the broker.
+struct SimulatedRoomTests {
+    @Test func aGatewayOnASimulatedRoomPublishesItsDevices() throws {
+        let dir = try scratchDirectory("simroom")
+        let socketPath = dir.appendingPathComponent("room.sock").path
+        let broker = try MosquittoBroker()
+        let room = try ChildProcess(batonBinary.path, ["sim", "room", "--socket", socketPath, "--devices", "9",
+                                                       "--seed", "3", "--rate", "400"])
+        defer { room.signal(SIGKILL); room.wait(timeout: .seconds(5)) }
+        try #require(eventually(within: 10) { FileManager.default.fileExists(atPath: socketPath) ? true : nil } == true)
+        let gateway = try GatewayProcess(yaml: gatewayYAML(port: broker.port, radio: "sim:\(socketPath)"), in: dir)
+        defer { gateway.kill() }
+        // Devices 0, 3 and 6 of nine send beacons (a third of them, docs/simulator.md).
+        let activities = try eventually(within: 15) { () -> [String: [UInt8]]? in
+            let r = try broker.retained("baton/activities/+")
+            return r.count == 3 ? r : nil
+        }
+        #expect(activities != nil, "\(gateway.log)")
+        // The stats are republished every second: the radio reads scanning once init is done.
+        let scanning = try eventually(within: 10) { () -> Bool? in
+            let stats = json(try broker.retained("baton/gateways/hall/stats")["baton/gateways/hall/stats"] ?? [])
+            return (stats?["radio"] as? [String: Any])?["state"] as? String == "scanning" ? true : nil
+        }
+        #expect(scanning == true, "\(gateway.log)")
+    }
+}

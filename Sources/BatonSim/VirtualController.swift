@@ -1,0 +1,112 @@
+// A virtual controller speaking H4 over a stream socket: the room end of `sim:SOCKET`
+// (docs/simulator.md "A room's controller"). The gateway's H4 path runs byte for byte as with
+// a serial controller: it answers the init sequence with Command Complete (Core 5.4, Vol 4,
+// Part E, §7.7.14), honours LE Set Scan Enable (§7.8.11), and delivers LE Advertising Report
+// events (§7.7.65.2) only while scanning is on, as a controller does.
+//
+// It reports only legacy LE features, so the gateway chooses legacy scanning (§3.1.1) and
+// every advertisement arrives as a legacy report; adverts longer than 31 bytes cannot be
+// sent that way and are counted, not delivered.
+import BatonHCI
+import BatonWire
+import Glibc
+
+public final class VirtualController {
+    public let fd: Int32
+    private var framer = H4Framer()
+    private let rx: UnsafeMutableRawBufferPointer
+    /// Answers and reports not yet taken by the socket (the gateway reads in its own time).
+    private var outbox: [UInt8] = []
+    public private(set) var scanning = false
+    public private(set) var commands = 0
+    public private(set) var resets = 0
+    public private(set) var reportsDelivered = 0
+    /// Reports offered while the gateway had scanning off (what a real radio would not hear).
+    public private(set) var reportsWhileNotScanning = 0
+    /// Adverts too long for a legacy report.
+    public private(set) var reportsTooLong = 0
+    /// The gateway hung up.
+    public private(set) var closed = false
+
+    /// Bytes queued beyond this are dropped with the report (a gateway that stopped reading).
+    public static let outboxLimit = 1 << 20
+
+    /// Takes a connected stream socket and makes it non-blocking; closes it when done.
+    public init(fd: Int32) {
+        self.fd = fd
+        _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
+        rx = .allocate(byteCount: 4096, alignment: 8)
+    }
+
+    deinit {
+        rx.deallocate()
+        close(fd)
+    }
+
+    public var wantsWrite: Bool { !outbox.isEmpty }
+
+    /// Reads commands and answers them; writes what is queued. Call when the socket is ready.
+    public func poll() {
+        while !closed {
+            let n = read(fd, rx.baseAddress, rx.count)
+            if n == 0 { closed = true; break }
+            if n < 0 { if errno == EINTR { continue }; if errno != EAGAIN { closed = true }; break }
+            var answers: [UInt16] = []
+            var enables: [Bool?] = []
+            framer.push(UnsafeRawBufferPointer(rebasing: UnsafeRawBufferPointer(rx)[..<n])) { packet in
+                guard packet.type == .command, packet.bytes.count >= 3 else { return }
+                let opcode = UInt16(packet.bytes[0]) | UInt16(packet.bytes[1]) << 8
+                answers.append(opcode)
+                // LE Set Scan Enable (§7.8.11) / LE Set Extended Scan Enable (§7.8.65): first
+                // parameter is Enable.
+                if (opcode == 0x200C || opcode == 0x2042), packet.bytes.count >= 4 {
+                    enables.append(packet.bytes[3] != 0)
+                } else {
+                    enables.append(nil)
+                }
+            }
+            for (opcode, enable) in zip(answers, enables) {
+                commands += 1
+                if opcode == 0x0C03 { resets += 1; scanning = false }
+                if let enable { scanning = enable }
+                answer(opcode)
+            }
+        }
+        flush()
+    }
+
+    /// §7.7.14 Command Complete, one credit, success, with the return parameters a 4.2
+    /// controller gives for the commands that have them.
+    private func answer(_ opcode: UInt16) {
+        var extra: [UInt8] = []
+        switch opcode {
+        case 0x1001: extra = [0x08, 0x00, 0x01, 0x08, 0xFF, 0xFF, 0x00, 0x00]  // HCI/LMP 4.2, company 0xFFFF
+        case 0x2003: extra = [0x3F, 0, 0, 0, 0, 0, 0, 0]                      // LE features: no extended advertising
+        default: break
+        }
+        outbox += [0x04, 0x0E, UInt8(4 + extra.count), 0x01, UInt8(opcode & 0xFF), UInt8(opcode >> 8), 0x00] + extra
+    }
+
+    /// Delivers one advertisement heard in this room, if scanning is on: an LE Advertising
+    /// Report event with one report.
+    public func deliver(_ report: GeneratedReport) {
+        guard scanning else { reportsWhileNotScanning += 1; return }
+        guard report.data.count <= 31 else { reportsTooLong += 1; return }
+        guard outbox.count < Self.outboxLimit else { return }
+        var legacy = report
+        legacy.extended = false
+        outbox += [0x04] + AdvertisingEvents.event([legacy][...])
+        reportsDelivered += 1
+        flush()
+    }
+
+    public func flush() {
+        while !outbox.isEmpty, !closed {
+            let n = outbox.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            if n > 0 { outbox.removeFirst(n); continue }
+            if n < 0, errno == EINTR { continue }
+            if n < 0, errno != EAGAIN { closed = true }
+            break
+        }
+    }
+}
