@@ -77,16 +77,12 @@ public enum GatewayLauncher {
     static func connectUnix(_ path: String) throws(RadioError) -> Int32 {
         let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw .os(Errno(errno, call: "socket(AF_UNIX)")) }
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        let bytes = Array(path.utf8)
-        guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else {
+        guard var unix = Syscall.unixAddress(path) else {
             close(fd)
             throw .invalidConfiguration("simulator socket path \(path) is longer than a Unix socket path may be")
         }
-        withUnsafeMutableBytes(of: &address.sun_path) { raw in for (i, b) in bytes.enumerated() { raw[i] = b } }
-        let r = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        let r = withUnsafePointer(to: &unix.address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, unix.length) }
         }
         if r != 0 {
             let e = errno

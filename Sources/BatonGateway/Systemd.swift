@@ -2,6 +2,7 @@
 // $NOTIFY_SOCKET. The unit in board/ is Type=notify with WatchdogSec: the loop pings the
 // watchdog every half period, so a loop that hangs gets the service restarted. Without
 // $NOTIFY_SOCKET (not under systemd) every call does nothing.
+import BatonHCI
 import Glibc
 
 public struct SystemdNotifier: ~Copyable {
@@ -14,16 +15,10 @@ public struct SystemdNotifier: ~Copyable {
 
     public init(environment: [String: String]) {
         var fd: Int32 = -1
-        if let path = environment["NOTIFY_SOCKET"], !path.isEmpty, path.utf8.count < MemoryLayout.size(ofValue: address.sun_path) {
+        if let path = environment["NOTIFY_SOCKET"], let unix = Syscall.unixAddress(path) {
             fd = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-            address.sun_family = sa_family_t(AF_UNIX)
-            var bytes = Array(path.utf8)
-            // "@name" is an abstract socket: a leading NUL instead of the @.
-            if bytes.first == UInt8(ascii: "@") { bytes[0] = 0 }
-            withUnsafeMutableBytes(of: &address.sun_path) { raw in
-                for (i, b) in bytes.enumerated() { raw[i] = b }
-            }
-            addressLength = socklen_t(MemoryLayout<sa_family_t>.size + bytes.count)
+            address = unix.address
+            addressLength = unix.length
         }
         self.fd = fd
         if fd >= 0, let text = environment["WATCHDOG_USEC"], let usec = Int64(text), usec > 0 {

@@ -99,3 +99,21 @@ extension Syscall {
         return getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0
     }
 }
+
+extension Syscall {
+    /// A `sockaddr_un` for `path` (unix(7)); nil when the path does not fit `sun_path`.
+    /// A leading `@` names an abstract socket (a NUL byte instead of the @), as systemd's
+    /// $NOTIFY_SOCKET may.
+    public static func unixAddress(_ path: String) -> (address: sockaddr_un, length: socklen_t)? {
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        var bytes = Array(path.utf8)
+        guard !bytes.isEmpty, bytes.count < MemoryLayout.size(ofValue: address.sun_path) else { return nil }
+        let abstract = bytes[0] == UInt8(ascii: "@")
+        if abstract { bytes[0] = 0 }
+        withUnsafeMutableBytes(of: &address.sun_path) { raw in for (i, b) in bytes.enumerated() { raw[i] = b } }
+        // Abstract names are exactly their bytes; file paths end at the NUL that follows.
+        let length = MemoryLayout<sa_family_t>.size + bytes.count + (abstract ? 0 : 1)
+        return (address, socklen_t(length))
+    }
+}

@@ -1,5 +1,6 @@
 // `baton sim`: simulated devices. For now it writes captures of them (docs/simulator.md).
 import ArgumentParser
+import BatonHCI
 import BatonSim
 import BatonWire
 import Foundation
@@ -133,15 +134,11 @@ extension Sim {
         func listen(_ path: String) throws -> Int32 {
             unlink(path)
             let fd = Glibc.socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
-            var address = sockaddr_un()
-            address.sun_family = sa_family_t(AF_UNIX)
-            let bytes = Array(path.utf8)
-            guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else {
+            guard var unix = Syscall.unixAddress(path) else {
                 throw ValidationError("--socket: \(path) is longer than a Unix socket path may be")
             }
-            withUnsafeMutableBytes(of: &address.sun_path) { raw in for (i, b) in bytes.enumerated() { raw[i] = b } }
-            let r = withUnsafePointer(to: &address) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+            let r = withUnsafePointer(to: &unix.address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, unix.length) }
             }
             guard r == 0, Glibc.listen(fd, 1) == 0 else {
                 throw ValidationError("--socket: cannot listen on \(path): \(String(cString: strerror(errno)))")
