@@ -27,6 +27,7 @@ var targets: [Target] = [
     .target(name: "BatonHCI", dependencies: ["BatonWire", "CBlueZ"], swiftSettings: wireSettings),
     .target(name: "BatonSim", dependencies: ["BatonWire", "BatonHCI"], swiftSettings: wireSettings),
     .target(name: "BatonCore", dependencies: ["BatonWire"], swiftSettings: wireSettings),
+    .target(name: "BatonKeys", dependencies: ["BatonWire", "CCrypto"], swiftSettings: wireSettings),
     .target(name: "BatonMQTT", dependencies: ["CMosquitto"], swiftSettings: wireSettings),
     // The config file is YAML (docs/config.md): what a Home Assistant user already writes, and
     // Yams gives every node its line, so a typo is reported with file, line and key.
@@ -50,6 +51,7 @@ var targets: [Target] = [
     .testTarget(name: "BatonHCITests", dependencies: ["BatonHCI", "BatonWire", "BatonSim"]),
     .testTarget(name: "BatonCLITests", dependencies: ["BatonHCI", "BatonWire", "BatonSim", "baton"]),
     .testTarget(name: "BatonCoreTests", dependencies: ["BatonCore", "BatonWire"]),
+    .testTarget(name: "BatonKeysTests", dependencies: ["BatonKeys", "BatonWire"], exclude: ["Interop"]),
     .testTarget(name: "BatonMQTTTests", dependencies: ["BatonMQTT", "BatonTestSupport"]),
     .testTarget(name: "BatonGatewayTests",
                 dependencies: ["BatonGateway", "BatonCore", "BatonMQTT", "BatonHCI", "BatonWire", "BatonSim",
