@@ -18,7 +18,8 @@ public final class VirtualController {
     /// Answers and reports not yet taken by the socket (the gateway reads in its own time).
     private var outbox: [UInt8] = []
     public private(set) var scanning = false
-    public private(set) var commands = 0
+    /// Opcodes of the commands received, in order (commands are few: the init sequence).
+    public private(set) var opcodes: [UInt16] = []
     public private(set) var resets = 0
     public private(set) var reportsDelivered = 0
     /// Reports offered while the gateway had scanning off (what a real radio would not hear).
@@ -66,7 +67,7 @@ public final class VirtualController {
                 }
             }
             for (opcode, enable) in zip(answers, enables) {
-                commands += 1
+                opcodes.append(opcode)
                 if opcode == 0x0C03 { resets += 1; scanning = false }
                 if let enable { scanning = enable }
                 answer(opcode)
@@ -100,9 +101,22 @@ public final class VirtualController {
         flush()
     }
 
+    /// Sends one H4 packet as is (a test's own event, a report outside the generator).
+    public func send(h4 bytes: [UInt8]) {
+        outbox += bytes
+        flush()
+    }
+
+    /// Closes the connection, as a controller unplugged or a simulator that exits would.
+    public func hangUp() {
+        shutdown(fd, Int32(SHUT_RDWR))
+        closed = true
+        outbox.removeAll()
+    }
+
     public func flush() {
         while !outbox.isEmpty, !closed {
-            let n = outbox.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            let n = outbox.withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
             if n > 0 { outbox.removeFirst(n); continue }
             if n < 0, errno == EINTR { continue }
             if n < 0, errno != EAGAIN { closed = true }
