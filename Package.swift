@@ -25,7 +25,9 @@ var targets: [Target] = [
 
     .target(name: "BatonWire", swiftSettings: wireSettings),
     .target(name: "BatonHCI", dependencies: ["BatonWire", "CBlueZ"], swiftSettings: wireSettings),
-    .target(name: "BatonSim", dependencies: ["BatonWire", "BatonHCI"], swiftSettings: wireSettings),
+    // Scenarios are YAML like the gateway's config (docs/simulator.md "Scenarios").
+    .target(name: "BatonSim", dependencies: ["BatonWire", "BatonHCI", .product(name: "Yams", package: "Yams")],
+            swiftSettings: wireSettings),
     .target(name: "BatonCore", dependencies: ["BatonWire"], swiftSettings: wireSettings),
     .target(name: "BatonKeys", dependencies: ["BatonWire", "CCrypto"], swiftSettings: wireSettings),
     .target(name: "BatonMQTT", dependencies: ["CMosquitto"], swiftSettings: wireSettings),

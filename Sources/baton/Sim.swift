@@ -1,5 +1,7 @@
-// `baton sim`: simulated devices. For now it writes captures of them (docs/simulator.md).
+// `baton sim`: simulated devices and rooms (docs/simulator.md): a building following a
+// scenario, one room's controller, or a capture file.
 import ArgumentParser
+import BatonGateway
 import BatonHCI
 import BatonSim
 import BatonWire
@@ -9,7 +11,12 @@ import Glibc
 struct Sim: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Simulated devices and rooms.",
-        subcommands: [Capture.self, Room.self])
+        discussion: """
+            baton sim --scenario FILE --sockets DIR runs a building of simulated rooms (the default \
+            subcommand, "building"); see docs/simulator.md "Scenarios".
+            """,
+        subcommands: [BuildingCommand.self, Capture.self, Room.self],
+        defaultSubcommand: BuildingCommand.self)
 
     struct Capture: ParsableCommand {
         static let configuration = CommandConfiguration(
@@ -144,6 +151,87 @@ extension Sim {
                 throw ValidationError("--socket: cannot listen on \(path): \(String(cString: strerror(errno)))")
             }
             return fd
+        }
+    }
+}
+
+extension Sim {
+    /// `baton sim --scenario FILE --sockets DIR`: a building of simulated rooms, each a virtual
+    /// controller on `DIR/<room id>.sock`, with devices following the scenario
+    /// (docs/simulator.md "Scenarios"). Prints JSON lines on stdout, one per happening.
+    struct BuildingCommand: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            commandName: "building",
+            abstract: "Run a building of simulated rooms and devices following a scenario.",
+            discussion: """
+                Listens on DIR/<room id>.sock for every room of the scenario; a gateway connects with \
+                --radio sim:DIR/<room id>.sock. The scenario clock starts when every room's gateway \
+                scans (or at once with --no-wait) and runs for the scenario's duration. stdout carries \
+                JSON lines: ready, start, one per scenario step, end. Ctrl-C or SIGTERM ends early, the \
+                same way. A bad scenario file exits 2 with FILE:LINE: KEY: the problem.
+                """)
+
+        @Option(help: "The scenario file (YAML, docs/simulator.md \"Scenarios\").")
+        var scenario: String
+
+        @Option(help: "The directory for the rooms' sockets (created if needed).")
+        var sockets: String
+
+        @Flag(help: "Start the scenario clock at once instead of waiting for every room's gateway to scan.")
+        var noWait = false
+
+        @Option(help: "Random seed, instead of the scenario's.")
+        var seed: UInt64?
+
+        func run() throws {
+            var plan: Scenario
+            do throws(ScenarioError) {
+                plan = try Scenario.load(file: scenario)
+            } catch {
+                // Each line `FILE:LINE: KEY: …`, as compilers print, so editors jump to it.
+                FileHandle.standardError.write(Data("\(error)\n".utf8))
+                throw ExitCode(2)
+            }
+            if let seed { plan.seed = seed }
+            do {
+                try FileManager.default.createDirectory(atPath: sockets, withIntermediateDirectories: true)
+            } catch {
+                FileHandle.standardError.write(Data("baton sim: --sockets: cannot create \(sockets): \(error.localizedDescription)\n".utf8))
+                throw ExitCode(1)
+            }
+            // Before listening: a stop that arrives while we set up still ends us cleanly.
+            let stop = StopSignals()
+            let building: Building
+            do throws(BuildingError) {
+                building = try Building(scenario: plan, directory: sockets)
+            } catch {
+                FileHandle.standardError.write(Data("baton sim: \(error)\n".utf8))
+                throw ExitCode(1)
+            }
+            emit(building.readyLine())
+            building.run(waitForScanning: !noWait, stop: stop.fd) { output in
+                switch output {
+                case .connected(let r):
+                    FileHandle.standardError.write(Data("baton sim: \(plan.rooms[r].id): a gateway connected\n".utf8))
+                case .disconnected(let r):
+                    FileHandle.standardError.write(Data("baton sim: \(plan.rooms[r].id): the gateway disconnected; waiting for it\n".utf8))
+                default:
+                    if let line = building.line(output) { emit(line) }
+                }
+            }
+        }
+
+        /// One line, written at once (scripts read them live). Not FileHandle.write, which traps
+        /// when the reader has gone; a reader that has gone simply gets nothing more.
+        func emit(_ line: String) {
+            var bytes = Array((line + "\n").utf8)
+            var offset = 0
+            while offset < bytes.count {
+                let n = bytes[offset...].withUnsafeMutableBytes { Glibc.write(1, $0.baseAddress, $0.count) }
+                if n < 0, errno == EINTR { continue }
+                guard n > 0 else { return }
+                offset += n
+            }
         }
     }
 }

@@ -1,0 +1,620 @@
+// A building of simulated rooms following a scenario (docs/simulator.md "Scenarios").
+//
+// `ScenarioPlayer` runs the scenario in simulated time: who advertises when (a binary heap of
+// due times, one entry per device and one per wandering crowd device, allocated once), where
+// each device is, and what each room makes of each report under the RSSI model. It knows no
+// sockets and no clock, so tests drive it directly and the same seed always gives the same
+// reports. `Building` gives every room a Unix socket and a `VirtualController`, maps real
+// time to simulated time at the scenario's speed, and hands each heard report to its room's
+// controller while that controller is scanning.
+import BatonHCI
+import BatonWire
+import Glibc
+
+/// What became of the reports a room could have heard.
+public struct RoomCounts: Sendable, Equatable {
+    /// Heard: passed on to the room (delivered if its gateway scans).
+    public var heard = 0
+    /// Missed by the room's `loss`.
+    public var lost = 0
+    /// Weaker than `heard-down-to`.
+    public var unheard = 0
+    public init() {}
+}
+
+/// A scenario step as it happens (a script's, or a crowd device wandering).
+public struct ScenarioEvent: Sendable, Equatable {
+    /// Simulated microseconds from the start.
+    public var time: Int64
+    /// The device's index in the player (scripted devices first, then the crowd).
+    public var device: Int
+    public var deviceID: UInt64
+    public var name: String
+    public var action: Scenario.Action
+    /// The beacon's sequence after the step.
+    public var sequence: UInt16
+}
+
+public final class ScenarioPlayer {
+    public let scenario: Scenario
+    /// The end, in simulated microseconds.
+    public let end: Int64
+    /// Simulated microseconds from the start: how far `advance` has run.
+    public private(set) var now: Int64 = 0
+    public private(set) var counts: [RoomCounts]
+    /// Reports sent by all devices (each may be heard in several rooms).
+    public private(set) var reportsSent = 0
+
+    struct Device {
+        var id: UInt64
+        var name: String
+        var beacon: ActivityBeacon
+        /// A random static address (Core 5.4, Vol 6, Part B, §1.3.2.1), fixed per device.
+        var address: UInt64
+        /// The advertisement, encoded again only when the beacon changes.
+        var data: [UInt8]
+        var x: Double
+        var y: Double
+        /// The room a crowd device wanders from.
+        var room: Int
+        var silent = false
+    }
+
+    var devices: [Device] = []
+    let roomX: [Double], roomY: [Double], roomNoise: [Double], roomLoss: [Double]
+    let roomIndex: [String: Int]
+    /// Mean RSSI of device d in room r at `d * rooms + r`: the model without noise, recomputed
+    /// when d moves.
+    var mean: [Double] = []
+    let interval: Double
+    let wander: Double
+    let wanderers: Int
+
+    /// When something is due: `key` is device × 2 (advertise) or device × 2 + 1 (wander).
+    struct Due {
+        var time: Int64
+        var key: Int
+        static func < (a: Due, b: Due) -> Bool { (a.time, a.key) < (b.time, b.key) }
+    }
+    var heap: [Due] = []
+    struct ScriptStep {
+        var time: Int64
+        var device: Int
+        var action: Scenario.Action
+    }
+    var steps: [ScriptStep] = []
+    var nextStep = 0
+    var rng: SplitMix64
+    var spareGaussian: Double?
+
+    /// The group hash every simulated beacon carries (as the capture generator's).
+    public static let groupHash: UInt32 = 0xA1B2_C3D4
+
+    public init(_ scenario: Scenario) {
+        self.scenario = scenario
+        end = Self.micros(scenario.duration)
+        let rooms = scenario.rooms
+        precondition(!rooms.isEmpty, "a scenario has rooms (Scenario.parse checks)")
+        roomX = rooms.map(\.x)
+        roomY = rooms.map(\.y)
+        roomNoise = rooms.map { $0.noise ?? scenario.radio.noise }
+        roomLoss = rooms.map { $0.loss ?? scenario.radio.loss }
+        roomIndex = Dictionary(uniqueKeysWithValues: rooms.enumerated().map { ($1.id, $0) })
+        counts = Array(repeating: RoomCounts(), count: rooms.count)
+        interval = 1_000_000 / scenario.rate
+        wander = scenario.crowd?.wander ?? 0
+        rng = SplitMix64(seed: scenario.seed)
+
+        let crowdCount = scenario.crowd?.count ?? 0
+        wanderers = wander > 0 && rooms.count > 1 ? crowdCount : 0
+        let total = scenario.devices.count + crowdCount
+        devices.reserveCapacity(total)
+        for (i, d) in scenario.devices.enumerated() {
+            var flags: BeaconFlags = []
+            if d.streams { flags.insert(.supportsStreams) }
+            if d.webURL { flags.insert(.hasWebURL) }
+            add(id: d.id, name: d.name, type: d.type, flags: flags, index: i, room: 0)
+            let (x, y) = position(d.place)
+            devices[i].x = x
+            devices[i].y = y
+            if case .room(let r) = d.place, let index = roomIndex[r] { devices[i].room = index }
+        }
+        if let crowd = scenario.crowd {
+            for k in 0..<crowd.count {
+                let type = crowd.type ?? CaptureGenerator.activityTypes[k % CaptureGenerator.activityTypes.count]
+                let room = Int(rng.next() % UInt64(rooms.count))
+                // Proof: Scenario.parse keeps first-id + count - 1 within 48 bits.
+                add(id: crowd.firstID + UInt64(k), name: "crowd-\(k)", type: type, flags: [],
+                    index: devices.count, room: room)
+                devices[devices.count - 1].x = roomX[room]
+                devices[devices.count - 1].y = roomY[room]
+            }
+        }
+        mean = Array(repeating: 0, count: total * rooms.count)
+        for d in 0..<total { placeMean(d) }
+
+        // Devices start at a random phase of their interval, so they do not all speak at t = 0.
+        heap.reserveCapacity(total + wanderers)
+        for d in 0..<total {
+            push(Due(time: Int64(uniform() * interval), key: d * 2))
+        }
+        for k in 0..<wanderers {
+            push(Due(time: nextWander(from: 0), key: (scenario.devices.count + k) * 2 + 1))
+        }
+        for (i, d) in scenario.devices.enumerated() {
+            for s in d.script { steps.append(ScriptStep(time: Self.micros(s.at), device: i, action: s.action)) }
+        }
+        // Stable: same time, file order (device, then its script).
+        steps = steps.enumerated().sorted { ($0.element.time, $0.offset) < ($1.element.time, $1.offset) }.map(\.element)
+    }
+
+    static func micros(_ seconds: Double) -> Int64 { Int64((seconds * 1_000_000).rounded()) }
+
+    private func add(id: UInt64, name: String, type: String, flags: BeaconFlags, index: Int, room: Int) {
+        let beacon = ActivityBeacon(flags: flags, sequence: 1, activityTypeHash: activityTypeHash(type.utf8),
+                                    groupHash: Self.groupHash, deviceID: id, psm: 0x0080 + UInt16(index % 128))
+        // Random static: the two most significant bits are 1 (Core 5.4, Vol 6, Part B, §1.3.2.1).
+        let address = (rng.next() & 0x3FFF_FFFF_FFFF) | 0xC000_0000_0000
+        devices.append(Device(id: id, name: name, beacon: beacon, address: address,
+                              data: Self.advertisement(beacon, companyID: scenario.companyID), x: 0, y: 0, room: room))
+    }
+
+    /// The beacon's 31-byte advertisement (docs/protocol.md §2.1), as CaptureGenerator writes it.
+    static func advertisement(_ beacon: ActivityBeacon, companyID: UInt16) -> [UInt8] {
+        var out = [UInt8](repeating: 0, count: ActivityBeacon.advertisementLength)
+        out.withUnsafeMutableBytes { raw in
+            var w = ByteWriter(raw)
+            // Proof: the buffer is exactly advertisementLength bytes.
+            do throws(WireError) { try beacon.encodeAdvertisement(companyID: companyID, authenticator: OpenGroup(), into: &w) }
+            catch { preconditionFailure("a beacon fits 31 bytes") }
+        }
+        return out
+    }
+
+    func position(_ place: Scenario.Place) -> (Double, Double) {
+        switch place {
+        case .room(let r):
+            let i = roomIndex[r]!
+            return (roomX[i], roomY[i])
+        case .between(let a, let b):
+            let i = roomIndex[a]!, j = roomIndex[b]!
+            return ((roomX[i] + roomX[j]) / 2, (roomY[i] + roomY[j]) / 2)
+        case .point(let x, let y):
+            return (x, y)
+        }
+    }
+
+    /// docs/simulator.md "The radio": in-room + per-room × distance, before noise.
+    func placeMean(_ d: Int) {
+        let rooms = roomX.count
+        for r in 0..<rooms {
+            let dx = devices[d].x - roomX[r], dy = devices[d].y - roomY[r]
+            mean[d * rooms + r] = scenario.radio.inRoom + scenario.radio.perRoom * (dx * dx + dy * dy).squareRoot()
+        }
+    }
+
+    /// The mean RSSI (dBm, before noise and clamping) of device `device` in room `room` now.
+    public func meanRSSI(device: Int, room: Int) -> Double { mean[device * roomX.count + room] }
+
+    public var deviceCount: Int { devices.count }
+    public func deviceID(_ device: Int) -> UInt64 { devices[device].id }
+    public func beacon(_ device: Int) -> ActivityBeacon { devices[device].beacon }
+
+    /// The simulated time of the next report or step; `Int64.max` when nothing is left.
+    public var nextDue: Int64 {
+        min(nextStep < steps.count ? steps[nextStep].time : .max, heap.first?.time ?? .max)
+    }
+
+    /// Runs the scenario up to simulated time `time` (µs): each step goes to `event`, each
+    /// report each room hears goes to `hear` with that room's index and the report as the
+    /// room heard it (RSSI included). A step and a report due at the same time: the step first.
+    public func advance(to time: Int64, hear: (Int, GeneratedReport) -> Void, event: (ScenarioEvent) -> Void) {
+        while true {
+            let stepTime = nextStep < steps.count ? steps[nextStep].time : .max
+            let reportTime = heap.first?.time ?? .max
+            let t = min(stepTime, reportTime)
+            guard t <= time else { break }
+            now = t
+            if stepTime <= reportTime {
+                let s = steps[nextStep]
+                nextStep += 1
+                apply(s.action, to: s.device)
+                event(ScenarioEvent(time: t, device: s.device, deviceID: devices[s.device].id, name: devices[s.device].name,
+                                    action: s.action, sequence: devices[s.device].beacon.sequence))
+                continue
+            }
+            let due = heap[0]
+            let d = due.key >> 1
+            if due.key & 1 == 0 {
+                advertise(d, hear: hear)
+                // A little jitter (±10 %), as real advertisers add advDelay (Core 5.4, Vol 6,
+                // Part B, §4.4.2.2.1); at least 1 µs so time always moves on.
+                replaceTop(Due(time: t + max(1, Int64(interval * (0.9 + 0.2 * uniform()))), key: due.key))
+            } else {
+                let rooms = roomX.count
+                var r = Int(rng.next() % UInt64(rooms - 1))
+                if r >= devices[d].room { r += 1 }
+                let place = Scenario.Place.room(scenario.rooms[r].id)
+                apply(.walk(place), to: d)
+                event(ScenarioEvent(time: t, device: d, deviceID: devices[d].id, name: devices[d].name,
+                                    action: .walk(place), sequence: devices[d].beacon.sequence))
+                replaceTop(Due(time: nextWander(from: t), key: due.key))
+            }
+        }
+        now = max(now, time)
+    }
+
+    func nextWander(from t: Int64) -> Int64 {
+        t + max(1, Self.micros(wander * (0.5 + uniform())))
+    }
+
+    func apply(_ action: Scenario.Action, to d: Int) {
+        switch action {
+        case .walk(let place):
+            (devices[d].x, devices[d].y) = position(place)
+            if case .room(let r) = place { devices[d].room = roomIndex[r]! }
+            placeMean(d)
+        case .save:
+            devices[d].beacon.sequence &+= 1
+        case .becomeCurrent(let type):
+            devices[d].beacon.activityTypeHash = activityTypeHash(type.utf8)
+            devices[d].beacon.flags.remove(.invalidated)
+            devices[d].beacon.sequence &+= 1
+        case .invalidate:
+            devices[d].beacon.flags.insert(.invalidated)
+            devices[d].beacon.sequence &+= 1
+        case .silent:
+            devices[d].silent = true
+        case .resume:
+            devices[d].silent = false
+        }
+        switch action {
+        case .save, .becomeCurrent, .invalidate:
+            devices[d].data = Self.advertisement(devices[d].beacon, companyID: scenario.companyID)
+        default:
+            break
+        }
+    }
+
+    /// One report, offered to every room. Noise first (a report too weak is unheard whatever
+    /// else happens), then loss. A room so far that even six standard deviations of noise
+    /// would not reach `heard-down-to` is unheard without drawing any noise.
+    func advertise(_ d: Int, hear: (Int, GeneratedReport) -> Void) {
+        guard !devices[d].silent else { return }
+        reportsSent += 1
+        let rooms = roomX.count
+        let threshold = scenario.radio.heardDownTo
+        var report = GeneratedReport(timestamp: now, device: d, kind: .baton(devices[d].beacon),
+                                     address: devices[d].address, addressType: 1, rssi: 0, extended: false,
+                                     data: devices[d].data)
+        for r in 0..<rooms {
+            let m = mean[d * rooms + r]
+            let sigma = roomNoise[r]
+            if m + 6 * sigma < threshold { counts[r].unheard += 1; continue }
+            let level = min(20, max(-127, (m + sigma * gaussian()).rounded()))
+            if level < threshold { counts[r].unheard += 1; continue }
+            if roomLoss[r] > 0, uniform() < roomLoss[r] { counts[r].lost += 1; continue }
+            counts[r].heard += 1
+            report.rssi = Int8(level)
+            hear(r, report)
+        }
+    }
+
+    /// Uniform in [0, 1): the top 53 bits of the PRNG.
+    func uniform() -> Double { Double(rng.next() >> 11) * 0x1p-53 }
+
+    /// Standard normal, Box–Muller; the second value of each pair is kept for the next call.
+    func gaussian() -> Double {
+        if let g = spareGaussian { spareGaussian = nil; return g }
+        let u1 = 1 - uniform()  // (0, 1]: log is finite
+        let u2 = uniform()
+        let radius = (-2 * log(u1)).squareRoot()
+        spareGaussian = radius * sin(2 * .pi * u2)
+        return radius * cos(2 * .pi * u2)
+    }
+
+    // MARK: The heap (entries allocated once, at init)
+
+    func push(_ due: Due) {
+        heap.append(due)
+        var i = heap.count - 1
+        while i > 0 {
+            let parent = (i - 1) / 2
+            guard heap[i] < heap[parent] else { break }
+            heap.swapAt(i, parent)
+            i = parent
+        }
+    }
+
+    func replaceTop(_ due: Due) {
+        heap[0] = due
+        var i = 0
+        let n = heap.count
+        while true {
+            let l = 2 * i + 1, r = l + 1
+            var smallest = i
+            if l < n, heap[l] < heap[smallest] { smallest = l }
+            if r < n, heap[r] < heap[smallest] { smallest = r }
+            guard smallest != i else { return }
+            heap.swapAt(i, smallest)
+            i = smallest
+        }
+    }
+}
+
+// MARK: - The building
+
+/// A room's socket could not be set up (the OS's answer, with the path).
+public struct BuildingError: Error, Sendable, CustomStringConvertible {
+    public var message: String
+    public var description: String { message }
+}
+
+public final class Building {
+    public let player: ScenarioPlayer
+    public var scenario: Scenario { player.scenario }
+    /// Each room's socket, in the scenario's order.
+    public let socketPaths: [String]
+    var listeners: [Int32]
+    var controllers: [VirtualController?]
+    public private(set) var delivered: [Int]
+    /// Reports a room heard while its gateway was not connected or not scanning.
+    public private(set) var notScanning: [Int]
+    /// Reports a scanning gateway did not take in time (`VirtualController.outboxLimit`).
+    public private(set) var dropped: [Int]
+    public private(set) var started = false
+    var startInstant = ContinuousClock.now
+    var pollFDs: [pollfd] = []
+    var closed = false
+
+    public enum Output {
+        case start(unixMicros: Int64)
+        case step(ScenarioEvent, unixMicros: Int64)
+        case end(unixMicros: Int64)
+        /// A gateway connected to or left a room (for a log line, not the JSON).
+        case connected(room: Int)
+        case disconnected(room: Int)
+    }
+
+    /// Listens on `<directory>/<room id>.sock` for every room, replacing stale socket files.
+    public init(scenario: Scenario, directory: String) throws(BuildingError) {
+        player = ScenarioPlayer(scenario)
+        let base = directory.hasSuffix("/") ? String(directory.dropLast()) : directory
+        socketPaths = scenario.rooms.map { base + "/" + $0.id + ".sock" }
+        listeners = []
+        let rooms = scenario.rooms.count
+        controllers = Array(repeating: nil, count: rooms)
+        delivered = Array(repeating: 0, count: rooms)
+        notScanning = Array(repeating: 0, count: rooms)
+        dropped = Array(repeating: 0, count: rooms)
+        pollFDs.reserveCapacity(rooms + 1)
+        for path in socketPaths {
+            do throws(BuildingError) {
+                listeners.append(try Self.listen(path))
+            } catch {
+                close()
+                throw error
+            }
+        }
+    }
+
+    deinit { close() }
+
+    static func listen(_ path: String) throws(BuildingError) -> Int32 {
+        guard var unix = Syscall.unixAddress(path) else {
+            throw BuildingError(message: "\(path): longer than a Unix socket path may be (108 bytes): use a shorter --sockets directory")
+        }
+        unlink(path)
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { throw BuildingError(message: "\(path): socket: \(String(cString: strerror(errno)))") }
+        let r = withUnsafePointer(to: &unix.address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, unix.length) }
+        }
+        guard r == 0, Glibc.listen(fd, 4) == 0 else {
+            let reason = String(cString: strerror(errno))
+            Glibc.close(fd)
+            throw BuildingError(message: "cannot listen on \(path): \(reason)")
+        }
+        return fd
+    }
+
+    /// True when every room has a gateway connected that has turned scanning on.
+    public var everyRoomScanning: Bool { controllers.allSatisfy { $0?.scanning == true } }
+
+    /// Serves the rooms until the scenario's duration is over or `stop` (a file descriptor)
+    /// becomes readable. The scenario clock starts at once, or with `waitForScanning` when
+    /// every room's gateway scans.
+    public func run(waitForScanning: Bool, stop: Int32? = nil, output: (Output) -> Void) {
+        let speed = scenario.speed
+        while !closed {
+            if !started, !waitForScanning || everyRoomScanning {
+                started = true
+                startInstant = .now
+                output(.start(unixMicros: unixMicros()))
+            }
+            if started {
+                let target = min(player.end, simulatedNow(speed))
+                player.advance(to: target, hear: { room, report in deliver(room, report) },
+                               event: { output(.step($0, unixMicros: unixMicros())) })
+                if target >= player.end { break }
+            }
+            pollFDs.removeAll(keepingCapacity: true)
+            for (r, c) in controllers.enumerated() {
+                if let c {
+                    pollFDs.append(pollfd(fd: c.fd, events: Int16(POLLIN) | (c.wantsWrite ? Int16(POLLOUT) : 0), revents: 0))
+                } else {
+                    pollFDs.append(pollfd(fd: listeners[r], events: Int16(POLLIN), revents: 0))
+                }
+            }
+            if let stop { pollFDs.append(pollfd(fd: stop, events: Int16(POLLIN), revents: 0)) }
+            var timeout: Int32 = 1000
+            if started {
+                let dueReal = Double(min(player.nextDue, player.end)) / speed
+                let elapsed = Double(micros(ContinuousClock.now - startInstant))
+                timeout = Int32(min(1000, max(0, ((dueReal - elapsed) / 1000).rounded(.up))))
+            }
+            let ready = pollFDs.withUnsafeMutableBufferPointer { Glibc.poll($0.baseAddress, nfds_t($0.count), timeout) }
+            if ready <= 0 { continue }
+            if stop != nil, pollFDs[controllers.count].revents != 0 { break }
+            for r in controllers.indices where pollFDs[r].revents != 0 {
+                if let c = controllers[r] {
+                    c.poll()
+                    if c.closed {
+                        controllers[r] = nil
+                        output(.disconnected(room: r))
+                    }
+                } else {
+                    let fd = accept(listeners[r], nil, nil)
+                    if fd >= 0 {
+                        _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+                        controllers[r] = VirtualController(fd: fd)
+                        output(.connected(room: r))
+                    }
+                }
+            }
+        }
+        finish()
+        output(.end(unixMicros: unixMicros()))
+        close()
+    }
+
+    func simulatedNow(_ speed: Double) -> Int64 {
+        Int64(Double(micros(ContinuousClock.now - startInstant)) * speed)
+    }
+
+    func deliver(_ room: Int, _ report: GeneratedReport) {
+        guard let c = controllers[room], c.scanning, !c.closed else { notScanning[room] += 1; return }
+        let before = c.reportsDelivered
+        c.deliver(report)
+        if c.reportsDelivered != before { delivered[room] += 1 } else { dropped[room] += 1 }
+    }
+
+    /// Gives connected gateways up to a second to read what was delivered, so `delivered`
+    /// counts reports that left.
+    func finish() {
+        let deadline = ContinuousClock.now + .seconds(1)
+        for c in controllers {
+            guard let c else { continue }
+            while c.wantsWrite, !c.closed, ContinuousClock.now < deadline {
+                var p = pollfd(fd: c.fd, events: Int16(POLLOUT), revents: 0)
+                _ = Glibc.poll(&p, 1, 100)
+                c.flush()
+            }
+        }
+    }
+
+    /// Hangs up on every gateway and removes the sockets.
+    public func close() {
+        guard !closed else { return }
+        closed = true
+        for c in controllers { c?.hangUp() }
+        controllers = controllers.map { _ in nil }
+        for fd in listeners { Glibc.close(fd) }
+        for path in socketPaths { unlink(path) }
+    }
+}
+
+func micros(_ d: Duration) -> Int64 {
+    let (s, atto) = d.components
+    return s * 1_000_000 + atto / 1_000_000_000_000
+}
+
+/// Microseconds since the Unix epoch.
+public func unixMicros() -> Int64 {
+    var ts = timespec()
+    clock_gettime(CLOCK_REALTIME, &ts)
+    return Int64(ts.tv_sec) * 1_000_000 + Int64(ts.tv_nsec) / 1000
+}
+
+// MARK: - JSON lines (docs/simulator.md "What it prints")
+
+extension Building {
+    /// `{"event":"ready","rooms":{"hall":"DIR/hall.sock",…},"names":{"hall":"Hall",…}}`
+    public func readyLine() -> String {
+        jsonLine { w throws(WireError) in
+            try w.key("event"); try w.string("ready")
+            try w.key("rooms"); try w.beginObject()
+            for (room, path) in zip(scenario.rooms, socketPaths) { try w.key(room.id); try w.string(path) }
+            try w.endObject()
+            try w.key("names"); try w.beginObject()
+            for room in scenario.rooms { try w.key(room.id); try w.string(room.name) }
+            try w.endObject()
+        }
+    }
+
+    /// The JSON line for an output, or nil for the ones that are log lines.
+    public func line(_ output: Output) -> String? {
+        switch output {
+        case .start(let unix):
+            return jsonLine { w throws(WireError) in
+                try w.key("event"); try w.string("start")
+                try w.key("unix_us"); try w.int(unix)
+            }
+        case .step(let e, let unix):
+            return jsonLine { w throws(WireError) in try stepFields(e, unix, &w) }
+        case .end(let unix):
+            return jsonLine { w throws(WireError) in
+                try w.key("event"); try w.string("end")
+                try w.key("unix_us"); try w.int(unix)
+                try w.key("t"); try w.double(Double(player.now) / 1e6)
+                try w.key("rooms"); try w.beginObject()
+                for (r, room) in scenario.rooms.enumerated() {
+                    try w.key(room.id); try w.beginObject()
+                    try w.key("delivered"); try w.int(Int64(delivered[r]))
+                    try w.key("lost"); try w.int(Int64(player.counts[r].lost))
+                    try w.key("unheard"); try w.int(Int64(player.counts[r].unheard))
+                    try w.key("not_scanning"); try w.int(Int64(notScanning[r]))
+                    try w.key("dropped"); try w.int(Int64(dropped[r]))
+                    try w.endObject()
+                }
+                try w.endObject()
+            }
+        case .connected, .disconnected:
+            return nil
+        }
+    }
+
+    func stepFields(_ e: ScenarioEvent, _ unix: Int64, _ w: inout JSONWriter) throws(WireError) {
+        try w.key("t"); try w.double(Double(e.time) / 1e6)
+        try w.key("unix_us"); try w.int(unix)
+        try w.key("device"); try w.string(hex12(e.deviceID))
+        try w.key("name"); try w.string(e.name)
+        try w.key("event")
+        switch e.action {
+        case .walk(let place):
+            try w.string("walk")
+            switch place {
+            case .room(let r):
+                try w.key("room"); try w.string(r)
+            case .between(let a, let b):
+                try w.key("between"); try w.beginArray(); try w.string(a); try w.string(b); try w.endArray()
+            case .point(let x, let y):
+                try w.key("x"); try w.double(x)
+                try w.key("y"); try w.double(y)
+            }
+        case .save: try w.string("save")
+        case .becomeCurrent(let type):
+            try w.string("become-current")
+            try w.key("type"); try w.string(type)
+        case .invalidate: try w.string("invalidate")
+        case .silent: try w.string("silent")
+        case .resume: try w.string("resume")
+        }
+        try w.key("sequence"); try w.int(Int64(e.sequence))
+    }
+
+    /// One object; a line is at most a few KiB (a hundred rooms' counts), far under 128 KiB.
+    func jsonLine(_ fields: (inout JSONWriter) throws(WireError) -> Void) -> String {
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 17, alignment: 1)
+        defer { buffer.deallocate() }
+        var w = JSONWriter(buffer)
+        do throws(WireError) {
+            try w.beginObject()
+            try fields(&w)
+            try w.endObject()
+        } catch {
+            preconditionFailure("a simulator line fits 128 KiB: \(error)")
+        }
+        return String(decoding: w.written, as: UTF8.self)
+    }
+}

@@ -1,0 +1,617 @@
+// Scenarios (docs/simulator.md "Scenarios"): the file format and its errors, the RSSI model
+// in process, and `baton sim --scenario` as the lead's tests and scripts run it: the built
+// binary, gateways connecting to its rooms' sockets over H4, its JSON lines read live.
+import BatonHCI
+import BatonSim
+import BatonWire
+import Foundation
+import Glibc
+import Testing
+
+let scenarioFixtures = repository.appendingPathComponent("Tests/Fixtures/scenarios")
+
+/// The task's sketch, as docs/simulator.md shows it.
+let exampleScenario = """
+    seed: 1
+    speed: 1
+    duration: 60
+    rate: 10
+    radio:
+      in-room: -55
+      per-room: -15
+      heard-down-to: -95
+      noise: 3
+      loss: 0.05
+    rooms:
+      - {id: hall, name: Hall}
+      - {id: kitchen, name: Kitchen, noise: 6}
+      - {id: office, name: Office, x: 2, y: 0}
+    devices:
+      - id: 5a0000000001
+        name: alice-phone
+        type: com.example.reader.article
+        streams: true
+        at: hall
+        script:
+          - {at: 10, walk: kitchen}
+          - {at: 20, walk: {between: [kitchen, office]}}
+          - {at: 25, save: true}
+          - {at: 30, become-current: com.example.video.watch}
+          - {at: 40, invalidate: true}
+          - {at: 45, silent: true}
+          - {at: 50, resume: true}
+      - id: 5A:00:00:00:00:02
+        at: {x: 0.5, y: 1}
+    crowd:
+      count: 1000
+      first-id: 5b0000000000
+      wander: 30
+    """
+
+/// The error `yaml` is refused with, or nil if it is accepted.
+func parseError(_ yaml: String) -> ScenarioError? {
+    do throws(ScenarioError) {
+        _ = try Scenario.parse(yaml: yaml, file: "s.yaml")
+        return nil
+    } catch {
+        return error
+    }
+}
+
+@Suite struct ScenarioParsingTests {
+    @Test func theExampleParsesToItsModel() throws {
+        let s = try Scenario.parse(yaml: exampleScenario, file: "example.yaml")
+        let expected = Scenario(
+            seed: 1, speed: 1, duration: 60, rate: 10, radio: Scenario.Radio(),
+            rooms: [Scenario.Room(id: "hall", name: "Hall", x: 0),
+                    Scenario.Room(id: "kitchen", name: "Kitchen", x: 1, noise: 6),
+                    Scenario.Room(id: "office", name: "Office", x: 2, y: 0)],
+            devices: [
+                Scenario.Device(id: 0x5A00_0000_0001, name: "alice-phone", type: "com.example.reader.article",
+                                streams: true, place: .room("hall"), script: [
+                                    Scenario.Step(at: 10, .walk(.room("kitchen"))),
+                                    Scenario.Step(at: 20, .walk(.between("kitchen", "office"))),
+                                    Scenario.Step(at: 25, .save),
+                                    Scenario.Step(at: 30, .becomeCurrent("com.example.video.watch")),
+                                    Scenario.Step(at: 40, .invalidate),
+                                    Scenario.Step(at: 45, .silent),
+                                    Scenario.Step(at: 50, .resume),
+                                ]),
+                Scenario.Device(id: 0x5A00_0000_0002, name: "5a0000000002", type: Scenario.defaultType,
+                                place: .point(x: 0.5, y: 1)),
+            ],
+            crowd: Scenario.Crowd(count: 1000, firstID: 0x5B00_0000_0000, wander: 30))
+        #expect(s == expected)
+    }
+
+    /// docs/simulator.md's example and the fixtures are scenarios the simulator accepts.
+    @Test func theDocumentedExampleAndTheFixturesParse() throws {
+        let doc = try String(contentsOf: repository.appendingPathComponent("docs/simulator.md"), encoding: .utf8)
+        let section = try #require(doc.range(of: "## Scenarios")).upperBound
+        let start = try #require(doc.range(of: "```yaml\n", range: section..<doc.endIndex)).upperBound
+        let end = try #require(doc.range(of: "```", range: start..<doc.endIndex)).lowerBound
+        let documented = try Scenario.parse(yaml: String(doc[start..<end]), file: "docs/simulator.md")
+        #expect(documented.rooms.map(\.id) == ["hall", "kitchen", "office"])
+        let walk = try Scenario.load(file: scenarioFixtures.appendingPathComponent("walk.yaml").path)
+        #expect(walk.rooms.map(\.id) == ["hall", "kitchen", "office"])
+        #expect(walk.duration == 60)
+        #expect(walk.devices.map(\.place) == [.room("hall"), .between("hall", "kitchen")])
+        #expect(walk.devices[0].script == [Scenario.Step(at: 20, .walk(.room("kitchen"))),
+                                           Scenario.Step(at: 40, .walk(.room("office")))])
+        let demo = try Scenario.load(file: scenarioFixtures.appendingPathComponent("demo.yaml").path)
+        #expect(demo.rooms.count == 3)
+        #expect(demo.devices.count >= 3)
+    }
+
+    static let minimal = """
+        duration: 60
+        rooms: [{id: hall}, {id: kitchen}]
+        devices:
+          - id: 5a0000000001
+            at: hall
+        """
+
+    /// Each mistake: the YAML, the line and key it is reported at, and words of the message.
+    static let mistakes: [(yaml: String, line: Int?, key: String, says: String)] = [
+        ("durtion: 60\n" + minimal, 1, "durtion", "unknown key (did you mean \"duration\"?)"),
+        (minimal + "\n    nmae: alice", 6, "devices[0].nmae", "did you mean \"name\"?"),
+        (minimal + "\n    in-room: -50", 6, "devices[0].in-room", "\"in-room\" is a key of radio"),
+        (minimal + "\n    script:\n      - {at: 10, walk: kichen}", 7, "devices[0].script[0].walk",
+         "no room \"kichen\" (did you mean \"kitchen\"?)"),
+        (minimal + "\n    script:\n      - {at: 10, walk: {between: [hall, hall]}}", 7,
+         "devices[0].script[0].walk.between", "two different rooms"),
+        (minimal + "\n    script:\n      - {at: 10, save: true, silent: true}", 7, "devices[0].script[0]",
+         "one action per step"),
+        (minimal + "\n    script:\n      - {at: 61, save: true}", 7, "devices[0].script[0].at",
+         "61 is after the end (duration 60)"),
+        (minimal + "\n    script:\n      - {walk: hall}", 7, "devices[0].script[0].at", "missing"),
+        (minimal + "\n    script:\n      - {at: 5, save: false}", 7, "devices[0].script[0].save",
+         "write \"save: true\""),
+        (minimal.replacingOccurrences(of: "5a0000000001", with: "5a00zz"), 4, "devices[0].id",
+         "12 hex digits"),
+        (minimal.replacingOccurrences(of: "at: hall", with: "at: attic"), 5, "devices[0].at", "no room \"attic\""),
+        ("rate: -1\n" + minimal, 1, "rate", "must be more than 0"),
+        ("rate: 10s\n" + minimal, 1, "rate", "write the number alone"),
+        (minimal.replacingOccurrences(of: "duration: 60\n", with: "seed: 3\n"), 1, "duration", "missing"),
+        ("radio:\n  loss: 1.5\n" + minimal, 2, "radio.loss", "between 0 and 1"),
+        (minimal.replacingOccurrences(of: "{id: kitchen}", with: "{id: Kitchen Room}"), 2, "rooms[1].id",
+         "a-z, 0-9, _ and -"),
+        (minimal.replacingOccurrences(of: "{id: kitchen}", with: "{id: hall}"), 2, "rooms[1].id", "listed twice"),
+        (minimal + "\n  - {id: 5a0000000001, at: kitchen}", 6, "devices[1].id", "listed twice (first on line 4)"),
+        (minimal + "\ncrowd: {count: 10, first-id: 59fffffffffa}", 6, "crowd.first-id", "include device 5a0000000001"),
+        ("company-id: 0x004C\n" + minimal, 1, "company-id", "Apple's company id"),
+        ("duration: 60\n\trooms: []\n", 2, "", "tabs"),
+    ]
+
+    @Test(arguments: mistakes.indices)
+    func aMistakeIsReportedWithFileLineAndKey(_ i: Int) throws {
+        let m = Self.mistakes[i]
+        let error = try #require(parseError(m.yaml), "accepted: \(m.yaml)")
+        #expect(error.line == m.line, "\(error)")
+        #expect(error.key == m.key, "\(error)")
+        #expect(error.message.contains(m.says), "\(error)")
+        var prefix = "s.yaml"
+        if let line = m.line { prefix += ":\(line)" }
+        if !m.key.isEmpty { prefix += ": \(m.key)" }
+        #expect(error.description.hasPrefix(prefix + ": "), "\(error)")
+    }
+
+    @Test func everyMistakeInTheFileIsReportedInFileOrder() throws {
+        let yaml = "rate: 0\n" + Self.minimal + "\n    nmae: x\n    streams: maybe"
+        let error = try #require(parseError(yaml))
+        #expect(error.all.map(\.line) == [1, 7, 8])
+        #expect(error.all.map(\.key) == ["rate", "devices[0].nmae", "devices[0].streams"])
+        #expect(error.description.split(separator: "\n").count == 3)
+    }
+
+    @Test func roomsUpToTheCapacityAndOnePast() throws {
+        func yaml(rooms n: Int) -> String {
+            "duration: 1\nrooms:\n" + (0..<n).map { "  - {id: r\($0)}\n" }.joined()
+                + "devices: [{id: 5a0000000001, at: r0}]\n"
+        }
+        #expect(try Scenario.parse(yaml: yaml(rooms: Scenario.maxRooms), file: "s.yaml").rooms.count == Scenario.maxRooms)
+        #expect(throws: ScenarioError.self) { try Scenario.parse(yaml: yaml(rooms: Scenario.maxRooms + 1), file: "s.yaml") }
+    }
+
+    @Test func devicesUpToTheCapacityAndOnePast() throws {
+        func yaml(crowd n: Int) -> String { Self.minimal + "\ncrowd: {count: \(n), first-id: 5b0000000000}\n" }
+        let full = try Scenario.parse(yaml: yaml(crowd: Scenario.maxDevices - 1), file: "s.yaml")
+        #expect(full.devices.count + (full.crowd?.count ?? 0) == Scenario.maxDevices)
+        let error = try #require(parseError(yaml(crowd: Scenario.maxDevices)), "one past the capacity was accepted")
+        #expect(error.key == "crowd.count")
+    }
+}
+
+// MARK: - The RSSI model, in process
+
+/// Everything a player produced up to the end: per room, the reports heard.
+struct Heard {
+    var reports: [[(time: Int64, device: UInt64, sequence: UInt16, rssi: Int8)]]
+    var events: [ScenarioEvent] = []
+}
+
+func play(_ scenario: Scenario) -> (ScenarioPlayer, Heard) {
+    let player = ScenarioPlayer(scenario)
+    var heard = Heard(reports: Array(repeating: [], count: scenario.rooms.count))
+    player.advance(to: player.end, hear: { room, report in
+        guard case .baton(let b) = report.kind else { return }
+        // The advertisement is the beacon, as a gateway decodes it.
+        let decoded = report.data.withUnsafeBytes { try? ActivityBeacon.find(inAdvertisingData: $0) }
+        #expect(decoded == b)
+        heard.reports[room].append((report.timestamp, b.deviceID, b.sequence, report.rssi))
+    }, event: { heard.events.append($0) })
+    return (player, heard)
+}
+
+func mean(_ values: [Int8]) -> Double {
+    values.isEmpty ? .nan : Double(values.reduce(0) { $0 + Int($1) }) / Double(values.count)
+}
+
+let threeRooms = [Scenario.Room(id: "hall", name: "Hall", x: 0), Scenario.Room(id: "kitchen", name: "Kitchen", x: 1),
+                  Scenario.Room(id: "office", name: "Office", x: 2)]
+
+@Suite struct RadioModelTests {
+    @Test func aRoomHearsItsOwnDeviceLouderThanItsNeighbours() {
+        let s = Scenario(duration: 200, rate: 10, radio: Scenario.Radio(heardDownTo: -127, noise: 3, loss: 0), rooms: threeRooms,
+                         devices: [Scenario.Device(id: 0x5A00_0000_0001, name: "a", type: "t", place: .room("hall"))])
+        let (player, heard) = play(s)
+        let levels = heard.reports.map { mean($0.map(\.rssi)) }
+        #expect(abs(levels[0] - -55) < 0.5, "\(levels)")
+        #expect(abs(levels[1] - -70) < 0.5, "\(levels)")
+        #expect(abs(levels[2] - -85) < 0.5, "\(levels)")
+        // rate 10 for 200 s, and every room heard every report (no loss, nothing too weak).
+        #expect(abs(player.reportsSent - 2000) <= 5)
+        #expect(heard.reports.allSatisfy { $0.count == player.reportsSent })
+        // The noise is there: not every report at the mean.
+        #expect(Set(heard.reports[0].map(\.rssi)).count > 5)
+    }
+
+    @Test func eachRoomMissesItsLossFraction() {
+        var rooms = threeRooms
+        rooms[2].loss = 0.5
+        let s = Scenario(duration: 500, rate: 10, radio: Scenario.Radio(noise: 0, loss: 0.2), rooms: rooms,
+                         devices: [Scenario.Device(id: 1, name: "a", type: "t", place: .room("kitchen"))])
+        let (player, heard) = play(s)
+        let sent = Double(player.reportsSent)
+        #expect(abs(Double(player.counts[0].lost) / sent - 0.2) < 0.02, "\(player.counts)")
+        #expect(abs(Double(player.counts[1].lost) / sent - 0.2) < 0.02, "\(player.counts)")
+        #expect(abs(Double(player.counts[2].lost) / sent - 0.5) < 0.03, "\(player.counts)")
+        for r in 0..<3 { #expect(heard.reports[r].count + player.counts[r].lost == player.reportsSent) }
+    }
+
+    @Test func reportsBelowHeardDownToAreNotHeard() {
+        let s = Scenario(duration: 200, rate: 10, radio: Scenario.Radio(heardDownTo: -80, noise: 3, loss: 0),
+                         rooms: threeRooms, devices: [Scenario.Device(id: 1, name: "a", type: "t", place: .room("hall"))])
+        let (player, heard) = play(s)
+        // The office is 2 rooms away: -85 on average, so only the loudest few reach -80.
+        #expect(heard.reports[2].allSatisfy { $0.rssi >= -80 })
+        #expect(player.counts[2].unheard > player.reportsSent * 8 / 10)
+        #expect(player.counts[2].unheard + heard.reports[2].count == player.reportsSent)
+        #expect(player.counts[0].unheard == 0)
+    }
+
+    @Test func levelsAreClampedToWhatAnHCIReportCarries() {
+        let s = Scenario(duration: 50, rate: 10, radio: Scenario.Radio(inRoom: 15, perRoom: -100, heardDownTo: -127,
+                                                                       noise: 10, loss: 0),
+                         rooms: threeRooms, devices: [Scenario.Device(id: 1, name: "a", type: "t", place: .room("hall"))])
+        let (_, heard) = play(s)
+        #expect(heard.reports[0].contains { $0.rssi == 20 })
+        #expect(heard.reports[0].allSatisfy { $0.rssi <= 20 })
+        #expect(heard.reports[2].allSatisfy { $0.rssi == -127 })
+    }
+
+    @Test func theSameSeedGivesTheSameReports() throws {
+        var s = try Scenario.parse(yaml: exampleScenario, file: "example.yaml")
+        s.crowd?.count = 50
+        s.crowd?.wander = 5
+        func fingerprint(_ s: Scenario) -> [String] {
+            let (_, heard) = play(s)
+            return heard.reports.map { $0.map { "\($0.time) \($0.device) \($0.sequence) \($0.rssi)" }.joined(separator: ",") }
+                + heard.events.map { "\($0.time) \($0.deviceID) \($0.action)" }
+        }
+        let first = fingerprint(s)
+        #expect(first == fingerprint(s))
+        s.seed = 2
+        #expect(first != fingerprint(s))
+    }
+
+    @Test func aWalkMovesTheRoomThatHearsTheDeviceLoudest() {
+        let s = Scenario(duration: 60, rate: 10, rooms: threeRooms, devices: [
+            Scenario.Device(id: 1, name: "alice", type: "t", place: .room("hall"), script: [
+                Scenario.Step(at: 20, .walk(.room("kitchen"))), Scenario.Step(at: 20, .save),
+                Scenario.Step(at: 40, .walk(.room("office"))), Scenario.Step(at: 40, .save),
+            ]),
+        ])
+        let (_, heard) = play(s)
+        func loudest(sequence: UInt16) -> Int {
+            let levels = heard.reports.map { mean($0.filter { $0.sequence == sequence }.map(\.rssi)) }
+            return levels.indices.max { levels[$0] < levels[$1] }!
+        }
+        #expect(loudest(sequence: 1) == 0)
+        #expect(loudest(sequence: 2) == 1)
+        #expect(loudest(sequence: 3) == 2)
+        #expect(heard.events.map(\.time) == [20_000_000, 20_000_000, 40_000_000, 40_000_000])
+        #expect(heard.events.map(\.sequence) == [1, 2, 2, 3])
+    }
+
+    @Test func stepsChangeTheBeaconAsTheyDo() {
+        let s = Scenario(duration: 60, rate: 10, radio: Scenario.Radio(loss: 0), rooms: threeRooms, devices: [
+            Scenario.Device(id: 1, name: "alice", type: "com.example.reader.article", streams: true, place: .room("hall"),
+                            script: [Scenario.Step(at: 10, .becomeCurrent("com.example.video.watch")),
+                                     Scenario.Step(at: 20, .invalidate),
+                                     Scenario.Step(at: 30, .silent), Scenario.Step(at: 40, .resume)]),
+        ])
+        let player = ScenarioPlayer(s)
+        var beacons: [(Int64, ActivityBeacon)] = []
+        player.advance(to: player.end, hear: { room, report in
+            if room == 0, case .baton(let b) = report.kind { beacons.append((report.timestamp, b)) }
+        }, event: { _ in })
+        let before = beacons.filter { $0.0 < 10_000_000 }.map(\.1)
+        let video = beacons.filter { $0.0 > 10_000_000 && $0.0 < 20_000_000 }.map(\.1)
+        let ended = beacons.filter { $0.0 > 20_000_000 }.map(\.1)
+        #expect(before.allSatisfy { $0.activityTypeHash == activityTypeHash("com.example.reader.article".utf8) && $0.sequence == 1 })
+        #expect(video.allSatisfy { $0.activityTypeHash == activityTypeHash("com.example.video.watch".utf8) && $0.sequence == 2 })
+        #expect(ended.allSatisfy { $0.flags.contains(.invalidated) && $0.flags.contains(.supportsStreams) && $0.sequence == 3 })
+        // Silent from 30 to 40 s: nothing in between, and it speaks again after.
+        #expect(!beacons.contains { $0.0 > 30_000_000 && $0.0 < 40_000_000 })
+        #expect(beacons.contains { $0.0 > 40_000_000 })
+        #expect(beacons.allSatisfy { $0.1.groupHash == 0xA1B2_C3D4 && $0.1.deviceID == 1 && $0.1.psm == 0x80 })
+    }
+
+    @Test func aCrowdWandersBetweenRooms() {
+        let s = Scenario(duration: 100, rate: 1, rooms: threeRooms, devices: [],
+                         crowd: Scenario.Crowd(count: 100, firstID: 0x5B00_0000_0000, wander: 10))
+        let (player, heard) = play(s)
+        #expect(player.deviceCount == 100)
+        // About every 10 s each: 100 × 100 / 10 walks, give or take.
+        #expect(heard.events.count > 800 && heard.events.count < 1200, "\(heard.events.count)")
+        var room: [Int: String] = [:]
+        for e in heard.events {
+            guard case .walk(.room(let r)) = e.action else { Issue.record("\(e.action)"); continue }
+            #expect(room[e.device] != r, "a wander goes to another room")
+            room[e.device] = r
+        }
+        #expect(Set(heard.events.map(\.deviceID)).isSubset(of: Set((0..<100).map { 0x5B00_0000_0000 + UInt64($0) })))
+    }
+}
+
+// MARK: - `baton sim --scenario`, the built binary
+
+/// `baton sim` as a child process, its stdout read line by line as it comes.
+final class SimProcess {
+    let process = Process()
+    let out = Pipe()
+    let errFile: URL
+    var pending: [UInt8] = []
+    var lines: [[String: Any]] = []
+    var rawLines: [String] = []
+
+    init(_ arguments: [String], in dir: URL) throws {
+        errFile = dir.appendingPathComponent("sim-stderr.log")
+        _ = FileManager.default.createFile(atPath: errFile.path, contents: nil)
+        process.executableURL = binaries.appendingPathComponent("baton")
+        process.arguments = arguments
+        process.standardOutput = out
+        process.standardError = try FileHandle(forWritingTo: errFile)
+        try process.run()
+        let fd = out.fileHandleForReading.fileDescriptor
+        _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
+    }
+
+    deinit {
+        if process.isRunning { kill(process.processIdentifier, SIGKILL); process.waitUntilExit() }
+    }
+
+    var stderr: String { (try? String(contentsOf: errFile, encoding: .utf8)) ?? "" }
+    var fd: Int32 { out.fileHandleForReading.fileDescriptor }
+
+    /// Reads what stdout has now; false at its end.
+    @discardableResult
+    func read() -> Bool {
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        while true {
+            let n = chunk.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
+            if n == 0 { return false }
+            if n < 0 { return true }
+            pending += chunk[..<n]
+            while let newline = pending.firstIndex(of: 0x0A) {
+                let line = String(decoding: pending[..<newline], as: UTF8.self)
+                pending.removeFirst(newline + 1)
+                rawLines.append(line)
+                if let object = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any] {
+                    lines.append(object)
+                }
+            }
+        }
+    }
+
+    func line(_ event: String) -> [String: Any]? { lines.first { $0["event"] as? String == event } }
+
+    /// Reads stdout until `check` holds or `seconds` pass, polling `also` (gateway sockets) meanwhile.
+    func wait(seconds: Double, also clients: [GatewayClient] = [], until check: () -> Bool) -> Bool {
+        let deadline = Date().addingTimeInterval(seconds)
+        while Date() < deadline {
+            read()
+            for c in clients { c.read() }
+            if check() { return true }
+            var fds = [pollfd(fd: fd, events: Int16(POLLIN), revents: 0)] + clients.filter { $0.open }.map {
+                pollfd(fd: $0.fd, events: Int16(POLLIN), revents: 0)
+            }
+            _ = poll(&fds, nfds_t(fds.count), 50)
+        }
+        return false
+    }
+
+    func exitStatus(within seconds: Double) -> Int32? {
+        let deadline = Date().addingTimeInterval(seconds)
+        while process.isRunning, Date() < deadline { read(); usleep(10_000) }
+        read()
+        return process.isRunning ? nil : process.terminationStatus
+    }
+}
+
+/// What a gateway does on `--radio sim:SOCKET`, by hand: connect, HCI_Reset, LE Set Scan
+/// Enable (Core 5.4, Vol 4, Part E, §7.3.2 and §7.8.11), then read LE Advertising Reports
+/// (§7.7.65.2).
+final class GatewayClient {
+    let fd: Int32
+    var framer = H4Framer()
+    var completes = 0
+    var open = true
+    /// Every report: the beacon's device id and sequence, and the RSSI.
+    var reports: [(device: UInt64, sequence: UInt16, rssi: Int8)] = []
+
+    init(_ path: String) throws {
+        fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        var unix = try #require(Syscall.unixAddress(path))
+        let r = withUnsafePointer(to: &unix.address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, unix.length) }
+        }
+        try #require(r == 0, "connect \(path): \(String(cString: strerror(errno)))")
+        _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
+    }
+
+    deinit { close(fd) }
+
+    func scan() {
+        let commands: [UInt8] = [0x01, 0x03, 0x0C, 0x00,                // HCI_Reset
+                                 0x01, 0x0C, 0x20, 0x02, 0x01, 0x00]    // LE Set Scan Enable: on, no filtering
+        _ = commands.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+    }
+
+    func read() {
+        guard open else { return }
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        while true {
+            let n = chunk.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
+            if n == 0 { open = false; return }
+            if n < 0 { return }
+            chunk.withUnsafeBytes { raw in
+                framer.push(UnsafeRawBufferPointer(rebasing: raw[..<n])) { packet in
+                    let b = packet.bytes
+                    guard packet.type == .event, b.count >= 2 else { return }
+                    if b[0] == 0x0E { completes += 1; return }
+                    // One legacy report per event: subevent, count, type, address type, address,
+                    // length, data, RSSI.
+                    guard b[0] == 0x3E, b.count >= 13, b[2] == 0x02, b[3] == 1 else { return }
+                    let length = Int(b[12])
+                    guard b.count == 14 + length else { return }
+                    let data = UnsafeRawBufferPointer(rebasing: b[13..<(13 + length)])
+                    guard let beacon = try? ActivityBeacon.find(inAdvertisingData: data) else { return }
+                    reports.append((beacon.deviceID, beacon.sequence, Int8(bitPattern: b[13 + length])))
+                }
+            }
+        }
+    }
+
+    func levels(of device: UInt64, sequence: UInt16? = nil) -> [Int8] {
+        reports.filter { $0.device == device && (sequence == nil || $0.sequence == sequence) }.map(\.rssi)
+    }
+}
+
+func simDirectory(_ name: String) throws -> URL {
+    // Short: a socket path must fit sockaddr_un (108 bytes).
+    let dir = URL(fileURLWithPath: "/tmp/bsim-\(getpid())-\(name)")
+    try? FileManager.default.removeItem(at: dir)
+    try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
+    return dir
+}
+
+@Suite(.serialized) struct BuildingTests {
+    /// Three rooms in a line; alice walks from the hall to the kitchen at 15 s and saves there
+    /// (so her sequence tells which side of the walk a report is from); a border device stands
+    /// between the hall and the kitchen. Speed 20: 30 simulated seconds in 1.5 real ones.
+    static let walk = """
+        seed: 5
+        speed: 20
+        duration: 30
+        rate: 10
+        radio: {noise: 3, loss: 0.05}
+        rooms:
+          - {id: hall, name: Hall}
+          - {id: kitchen, name: Kitchen}
+          - {id: office, name: Office}
+        devices:
+          - id: 5a0000000001
+            name: alice-phone
+            at: hall
+            script:
+              - {at: 15, walk: kitchen}
+              - {at: 15, save: true}
+          - id: 5a0000000002
+            name: border-tablet
+            at: {between: [hall, kitchen]}
+        """
+
+    @Test func gatewaysHearTheirRoomsAndAWalkMovesTheLoudestRoom() throws {
+        let dir = try simDirectory("walk")
+        let file = dir.appendingPathComponent("walk.yaml")
+        try Self.walk.write(to: file, atomically: true, encoding: .utf8)
+        let sockets = dir.appendingPathComponent("rooms").path
+        let sim = try SimProcess(["sim", "--scenario", file.path, "--sockets", sockets], in: dir)
+
+        #expect(sim.wait(seconds: 20) { sim.line("ready") != nil }, "\(sim.stderr)")
+        let ready = try #require(sim.line("ready"))
+        #expect(sim.lines.count == 1)
+        let rooms = try #require(ready["rooms"] as? [String: String])
+        #expect(rooms == ["hall": sockets + "/hall.sock", "kitchen": sockets + "/kitchen.sock",
+                          "office": sockets + "/office.sock"])
+
+        // The clock waits for every room's gateway to scan.
+        var clients: [GatewayClient] = []
+        for id in ["hall", "kitchen", "office"] {
+            let c = try GatewayClient(try #require(rooms[id]))
+            c.scan()
+            clients.append(c)
+            if id != "office" {
+                _ = sim.wait(seconds: 0.3, also: clients) { false }
+                #expect(sim.line("start") == nil, "started before every room scanned")
+            }
+        }
+        #expect(sim.wait(seconds: 10, also: clients) { sim.line("start") != nil }, "\(sim.stderr)")
+        #expect(clients.allSatisfy { $0.completes == 2 })
+        #expect(sim.wait(seconds: 30, also: clients) { sim.line("end") != nil }, "\(sim.stderr)")
+        // The sockets close after the end line: read what is left.
+        _ = sim.wait(seconds: 5, also: clients) { clients.allSatisfy { !$0.open } }
+        #expect(sim.exitStatus(within: 10) == 0)
+
+        // The lines: ready, start, the two steps, end, each a JSON object.
+        #expect(sim.rawLines.count == 5, "\(sim.rawLines)")
+        #expect(sim.lines.count == sim.rawLines.count)
+        let start = try #require(sim.line("start"))
+        let steps = sim.lines.filter { $0["t"] != nil && $0["event"] as? String != "end" }
+        #expect(steps.map { $0["event"] as? String } == ["walk", "save"])
+        #expect(steps.allSatisfy { $0["t"] as? Double == 15 && $0["device"] as? String == "5a0000000001" })
+        #expect(steps.first?["room"] as? String == "kitchen")
+        let startUnix = try #require(start["unix_us"] as? Int)
+        let walkUnix = try #require(steps.first?["unix_us"] as? Int)
+        // 15 simulated seconds at speed 20 is 0.75 s after the start (the first step's line
+        // cannot come before it).
+        #expect(walkUnix - startUnix >= 750_000)
+
+        // What each room heard: alice before the walk (sequence 1) and after it (sequence 2).
+        let alice: UInt64 = 0x5A00_0000_0001, border: UInt64 = 0x5A00_0000_0002
+        let before = clients.map { mean($0.levels(of: alice, sequence: 1)) }
+        let after = clients.map { mean($0.levels(of: alice, sequence: 2)) }
+        let middle = clients.map { mean($0.levels(of: border)) }
+        #expect(abs(before[0] - -55) < 1.5 && abs(before[1] - -70) < 1.5 && abs(before[2] - -85) < 1.5, "\(before)")
+        #expect(abs(after[0] - -70) < 1.5 && abs(after[1] - -55) < 1.5 && abs(after[2] - -70) < 1.5, "\(after)")
+        #expect(abs(middle[0] - -62.5) < 1.5 && abs(middle[1] - -62.5) < 1.5 && abs(middle[2] - -77.5) < 1.5, "\(middle)")
+        // About 150 reports a device on each side of the walk, each room missing ~5 %.
+        #expect(clients.allSatisfy { $0.levels(of: alice, sequence: 1).count > 100 })
+
+        // The end line accounts for every report: what each gateway read was delivered.
+        let end = try #require(sim.line("end"))
+        let counts = try #require(end["rooms"] as? [String: [String: Int]])
+        for (id, client) in zip(["hall", "kitchen", "office"], clients) {
+            let c = try #require(counts[id])
+            #expect(c["delivered"] == client.reports.count, "\(id): \(c)")
+            #expect(c["not_scanning"] == 0 && c["unheard"] == 0, "\(id): \(c)")
+            let lost = try #require(c["lost"])
+            #expect(lost > 0 && lost < client.reports.count / 5, "\(id): \(c)")
+        }
+        // The sockets are gone.
+        #expect(!FileManager.default.fileExists(atPath: sockets + "/hall.sock"))
+    }
+
+    @Test func aGatewayMayReconnectAndSIGTERMEndsTheSameWay() throws {
+        let dir = try simDirectory("term")
+        let file = dir.appendingPathComponent("long.yaml")
+        try """
+            duration: 3600
+            rate: 50
+            rooms: [{id: hall}, {id: kitchen}]
+            devices: [{id: 5a0000000001, at: hall}]
+            """.write(to: file, atomically: true, encoding: .utf8)
+        let sockets = dir.path + "/s"
+        let sim = try SimProcess(["sim", "--scenario", file.path, "--sockets", sockets, "--no-wait"], in: dir)
+        #expect(sim.wait(seconds: 20) { sim.line("start") != nil }, "\(sim.stderr)")
+        var first: GatewayClient? = try GatewayClient(sockets + "/hall.sock")
+        first!.scan()
+        #expect(sim.wait(seconds: 10, also: [first!]) { first!.reports.count >= 5 })
+        first = nil  // hangs up
+        let second = try GatewayClient(sockets + "/hall.sock")
+        second.scan()
+        #expect(sim.wait(seconds: 10, also: [second]) { second.reports.count >= 5 }, "\(sim.stderr)")
+
+        sim.process.terminate()  // SIGTERM
+        #expect(sim.exitStatus(within: 10) == 0)
+        let end = try #require(sim.line("end"), "\(sim.rawLines)")
+        let counts = try #require(end["rooms"] as? [String: [String: Int]])
+        // The kitchen had no gateway: what it heard was not delivered.
+        #expect((counts["kitchen"]?["not_scanning"] ?? 0) > 0)
+        #expect((counts["hall"]?["delivered"] ?? 0) >= 10)
+        #expect(!FileManager.default.fileExists(atPath: sockets + "/hall.sock"))
+    }
+
+    @Test func aBadScenarioExitsTwoWithFileLineAndKey() throws {
+        let dir = try simDirectory("bad")
+        let file = dir.appendingPathComponent("bad.yaml")
+        try "duration: 60\nrate: -3\nrooms: [{id: hall}]\ndevices: [{id: 5a0000000001, at: hall}]\n"
+            .write(to: file, atomically: true, encoding: .utf8)
+        let r = try baton("sim", "--scenario", file.path, "--sockets", dir.path + "/s")
+        #expect(r.status == 2)
+        #expect(r.stderr.contains("\(file.path):2: rate: must be more than 0"), "\(r.stderr)")
+        #expect(r.stdout.isEmpty)
+    }
+}
