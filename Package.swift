@@ -63,7 +63,7 @@ var targets: [Target] = [
 // Fuzz targets: one per decoder of untrusted bytes. Built plain they replay corpus files
 // given as arguments (tests use that); scripts/fuzz builds them with -sanitize=fuzzer and
 // -DBATON_LIBFUZZER, and their main hands control to libFuzzer's driver.
-let fuzzTargets = ["FuzzAD", "FuzzBeacon", "FuzzContinuity", "FuzzPayload", "FuzzH4", "FuzzHCIEvent", "FuzzCapture"]
+let fuzzTargets = ["FuzzAD", "FuzzBeacon", "FuzzContinuity", "FuzzPayload", "FuzzH4", "FuzzHCIEvent", "FuzzCapture", "FuzzSighting"]
 targets.append(.target(name: "FuzzSupport", path: "Tests/Fuzz/FuzzSupport"))
 for name in fuzzTargets {
     targets.append(.executableTarget(

@@ -1,0 +1,521 @@
+// Room ownership (docs/rooms.md §3): every gateway runs this same rule on the same sightings,
+// so exactly one gateway owns (publishes) a device's retained activity at a time, and the room
+// follows the person without flapping.
+//
+// Storage is fixed at init (DESIGN.md "Memory model"): a registry of `gateways` slots, a device
+// table of `capacity` entries with an open-addressing index (the activity table's SlotPool and
+// SlotIndex), and one column array of `capacity × gateways` cells holding each gateway's last
+// sighting of each device. `sighting` and `tick` allocate nothing. Time is injected: every
+// instant is the receiver's `ContinuousClock` reading, so nothing compares two machines' clocks.
+public import BatonWire
+
+/// The rule's parameters (docs/rooms.md §3 says why each has its value). Durations are
+/// receiver-side: nothing here compares clocks of two machines.
+public struct RoomsConfig: Sendable, Equatable {
+    /// A gateway that hears a device repeats its sighting this often (the heartbeat).
+    public var sightingInterval: Duration
+    /// Sooner than the heartbeat when the smoothed RSSI moved by at least this many dB since
+    /// the last sighting sent…
+    public var sightingStep: Int
+    /// …but never more often than this per device.
+    public var sightingMinInterval: Duration
+    /// A sighting counts this long after it arrived (2.5 heartbeats: one lost QoS 0 message
+    /// is not a departure).
+    public var sightingFresh: Duration
+    /// A gateway that has not heard a device for this long says so (an `rssi: null` sighting).
+    public var lostAfter: Duration
+    /// A device with no owner gets one this long after its first sighting, so every
+    /// gateway's first sighting is in before the choice is made.
+    public var settle: Duration
+    /// A challenger must be at least this many dB stronger than the owner…
+    public var margin: Int
+    /// …for this long without a break, before it takes the device over.
+    public var dwell: Duration
+    /// A device nobody sights any more is forgotten after this long (the gateway sets it to
+    /// `table.expiry`).
+    public var forgetAfter: Duration
+    /// Devices tracked building-wide (fixed; allocated once).
+    public var capacity: Int
+    /// Gateways known building-wide (fixed; allocated once). Includes this one.
+    public var gateways: Int
+
+    public init(sightingInterval: Duration = .seconds(2), sightingStep: Int = 3,
+                sightingMinInterval: Duration = .milliseconds(500), sightingFresh: Duration = .seconds(5),
+                lostAfter: Duration = .seconds(10), settle: Duration = .seconds(1), margin: Int = 6,
+                dwell: Duration = .seconds(3), forgetAfter: Duration = .seconds(60),
+                capacity: Int = 1024, gateways: Int = 32) {
+        self.sightingInterval = sightingInterval
+        self.sightingStep = sightingStep
+        self.sightingMinInterval = sightingMinInterval
+        self.sightingFresh = sightingFresh
+        self.lostAfter = lostAfter
+        self.settle = settle
+        self.margin = margin
+        self.dwell = dwell
+        self.forgetAfter = forgetAfter
+        self.capacity = capacity
+        self.gateways = gateways
+    }
+}
+
+/// A gateway known to the rule: an index into its fixed registry.
+public struct GatewaySlot: Hashable, Sendable {
+    public let index: Int
+    public init(index: Int) { self.index = index }
+}
+
+public enum OwnershipReason: Sendable, Equatable {
+    /// A device without an owner got its first one, `settle` after its first sighting.
+    case settled
+    /// A challenger was `margin` dB stronger than the owner for `dwell`.
+    case stronger
+    /// The owner went offline or stopped hearing the device; the best gateway hearing it took over at once.
+    case takeover
+    /// Nobody sighted the device for `forgetAfter`: it has no owner any more (`to` is nil).
+    case forgotten
+}
+
+public struct OwnershipChange: Sendable, Equatable {
+    public var device: UInt64
+    public var from: GatewaySlot?
+    public var to: GatewaySlot?
+    public var reason: OwnershipReason
+    public init(device: UInt64, from: GatewaySlot?, to: GatewaySlot?, reason: OwnershipReason) {
+        self.device = device
+        self.from = from
+        self.to = to
+        self.reason = reason
+    }
+}
+
+/// Why a sighting changed nothing (counted on the stats topic under `name`).
+public enum SightingDrop: Error, Sendable, Equatable {
+    /// The sender's status is not `online` (never seen, or offline).
+    case unknownGateway
+    /// Not newer than the last sighting accepted from that gateway (`since`, then `n`).
+    case replayed
+    /// Claims this gateway's id but not this run (`since` differs): another process with our id, or an old run's message.
+    case impostor
+    /// The device table is full (`capacity`); the oldest unsighted device is not evicted.
+    case devicesFull
+    /// The gateway registry is full (`gateways`).
+    case gatewaysFull
+
+    public var name: StaticString {
+        switch self {
+        case .unknownGateway: "sighting-unknown-gateway"
+        case .replayed: "sighting-replayed"
+        case .impostor: "sighting-impostor"
+        case .devicesFull: "sighting-devices-full"
+        case .gatewaysFull: "sighting-gateways-full"
+        }
+    }
+}
+
+/// What the rule did, for the stats topic (docs/rooms.md §3 "Counters").
+public struct OwnershipCounters: Sendable, Equatable {
+    public var sightingsAccepted = 0
+    /// Drops by reason, in `SightingDrop` order.
+    public var unknownGateway = 0
+    public var replayed = 0
+    public var impostor = 0
+    public var devicesFull = 0
+    public var gatewaysFull = 0
+    /// Every `OwnershipChange` reported, whatever its reason (settled, stronger, takeover,
+    /// forgotten): the number of `onChange` calls.
+    public var changes = 0
+    /// Changes with reason `.takeover` (also counted in `changes`).
+    public var takeovers = 0
+    /// Device entries freed because nobody sighted the device for `forgetAfter`. An entry
+    /// that never had an owner is freed without a change; it is counted here, not in `changes`.
+    public var forgotten = 0
+    public init() {}
+}
+
+public struct RoomOwnership: ~Copyable {
+    public let config: RoomsConfig
+    public private(set) var counters = OwnershipCounters()
+
+    // Internal, not private: see ActivityTable.Entry (a Swift 6.3.1 IRGen failure with private
+    // element types of ~Copyable generic storage).
+    struct Gateway {
+        var online = false
+        /// Position of the id among the registered ones, byte-wise: the tie-break (rank 0 wins).
+        var rank = 0
+        /// The last accepted sighting's `since` and `n` (docs/rooms.md §5 "Replayed").
+        var accepted = false
+        var lastSince: Int64 = 0
+        var lastN: UInt64 = 0
+    }
+
+    struct Device {
+        var inUse = false
+        var device: UInt64 = 0
+        /// Gateway indices; -1: none.
+        var owner: Int32 = -1
+        var challenger: Int32 = -1
+        /// When the challenger's lead began; nil without a challenger.
+        var leadSince: Instant?
+        /// The first and the latest non-nil sighting from any gateway. Valid while `inUse`: an
+        /// entry is created by a non-nil sighting, which sets both.
+        var firstSighted: Instant?
+        var lastSighted: Instant?
+    }
+
+    /// One gateway's last sighting of one device. `arrived` nil: none, or it said `rssi: null`.
+    struct Cell {
+        var arrived: Instant?
+        var rssi: Int8 = 0
+    }
+
+    private let selfSince: Int64
+    /// Ids by gateway index, in registration order (index 0 is this gateway). Reserved for
+    /// `gateways` at init; an id up to 15 bytes is stored inline, a longer one allocates once,
+    /// when its gateway registers (status messages, never per sighting).
+    private var ids: [String]
+    private var gateways: [Gateway]
+    private var devices: [Device]
+    /// Free device entries (a stack of indices into `devices`).
+    private var free: [Int32]
+    private var index: SlotIndex
+    /// `capacity × gateways` cells: the row of device entry d starts at d × config.gateways.
+    private var cells: [Cell]
+    private var clock = MonotonicClamp()
+    /// No later than the earliest instant `tick` could change something (docs on `nextDeadline`).
+    private var deadline: Instant?
+
+    /// `selfID` is this gateway's id, `selfSince` its run's start (unix ms, the `since` of its
+    /// own sightings). Allocates every table once. Capacities outside 1…2²⁴ (devices) and
+    /// 1…4096 (gateways) are the caller's bug: the config loader refuses them first.
+    public init(config: RoomsConfig, selfID: String, selfSince: Int64) {
+        precondition(config.capacity >= 1 && config.capacity <= TableLimits.maxCapacity,
+                     "rooms.capacity \(config.capacity) outside 1...\(TableLimits.maxCapacity): the config loader checks it")
+        precondition(config.gateways >= 1 && config.gateways <= Self.maxGateways,
+                     "rooms.gateways \(config.gateways) outside 1...\(Self.maxGateways): the config loader checks it")
+        let (cellCount, overflow) = config.capacity.multipliedReportingOverflow(by: config.gateways)
+        precondition(!overflow, "rooms.capacity × rooms.gateways overflows")
+        self.config = config
+        self.selfSince = selfSince
+        ids = []
+        ids.reserveCapacity(config.gateways)
+        gateways = []
+        gateways.reserveCapacity(config.gateways)
+        devices = Array(repeating: Device(), count: config.capacity)
+        free = []
+        free.reserveCapacity(config.capacity)
+        // Popped from the end: entry 0 is handed out first.
+        for i in stride(from: config.capacity - 1, through: 0, by: -1) { free.append(Int32(i)) }
+        index = SlotIndex(maxKeys: config.capacity)
+        cells = Array(repeating: Cell(), count: cellCount)
+        ids.append(selfID)
+        gateways.append(Gateway())
+    }
+
+    /// The most gateways a building may configure (ranks are recomputed by pairwise comparison
+    /// when one registers, so the registry stays small).
+    public static let maxGateways = 4096
+
+    /// This gateway.
+    public var selfSlot: GatewaySlot { GatewaySlot(index: 0) }
+    /// Devices tracked.
+    public var count: Int { config.capacity - free.count }
+    public var capacity: Int { config.capacity }
+    /// Gateways registered (this one included).
+    public var gatewayCount: Int { ids.count }
+
+    /// A retained status arrived on `<prefix>/gateways/<id>/status` (`online` or anything
+    /// else = offline). Going offline hands its devices over at once (reason `.takeover`).
+    /// Returns false when the registry is full (counted as `gatewaysFull`).
+    ///
+    /// Only an `online` status registers an unknown id: an unknown gateway that is offline
+    /// owns nothing and sends nothing that counts, and the retained `offline` of a gateway
+    /// taken out of service long ago must not use up a slot.
+    @discardableResult
+    public mutating func status(gateway id: Substring, online: Bool, now: Instant,
+                                _ onChange: (OwnershipChange) -> Void) -> Bool {
+        let now = clock.clamp(now)
+        guard let g = find(id) else {
+            guard online else { return true }
+            guard ids.count < config.gateways else {
+                counters.gatewaysFull &+= 1
+                return false
+            }
+            register(id)
+            gateways[ids.count - 1].online = true
+            return true
+        }
+        guard gateways[g].online != online else { return true }
+        gateways[g].online = online
+        // Coming online moves nothing: the gateway's sightings decide once they arrive.
+        guard !online else { return true }
+        // Its sightings from before no longer count, now or when it returns (rooms.md §4).
+        let width = config.gateways
+        for d in 0 ..< config.capacity where devices[d].inUse {
+            cells[d * width + g].arrived = nil
+        }
+        for d in 0 ..< config.capacity where devices[d].inUse
+            && (devices[d].owner == Int32(g) || devices[d].challenger == Int32(g)) {
+            lower(evaluate(d, now: now, onChange))
+        }
+        return true
+    }
+
+    /// A sighting from `gateway` of `device`. Returns why it was dropped, or nil when accepted.
+    /// A dropped sighting changes nothing at all. Allocates nothing.
+    public mutating func sighting(_ s: Sighting, gateway: Substring, device: UInt64, now: Instant,
+                                  _ onChange: (OwnershipChange) -> Void) -> SightingDrop? {
+        let now = clock.clamp(now)
+        guard let g = find(gateway), gateways[g].online else { return drop(.unknownGateway) }
+        if g == 0 && s.since != selfSince { return drop(.impostor) }
+        let sender = gateways[g]
+        // (since, n) in lexicographic order: a larger `since` is a new run, whose `n` restarts.
+        if sender.accepted && !(s.since > sender.lastSince || (s.since == sender.lastSince && s.n > sender.lastN)) {
+            return drop(.replayed)
+        }
+        var entry = index.find(device).map { Int($0) }
+        if entry == nil && s.rssi != nil && free.isEmpty { return drop(.devicesFull) }
+
+        gateways[g].accepted = true
+        gateways[g].lastSince = s.since
+        gateways[g].lastN = s.n
+        counters.sightingsAccepted &+= 1
+        if entry == nil {
+            // A device nobody tracks is not created by "no longer heard".
+            guard s.rssi != nil else { return nil }
+            entry = insert(device, now: now)
+        }
+        // Proof: set just above, or found in the index.
+        let d = entry!
+        let cell = d * config.gateways + g
+        if let rssi = s.rssi {
+            cells[cell] = Cell(arrived: now, rssi: rssi)
+            devices[d].lastSighted = now
+        } else {
+            cells[cell].arrived = nil
+        }
+        lower(evaluate(d, now: now, onChange))
+        return nil
+    }
+
+    /// Runs the rule for what time alone decides (settle, dwell, freshness, forgetting).
+    /// Before `nextDeadline` it returns at once; at or after it, it scans every entry
+    /// (O(capacity), allocating nothing) and computes the next deadline.
+    public mutating func tick(now: Instant, _ onChange: (OwnershipChange) -> Void) {
+        let now = clock.clamp(now)
+        guard let due = deadline, now >= due else { return }
+        var next: Instant?
+        for d in 0 ..< config.capacity where devices[d].inUse {
+            if let t = evaluate(d, now: now, onChange) { next = min(next ?? t, t) }
+        }
+        deadline = next
+    }
+
+    /// The earliest instant `tick` could change something; nil when nothing is pending. O(1):
+    /// kept by `sighting`, `status` and `tick`. It may be earlier than needed (a tick then
+    /// changes nothing and moves it on), never later.
+    public var nextDeadline: Instant? { deadline }
+
+    public func owner(of device: UInt64) -> GatewaySlot? {
+        guard let d = index.find(device), devices[Int(d)].owner >= 0 else { return nil }
+        return GatewaySlot(index: Int(devices[Int(d)].owner))
+    }
+
+    /// True when this gateway owns the device.
+    public func owns(_ device: UInt64) -> Bool { owner(of: device) == selfSlot }
+
+    public func id(of slot: GatewaySlot) -> String { ids[slot.index] }
+
+    public func isOnline(_ slot: GatewaySlot) -> Bool { gateways[slot.index].online }
+    /// True when a gateway of that id is registered and its status is `online`.
+    public func isOnline(gateway id: Substring) -> Bool {
+        guard let s = slot(of: id) else { return false }
+        return gateways[s.index].online
+    }
+
+    /// The slot of a registered gateway id (byte-wise), nil when unknown.
+    public func slot(of id: Substring) -> GatewaySlot? { find(id).map { GatewaySlot(index: $0) } }
+
+    /// The online gateway whose id sorts first: the one that clears what nobody hears (docs/rooms.md §4).
+    public var firstOnline: GatewaySlot? {
+        var first: Int?
+        for g in gateways.indices where gateways[g].online && (first.map { gateways[g].rank < gateways[$0].rank } ?? true) {
+            first = g
+        }
+        return first.map { GatewaySlot(index: $0) }
+    }
+
+    /// The device's freshest sighting RSSI per gateway, for logs and tests: every online
+    /// gateway whose last sighting heard it and arrived within `sightingFresh` (the
+    /// candidates of docs/rooms.md §3), in registration order.
+    public func sightings(of device: UInt64, now: Instant, _ body: (GatewaySlot, Int8) -> Void) {
+        guard let d = index.find(device) else { return }
+        let row = Int(d) * config.gateways
+        for g in gateways.indices where gateways[g].online {
+            guard let arrived = cells[row + g].arrived, now < arrived + config.sightingFresh else { continue }
+            body(GatewaySlot(index: g), cells[row + g].rssi)
+        }
+    }
+
+    // MARK: - The rule (docs/rooms.md §3)
+
+    /// The candidates of one device at `now`: the best of all, the best other than the owner,
+    /// the owner's RSSI if it is one, and the earliest instant one of them goes stale.
+    private struct Candidates {
+        var best = -1
+        var bestRSSI: Int8 = 0
+        var rival = -1
+        var rivalRSSI: Int8 = 0
+        var ownerRSSI: Int8?
+        var earliestExpiry: Instant?
+    }
+
+    /// Rank: higher RSSI first; equal RSSI, the id that sorts first byte-wise.
+    private func beats(_ g: Int, _ rssi: Int8, _ other: Int, _ otherRSSI: Int8) -> Bool {
+        other < 0 || rssi > otherRSSI || (rssi == otherRSSI && gateways[g].rank < gateways[other].rank)
+    }
+
+    private func candidates(_ d: Int, owner: Int, now: Instant) -> Candidates {
+        var c = Candidates()
+        let row = d * config.gateways
+        for g in gateways.indices where gateways[g].online {
+            // A candidate: online, its last sighting heard the device and arrived within
+            // sightingFresh. Stale at exactly arrived + sightingFresh.
+            guard let arrived = cells[row + g].arrived else { continue }
+            let expiry = arrived + config.sightingFresh
+            guard now < expiry else { continue }
+            let rssi = cells[row + g].rssi
+            c.earliestExpiry = min(c.earliestExpiry ?? expiry, expiry)
+            if beats(g, rssi, c.best, c.bestRSSI) { c.best = g; c.bestRSSI = rssi }
+            if g == owner {
+                c.ownerRSSI = rssi
+            } else if beats(g, rssi, c.rival, c.rivalRSSI) {
+                c.rival = g; c.rivalRSSI = rssi
+            }
+        }
+        return c
+    }
+
+    /// Applies the rule to entry `d` at `now`. Returns the entry's next deadline (nil when it
+    /// was forgotten or nothing is pending).
+    private mutating func evaluate(_ d: Int, now: Instant, _ onChange: (OwnershipChange) -> Void) -> Instant? {
+        var e = devices[d]
+        // Proof: an entry in use was created by a non-nil sighting, which set both instants.
+        let firstSighted = e.firstSighted!, lastSighted = e.lastSighted!
+        let c = candidates(d, owner: Int(e.owner), now: now)
+
+        if c.best < 0 && now >= lastSighted + config.forgetAfter {
+            remove(d)
+            counters.forgotten &+= 1
+            if e.owner >= 0 {
+                report(OwnershipChange(device: e.device, from: GatewaySlot(index: Int(e.owner)), to: nil,
+                                       reason: .forgotten), onChange)
+            }
+            return nil
+        }
+
+        let from = e.owner
+        var reason: OwnershipReason?
+        if e.owner < 0 {
+            if c.best >= 0 && now >= firstSighted + config.settle {
+                e.owner = Int32(c.best)
+                reason = .settled
+            }
+        } else if let ownerRSSI = c.ownerRSSI {
+            // Int: rssi + margin can pass Int8's range.
+            if c.rival >= 0 && Int(c.rivalRSSI) >= Int(ownerRSSI) + config.margin {
+                if e.challenger != Int32(c.rival) || e.leadSince == nil {
+                    e.challenger = Int32(c.rival)
+                    e.leadSince = now
+                }
+                // Proof: leadSince was set just above or on an earlier evaluation.
+                if now - e.leadSince! >= config.dwell {
+                    e.owner = Int32(c.rival)
+                    reason = .stronger
+                }
+            } else {
+                e.challenger = -1
+                e.leadSince = nil
+            }
+        } else if c.best >= 0 {
+            e.owner = Int32(c.best)
+            reason = .takeover
+        }
+        if reason != nil {
+            e.challenger = -1
+            e.leadSince = nil
+        }
+        devices[d] = e
+        if let reason {
+            if reason == .takeover { counters.takeovers &+= 1 }
+            report(OwnershipChange(device: e.device, from: from < 0 ? nil : GatewaySlot(index: Int(from)),
+                                   to: GatewaySlot(index: Int(e.owner)), reason: reason), onChange)
+        }
+
+        // What time alone can change next: a candidate going stale (it may be the owner, the
+        // best or the challenger), the settle, the dwell, forgetting. Only future instants.
+        var next = c.earliestExpiry
+        func consider(_ t: Instant) { if t > now { next = min(next ?? t, t) } }
+        if e.owner < 0 { consider(firstSighted + config.settle) }
+        if let lead = e.leadSince { consider(lead + config.dwell) }
+        consider(lastSighted + config.forgetAfter)
+        return next
+    }
+
+    private mutating func report(_ change: OwnershipChange, _ onChange: (OwnershipChange) -> Void) {
+        counters.changes &+= 1
+        onChange(change)
+    }
+
+    // MARK: - Storage
+
+    private mutating func lower(_ t: Instant?) {
+        guard let t else { return }
+        deadline = min(deadline ?? t, t)
+    }
+
+    private mutating func drop(_ reason: SightingDrop) -> SightingDrop {
+        switch reason {
+        case .unknownGateway: counters.unknownGateway &+= 1
+        case .replayed: counters.replayed &+= 1
+        case .impostor: counters.impostor &+= 1
+        case .devicesFull: counters.devicesFull &+= 1
+        case .gatewaysFull: counters.gatewaysFull &+= 1
+        }
+        return reason
+    }
+
+    /// Ids compare byte-wise (UTF-8), not by Unicode canonical equivalence as `String ==` does:
+    /// two gateways whose ids differ in bytes are two gateways, on every machine alike.
+    private func find(_ id: Substring) -> Int? {
+        for g in ids.indices where ids[g].utf8.elementsEqual(id.utf8) { return g }
+        return nil
+    }
+
+    private mutating func register(_ id: Substring) {
+        precondition(ids.count < config.gateways, "register into a full registry: the caller checks")
+        ids.append(String(id))
+        gateways.append(Gateway())
+        // Re-rank: each id's rank is the number of ids sorting before it (ids are distinct).
+        for g in ids.indices {
+            var rank = 0
+            for other in ids.indices where ids[other].utf8.lexicographicallyPrecedes(ids[g].utf8) { rank += 1 }
+            gateways[g].rank = rank
+        }
+    }
+
+    private mutating func insert(_ device: UInt64, now: Instant) -> Int {
+        // Proof: the caller checked that a free entry exists.
+        let d = Int(free.removeLast())
+        devices[d] = Device(inUse: true, device: device, firstSighted: now, lastSighted: now)
+        let row = d * config.gateways
+        for g in 0 ..< config.gateways { cells[row + g] = Cell() }
+        index.insert(device, slot: Int32(d))
+        return d
+    }
+
+    private mutating func remove(_ d: Int) {
+        index.remove(devices[d].device)
+        devices[d] = Device()
+        free.append(Int32(d))
+    }
+}

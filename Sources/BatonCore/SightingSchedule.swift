@@ -1,0 +1,186 @@
+// When this gateway publishes its own sightings (docs/rooms.md §2 "When a sighting is sent"):
+// on first hearing a device, when its smoothed RSSI moved by `sightingStep` dB (at most every
+// `sightingMinInterval`), as a heartbeat every `sightingInterval`, and once `rssi: null`
+// when it has not been heard for `lostAfter` (or left the table).
+//
+// The schedule walks the activity table through its public API (`forEach`: smoothed `rssi`,
+// `lastSeen`) and keeps, per device, what it last sent and when, in fixed storage allocated at
+// init (an entry array, a free stack and the table's open-addressing index). `due` allocates
+// nothing.
+import BatonWire
+
+public struct DueSighting: Sendable, Equatable {
+    public var device: UInt64
+    /// nil: no longer heard.
+    public var rssi: Int8?
+    public init(device: UInt64, rssi: Int8?) { self.device = device; self.rssi = rssi }
+}
+
+public struct SightingSchedule: ~Copyable {
+    public let config: RoomsConfig
+
+    // Internal, not private: see ActivityTable.Entry (a Swift 6.3.1 IRGen failure).
+    struct Sent {
+        var inUse = false
+        var device: UInt64 = 0
+        /// The RSSI last sent; nil: the last sighting sent said `rssi: null`.
+        var rssi: Int8?
+        var at: Instant?
+        /// The `due` pass that last found the device in the table.
+        var pass: UInt64 = 0
+    }
+
+    private var entries: [Sent]
+    private var free: [Int32]
+    private var index: SlotIndex
+    /// Counts `due` calls. Proof it never wraps: 2⁶⁴ calls at one per microsecond take
+    /// 584,000 years.
+    private var pass: UInt64 = 0
+
+    /// Fixed capacity, allocated once: the activity table's.
+    public init(config: RoomsConfig, capacity: Int) {
+        precondition(capacity >= 1 && capacity <= TableLimits.maxCapacity,
+                     "sighting schedule capacity \(capacity) outside 1...\(TableLimits.maxCapacity)")
+        self.config = config
+        entries = Array(repeating: Sent(), count: capacity)
+        free = []
+        free.reserveCapacity(capacity)
+        for i in stride(from: capacity - 1, through: 0, by: -1) { free.append(Int32(i)) }
+        index = SlotIndex(maxKeys: capacity)
+    }
+
+    public var capacity: Int { entries.count }
+    /// Devices whose last sighting sent is remembered.
+    public var count: Int { entries.count - free.count }
+
+    /// Walks the table and calls `body` for every sighting due at `now`, then remembers it as
+    /// sent. Allocates nothing. Devices that left the table get their `rssi: null` too.
+    ///
+    /// A device whose entry has no RSSI yet (127, "not available") is not heard as far as
+    /// rooms go: nothing is sent for it until a report carries one. The smoothed RSSI is
+    /// clamped to −127…+20 (`Sighting.rssiRange`), the range a sighting may carry.
+    public mutating func due(table: borrowing ActivityTable, now: Instant, _ body: (DueSighting) -> Void) {
+        pass &+= 1
+        var newDevices = false
+        table.forEach { a in
+            guard let e = index.find(a.deviceID).map({ Int($0) }) else {
+                if Self.rssi(a) != nil { newDevices = true }
+                return
+            }
+            entries[e].pass = pass
+            visit(e, a, now: now, body)
+        }
+        // Departed devices first, so their entries are free for the newcomers.
+        if count > 0 {
+            for e in entries.indices where entries[e].inUse && entries[e].pass != pass {
+                if entries[e].rssi != nil { body(DueSighting(device: entries[e].device, rssi: nil)) }
+                remove(e)
+            }
+        }
+        guard newDevices else { return }
+        table.forEach { a in
+            guard index.find(a.deviceID) == nil, let rssi = Self.rssi(a) else { return }
+            // The table never holds more devices than this schedule's capacity (its own), and
+            // every entry left is a device in the table; a smaller schedule skips the rest.
+            guard let slot = free.popLast() else { return }
+            let e = Int(slot)
+            // A device already lost when first walked gets an entry that owes nothing, so
+            // `nextDeadline` does not keep calling it due.
+            let heard = heard(a, now: now)
+            entries[e] = Sent(inUse: true, device: a.deviceID, rssi: heard ? rssi : nil, at: now, pass: pass)
+            index.insert(a.deviceID, slot: slot)
+            if heard { body(DueSighting(device: a.deviceID, rssi: rssi)) }
+        }
+    }
+
+    /// Forget what was sent (the broker connection was lost: everything is due again on connect).
+    public mutating func reset() {
+        for e in entries.indices where entries[e].inUse { remove(e) }
+    }
+
+    /// The earliest instant `due` would call `body`; nil when the table is empty and nothing is owed.
+    /// An instant in the past means "now". O(table + capacity).
+    public func nextDeadline(table: borrowing ActivityTable) -> Instant? {
+        var next: Instant?
+        func consider(_ t: Instant) { next = min(next ?? t, t) }
+        var matched = 0
+        table.forEach { a in
+            let rssi = Self.rssi(a)
+            guard let slot = index.find(a.deviceID) else {
+                // Never walked: `due` takes it in (and sends it if still heard).
+                if rssi != nil { consider(a.lastSeen) }
+                return
+            }
+            matched += 1
+            let s = entries[Int(slot)]
+            // Proof: every entry in use was stamped when created.
+            let at = s.at!
+            if let sent = s.rssi {
+                guard let rssi else { return consider(at) }
+                consider(a.lastSeen + config.lostAfter)  // the `rssi: null`
+                consider(at + config.sightingInterval)   // the heartbeat
+                if Self.moved(rssi, from: sent, by: config.sightingStep) { consider(at + config.sightingMinInterval) }
+            } else if rssi != nil && a.lastSeen + config.lostAfter > at {
+                // Heard again since the `rssi: null` (or since `due` last found it lost).
+                consider(at)
+            }
+        }
+        if matched < count {
+            // Something left the table: the next `due` sends its `rssi: null` and frees it.
+            for e in entries.indices where entries[e].inUse && entries[e].rssi != nil {
+                if let at = entries[e].at { consider(at) }
+            }
+            if next == nil {
+                // Only silent entries left: freeing them sends nothing, but let `due` run once.
+                for e in entries.indices where entries[e].inUse { if let at = entries[e].at { consider(at) } }
+            }
+        }
+        return next
+    }
+
+    // MARK: - internals
+
+    private mutating func visit(_ e: Int, _ a: TrackedActivity, now: Instant, _ body: (DueSighting) -> Void) {
+        let s = entries[e]
+        guard heard(a, now: now), let rssi = Self.rssi(a) else {
+            // Not heard for lostAfter: one `rssi: null`, then silence until heard again. The
+            // stamp moves on either way, so "heard again" means heard after this instant.
+            entries[e].at = now
+            guard s.rssi != nil else { return }
+            entries[e].rssi = nil
+            body(DueSighting(device: a.deviceID, rssi: nil))
+            return
+        }
+        let due: Bool
+        if let sent = s.rssi, let at = s.at {
+            let elapsed = now - at
+            due = elapsed >= config.sightingInterval
+                || (elapsed >= config.sightingMinInterval && Self.moved(rssi, from: sent, by: config.sightingStep))
+        } else {
+            due = true  // heard again after a `rssi: null`
+        }
+        guard due else { return }
+        entries[e].rssi = rssi
+        entries[e].at = now
+        body(DueSighting(device: a.deviceID, rssi: rssi))
+    }
+
+    /// Heard within `lostAfter` (at exactly lastSeen + lostAfter it is lost).
+    private func heard(_ a: TrackedActivity, now: Instant) -> Bool { now < a.lastSeen + config.lostAfter }
+
+    /// The smoothed RSSI as a sighting carries it; nil while the entry has none (127).
+    private static func rssi(_ a: TrackedActivity) -> Int8? {
+        guard a.rssi != 127 else { return nil }
+        return min(max(a.rssi, Sighting.rssiRange.lowerBound), Sighting.rssiRange.upperBound)
+    }
+
+    private static func moved(_ rssi: Int8, from sent: Int8, by step: Int) -> Bool {
+        abs(Int(rssi) - Int(sent)) >= step
+    }
+
+    private mutating func remove(_ e: Int) {
+        index.remove(entries[e].device)
+        entries[e] = Sent()
+        free.append(Int32(e))
+    }
+}

@@ -1,0 +1,481 @@
+// Room ownership: docs/rooms.md §3–§5. Time is injected: every instant is `t0` plus the
+// seconds a test names, as the receiving gateway's ContinuousClock would read them.
+import Foundation
+import Testing
+import BatonWire
+import BatonCore
+
+private let t0 = ContinuousClock.now
+private func at(_ seconds: Double) -> Instant { t0 + .milliseconds(Int((seconds * 1000).rounded())) }
+
+private let phone: UInt64 = 0x5A12_3456_789A
+/// The `since` every simulated gateway's run started at (this one's too).
+private let run: Int64 = 1_795_430_000_000
+
+/// A building as one gateway sees it: the rule, each gateway's sighting counter, and every
+/// change reported, with the instant it was reported at.
+private struct Building: ~Copyable {
+    var rule: RoomOwnership
+    var counter: [String: UInt64] = [:]
+    var changes: [(change: OwnershipChange, at: Instant)] = []
+
+    /// This gateway is `me`; `online` (which may include `me`) have sent `online` at t0.
+    init(_ config: RoomsConfig = RoomsConfig(), me: String = "a", online: [String]) {
+        rule = RoomOwnership(config: config, selfID: me, selfSince: run)
+        for g in online { status(g, online: true, at: t0) }
+    }
+
+    @discardableResult
+    mutating func status(_ gateway: String, online: Bool, at t: Instant) -> Bool {
+        var seen: [OwnershipChange] = []
+        let ok = rule.status(gateway: Substring(gateway), online: online, now: t) { seen.append($0) }
+        changes += seen.map { ($0, t) }
+        return ok
+    }
+
+    /// The next sighting in `gateway`'s run (or the one given exactly by `since`/`n`).
+    @discardableResult
+    mutating func see(_ gateway: String, _ rssi: Int8?, device: UInt64 = phone, at t: Instant,
+                      since: Int64 = run, n: UInt64? = nil) -> SightingDrop? {
+        let number = n ?? (counter[gateway, default: 0] + 1)
+        counter[gateway] = max(counter[gateway, default: 0], number)
+        var seen: [OwnershipChange] = []
+        let drop = rule.sighting(Sighting(rssi: rssi, since: since, n: number), gateway: Substring(gateway),
+                                 device: device, now: t) { seen.append($0) }
+        changes += seen.map { ($0, t) }
+        return drop
+    }
+
+    mutating func tick(at t: Instant) {
+        var seen: [OwnershipChange] = []
+        rule.tick(now: t) { seen.append($0) }
+        changes += seen.map { ($0, t) }
+    }
+
+    /// Ticks every `step` seconds from `from` to `to` inclusive.
+    mutating func tick(from: Double, to: Double, step: Double = 0.1) {
+        var s = from
+        while s <= to + 1e-9 { tick(at: at(s)); s += step }
+    }
+
+    func owner(_ device: UInt64 = phone) -> String? { rule.owner(of: device).map { rule.id(of: $0) } }
+
+    /// The changes as "from→to reason", ids by name.
+    var story: [String] {
+        changes.map { c in
+            "\(c.change.from.map { rule.id(of: $0) } ?? "-")→\(c.change.to.map { rule.id(of: $0) } ?? "-") \(c.change.reason)"
+        }
+    }
+}
+
+/// SplitMix64 (Steele, Lea, Flood, OOPSLA 2014): a small deterministic generator, so the noisy
+/// test replays the very same noise on every run.
+private struct SplitMix64: RandomNumberGenerator {
+    var state: UInt64
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+
+    /// A normal deviate (Box–Muller).
+    mutating func gaussian(mean: Double, sd: Double) -> Double {
+        let u1 = Double.random(in: Double.ulpOfOne ..< 1, using: &self)
+        let u2 = Double.random(in: 0 ..< 1, using: &self)
+        return mean + sd * (-2 * Foundation.log(u1)).squareRoot() * Foundation.cos(2 * Double.pi * u2)
+    }
+}
+
+@Suite("Room ownership (docs/rooms.md)")
+struct RoomOwnershipTests {
+    // MARK: §3 the rule
+
+    @Test func walkingThroughThreeRoomsMovesTheRoomTwice() {
+        // Ten seconds in each room; every gateway sends a heartbeat each second. The room moves
+        // when the next room is `margin` dB stronger for `dwell` (3 s): at 13 s and at 23 s.
+        var b = Building(online: ["a", "b", "c"])
+        let rooms: [[String: Int8]] = [
+            ["a": -50, "b": -75, "c": -90],
+            ["a": -75, "b": -50, "c": -75],
+            ["a": -90, "b": -75, "c": -50],
+        ]
+        for tenth in 0 ..< 300 {
+            let s = Double(tenth) / 10
+            if tenth % 10 == 0 {
+                for g in ["a", "b", "c"] { b.see(g, rooms[tenth / 100][g]!, at: at(s)) }
+            }
+            b.tick(at: at(s))
+        }
+        #expect(b.story == ["-→a settled", "a→b stronger", "b→c stronger"])
+        #expect(b.changes.map(\.at) == [at(1), at(13), at(23)])
+        #expect(b.rule.counters.changes == 3)
+        #expect(b.rule.counters.takeovers == 0)
+    }
+
+    @Test func aDeviceOnTheBorderDoesNotFlap() {
+        // Two gateways hear a device on their common wall at the same mean RSSI, each report
+        // with normal noise of 5 dB. Each gateway smooths (its ActivityTable) and sends on its
+        // SightingSchedule, exactly as the gateway does. In a simulated minute the owner may
+        // change once at most, for any of 20 noise seeds.
+        let config = RoomsConfig()
+        var worst = 0
+        for seed in 1 ... 20 {
+            let moves = borderMinute(config, seed: UInt64(seed))
+            worst = max(worst, moves)
+        }
+        #expect(worst <= 1)
+
+        // The same noise without hysteresis (no margin, no dwell) flaps: the test can fail.
+        let eager = RoomsConfig(margin: 0, dwell: .zero)
+        #expect(borderMinute(eager, seed: 1) > 10)
+    }
+
+    @Test func theOwnerGoingOfflineHandsOverAtOnce() {
+        var b = Building(online: ["a", "b", "c"])
+        b.see("a", -50, at: at(0))
+        b.see("b", -60, at: at(0))
+        b.see("c", -70, at: at(0))
+        b.tick(at: at(1))
+        #expect(b.owner() == "a")
+        b.status("a", online: false, at: at(1.5))
+        #expect(b.story.last == "a→b takeover")
+        #expect(b.changes.last?.at == at(1.5), "in the status call itself, not at the next tick")
+        #expect(b.owner() == "b")
+        #expect(b.rule.counters.takeovers == 1)
+    }
+
+    @Test func theOwnerThatStopsHearingHandsOverAtOnce() {
+        var b = Building(online: ["a", "b"])
+        b.see("a", -50, at: at(0))
+        b.see("b", -60, at: at(0))
+        b.tick(at: at(1))
+        b.see("a", nil, at: at(2))
+        #expect(b.story == ["-→a settled", "a→b takeover"])
+        #expect(b.changes.last?.at == at(2))
+    }
+
+    @Test func theOwnerWhoseSightingsGoStaleHandsOverWhenTheyDo() {
+        // sightingFresh is 5 s: a's last sighting at 0 s counts until 5 s, b's keep coming.
+        var b = Building(online: ["a", "b"])
+        b.see("a", -50, at: at(0))
+        b.see("b", -60, at: at(0))
+        b.tick(from: 0, to: 1.9)
+        b.see("b", -60, at: at(2))
+        b.tick(from: 2, to: 3.9)
+        b.see("b", -60, at: at(4))
+        b.tick(from: 4, to: 6)
+        #expect(b.story == ["-→a settled", "a→b takeover"])
+        #expect(b.changes.last?.at == at(5), "a's sighting is stale at exactly 0 s + sightingFresh")
+    }
+
+    @Test func anOwnerNobodyElseHearsKeepsTheDevice() {
+        var b = Building(online: ["a", "b"])
+        b.see("a", -50, at: at(0))
+        b.tick(at: at(1))
+        b.status("a", online: false, at: at(2))
+        b.tick(from: 2, to: 10)
+        #expect(b.owner() == "a")
+        #expect(b.story == ["-→a settled"])
+        // The device's topic is now cleared, if at all, by the first online gateway (§4).
+        #expect(b.rule.firstOnline.map { b.rule.id(of: $0) } == "b")
+    }
+
+    @Test func equalRSSIGoesToTheIDThatSortsFirstByteWise() {
+        var b = Building(me: "kitchen", online: ["kitchen", "hall"])
+        b.see("kitchen", -60, at: at(0))
+        b.see("hall", -60, at: at(0))
+        b.tick(at: at(1))
+        #expect(b.owner() == "hall")
+        // Byte-wise: "Z" (0x5A) sorts before "a" (0x61).
+        var c = Building(me: "attic", online: ["attic", "Zimmer"])
+        c.see("attic", -60, at: at(0))
+        c.see("Zimmer", -60, at: at(0))
+        c.tick(at: at(1))
+        #expect(c.owner() == "Zimmer")
+    }
+
+    @Test func idsThatDifferInBytesAreTwoGateways() {
+        // "é" precomposed and "e" + combining acute are equal Strings but different bytes.
+        var b = Building(me: "\u{E9}", online: ["\u{E9}", "e\u{301}"])
+        #expect(b.rule.gatewayCount == 2)
+        b.see("e\u{301}", -60, at: at(0))
+        b.see("\u{E9}", -60, at: at(0))
+        b.tick(at: at(1))
+        #expect(b.owner().map { Array($0.utf8) } == Array("e\u{301}".utf8), "0x65 sorts before 0xC3")
+    }
+
+    @Test func settleWaitsForTheSecondGatewaysSighting() {
+        var b = Building(online: ["a", "b"])
+        b.see("a", -70, at: at(0))
+        #expect(b.rule.nextDeadline == at(1), "settle is 1 s")
+        b.tick(at: at(0.5))
+        #expect(b.owner() == nil)
+        b.see("b", -50, at: at(0.5))
+        #expect(b.owner() == nil)
+        b.tick(at: at(1))
+        #expect(b.story == ["-→b settled"])
+        #expect(b.changes.first?.at == at(1))
+    }
+
+    @Test func aChallengerMustLeadForTheWholeDwell() {
+        // a: −60 every second. b: 10 dB stronger from 10 s, only 2 dB at 11.5 s (the lead
+        // breaks), 10 dB again from 12 s: the dwell counts from 12 s, not 10 s.
+        var b = Building(online: ["a", "b"])
+        let bAt: [Int: Int8] = [100: -50, 110: -50, 115: -58, 120: -50, 130: -50, 140: -50, 150: -50, 160: -50]
+        for tenth in 0 ... 160 {
+            let s = Double(tenth) / 10
+            if tenth % 10 == 0 { b.see("a", -60, at: at(s)) }
+            if let rssi = bAt[tenth] { b.see("b", rssi, at: at(s)) }
+            b.tick(at: at(s))
+            if tenth == 149 { #expect(b.owner() == "a", "not at 13 s: the lead broke at 11.5 s") }
+        }
+        #expect(b.story == ["-→a settled", "a→b stronger"])
+        #expect(b.changes.last?.at == at(15))
+    }
+
+    @Test func aGatewayBackOnlineMovesNothingUntilItsSightingsArrive() {
+        var b = Building(online: ["a", "b"])
+        b.see("a", -40, at: at(0))
+        for tenth in 0 ... 80 {
+            let s = Double(tenth) / 10
+            if tenth % 10 == 0 { b.see("b", -70, at: at(s)) }
+            if tenth == 20 { b.status("a", online: false, at: at(s)); #expect(b.owner() == "b") }
+            if tenth == 25 { b.status("a", online: true, at: at(s)) }
+            if tenth == 49 { #expect(b.owner() == "b", "a's sighting from before it went offline does not count") }
+            if tenth == 50 { b.see("a", -40, at: at(s)) }
+            b.tick(at: at(s))
+        }
+        #expect(b.story == ["-→a settled", "a→b takeover", "b→a stronger"])
+        #expect(b.changes.last?.at == at(8))
+    }
+
+    // MARK: §4 forgetting
+
+    @Test func aDeviceNobodySightsIsForgottenAfterForgetAfter() {
+        var b = Building(online: ["a", "b"])
+        b.see("a", -60, at: at(0))
+        b.see("a", -60, at: at(0.2))
+        b.tick(at: at(1))
+        #expect(b.rule.nextDeadline == at(5.2), "a's sighting goes stale")
+        b.tick(from: 1, to: 60.1)
+        #expect(b.rule.count == 1, "forgetAfter (60 s) counts from the last sighting, at 0.2 s")
+        b.tick(at: at(60.2))
+        #expect(b.story == ["-→a settled", "a→- forgotten"])
+        #expect(b.rule.count == 0)
+        #expect(b.owner() == nil)
+        #expect(b.rule.counters.forgotten == 1)
+        #expect(b.rule.nextDeadline == nil)
+    }
+
+    @Test func aDeviceThatWasNeverOwnedIsFreedWithoutAChange() {
+        var b = Building(online: ["a", "b"])
+        b.see("a", -60, at: at(0))
+        b.see("a", nil, at: at(0.5))      // gone before settle: nobody to own it
+        b.tick(from: 0.5, to: 60)
+        #expect(b.rule.count == 0)
+        #expect(b.changes.isEmpty)
+        #expect(b.rule.counters.forgotten == 1)
+        #expect(b.rule.counters.changes == 0)
+    }
+
+    // MARK: §5 sightings that change nothing
+
+    /// A device owned by "a" (−60) with "b" at −70; `drop` then delivers one bad sighting at
+    /// 2 s, strong enough that it would start a takeover were it taken; the test checks it was
+    /// dropped for `reason`, counted, and changed nothing in the 10 s after.
+    private func expectNothingChanges(_ reason: SightingDrop, counter: KeyPath<OwnershipCounters, Int>,
+                                      config: RoomsConfig = RoomsConfig(),
+                                      _ drop: (inout Building) -> SightingDrop?) {
+        var b = Building(config, online: ["a", "b"])
+        b.see("a", -60, at: at(0))
+        b.see("b", -70, at: at(0))
+        b.tick(at: at(1))
+        let accepted = b.rule.counters.sightingsAccepted
+        var before: [String] = []
+        b.rule.sightings(of: phone, now: at(2)) { before.append("\(b.rule.id(of: $0))\($1)") }
+
+        #expect(drop(&b) == reason)
+        var after: [String] = []
+        b.rule.sightings(of: phone, now: at(2)) { after.append("\(b.rule.id(of: $0))\($1)") }
+        #expect(after == before)
+        #expect(b.rule.counters[keyPath: counter] == 1)
+        #expect(b.rule.counters.sightingsAccepted == accepted)
+        b.tick(from: 2, to: 4.9)
+        #expect(b.owner() == "a")
+        #expect(b.story == ["-→a settled"])
+    }
+
+    @Test func aSightingFromAGatewayNeverOnlineIsDropped() {
+        expectNothingChanges(.unknownGateway, counter: \.unknownGateway) { b in
+            b.see("ghost", -20, at: at(2))
+        }
+    }
+
+    @Test func aSightingFromAnOfflineGatewayIsDropped() {
+        expectNothingChanges(.unknownGateway, counter: \.unknownGateway) { b in
+            b.status("c", online: true, at: at(1.5))
+            b.status("c", online: false, at: at(1.6))
+            return b.see("c", -20, at: at(2))
+        }
+    }
+
+    @Test func thisGatewaysOwnSightingsCountOnlyOnceItsStatusIsOnline() {
+        var b = Building(online: ["b"])
+        #expect(b.see("a", -50, at: at(0)) == .unknownGateway)
+        b.status("a", online: true, at: at(0.1))
+        #expect(b.see("a", -50, at: at(0.2)) == nil)
+    }
+
+    @Test func aRepeatedSightingIsDropped() {
+        expectNothingChanges(.replayed, counter: \.replayed) { b in
+            b.see("b", -20, at: at(2), n: b.counter["b"]!)
+        }
+    }
+
+    @Test func anOlderSightingIsDropped() {
+        expectNothingChanges(.replayed, counter: \.replayed) { b in
+            b.see("b", -20, at: at(2), n: 0)
+        }
+    }
+
+    @Test func aSightingFromAnEarlierRunIsDropped() {
+        expectNothingChanges(.replayed, counter: \.replayed) { b in
+            b.see("b", -20, at: at(2), since: run - 1, n: 1000)
+        }
+    }
+
+    @Test func aGatewaysNewRunStartsItsCounterAgain() {
+        var b = Building(online: ["a", "b"])
+        b.see("b", -60, at: at(0), n: 500)
+        #expect(b.see("b", -60, at: at(1), since: run + 60_000, n: 1) == nil)
+        #expect(b.see("b", -60, at: at(2), since: run + 60_000, n: 1) == .replayed)
+        #expect(b.see("b", -60, at: at(3), since: run, n: 501) == .replayed, "the old run is over")
+    }
+
+    @Test func aSightingUnderThisGatewaysIDFromAnotherRunIsAnImpostor() {
+        expectNothingChanges(.impostor, counter: \.impostor) { b in
+            b.see("a", -20, at: at(2), since: run + 1, n: 1_000_000)
+        }
+    }
+
+    @Test func theCounterIsPerGatewayAcrossDevices() {
+        var b = Building(online: ["a", "b"])
+        #expect(b.see("b", -60, device: 1, at: at(0), n: 7) == nil)
+        #expect(b.see("b", -60, device: 2, at: at(0), n: 7) == .replayed)
+        #expect(b.see("b", -60, device: 2, at: at(0), n: 8) == nil)
+        #expect(b.see("a", -60, device: 2, at: at(0), n: 7) == nil, "another gateway, its own counter")
+    }
+
+    // MARK: capacities
+
+    @Test func capacityPlusOneDevices() {
+        let config = RoomsConfig(capacity: 3)
+        var b = Building(config, online: ["a", "b"])
+        for d: UInt64 in 1 ... 3 { #expect(b.see("a", -60, device: d, at: at(0), n: d) == nil) }
+        #expect(b.rule.count == 3)
+        // The fourth is dropped, not let in by evicting one: every gateway keeps the same three.
+        #expect(b.see("a", -60, device: 4, at: at(0.5), n: 4) == .devicesFull)
+        #expect(b.rule.counters.devicesFull == 1)
+        #expect(b.rule.owner(of: 4) == nil)
+        // A dropped sighting does not advance the sender's counter: n = 4 is still new.
+        #expect(b.see("a", -60, device: 1, at: at(0.6), n: 4) == nil)
+        // "No longer heard" of a device nobody tracks is accepted and creates nothing.
+        #expect(b.see("a", nil, device: 5, at: at(0.7), n: 5) == nil)
+        #expect(b.rule.count == 3)
+        // Forgetting frees entries (devices 1–3: settled, then forgotten); then the fourth gets one.
+        b.tick(from: 1, to: 61)
+        #expect(b.rule.counters.forgotten == 3)
+        #expect(b.rule.counters.changes == 6)
+        #expect(b.rule.count == 0)
+        #expect(b.see("a", -60, device: 4, at: at(62)) == nil)
+        #expect(b.rule.count == 1)
+    }
+
+    @Test func gatewaysPlusOne() {
+        let config = RoomsConfig(gateways: 3)
+        var b = Building(config, online: ["a", "b", "c"])
+        #expect(b.rule.gatewayCount == 3)
+        #expect(b.status("d", online: true, at: at(0)) == false)
+        #expect(b.rule.counters.gatewaysFull == 1)
+        #expect(b.see("d", -20, at: at(0)) == .unknownGateway)
+        // An offline status of an unknown gateway uses no slot and is not an error.
+        #expect(b.status("e", online: false, at: at(0)) == true)
+        #expect(b.rule.counters.gatewaysFull == 1)
+        // Known gateways still come and go.
+        #expect(b.status("c", online: false, at: at(1)) == true)
+        #expect(b.status("c", online: true, at: at(2)) == true)
+        #expect(b.rule.slot(of: "d") == nil)
+    }
+
+    // MARK: the registry
+
+    @Test func thisGatewayIsRegisteredButOfflineUntilItsStatusArrives() {
+        let rule = RoomOwnership(config: RoomsConfig(), selfID: "a", selfSince: run)
+        #expect(rule.id(of: rule.selfSlot) == "a")
+        let online = rule.isOnline(rule.selfSlot)
+        #expect(!online)
+        #expect(rule.firstOnline == nil)
+    }
+
+    @Test func firstOnlineIsTheOnlineIDThatSortsFirst() {
+        var b = Building(me: "m", online: ["m", "k", "z"])
+        #expect(b.rule.firstOnline.map { b.rule.id(of: $0) } == "k")
+        b.status("k", online: false, at: at(1))
+        #expect(b.rule.firstOnline.map { b.rule.id(of: $0) } == "m")
+    }
+
+    @Test func nextDeadlineIsKeptAndTickBeforeItDoesNothing() {
+        var b = Building(online: ["a", "b"])
+        #expect(b.rule.nextDeadline == nil)
+        b.see("a", -60, at: at(0))
+        #expect(b.rule.nextDeadline == at(1))
+        b.tick(at: at(0.9))
+        #expect(b.changes.isEmpty)
+        b.tick(at: at(1))
+        #expect(b.owner() == "a")
+        #expect(b.rule.nextDeadline == at(5), "a's sighting goes stale at 5 s")
+        b.see("b", -40, at: at(2))
+        #expect(b.rule.nextDeadline == at(5), "still a's staleness first; b's dwell ends at 5 s too")
+        b.tick(at: at(5))
+        #expect(b.story == ["-→a settled", "a→b takeover"], "a stale at 5 s: b takes over without waiting")
+    }
+}
+
+/// One simulated minute of the border test; returns how often the owner changed after settling.
+private func borderMinute(_ config: RoomsConfig, seed: UInt64) -> Int {
+    var rng = SplitMix64(state: seed)
+    let gateways = ["a", "b"]
+    var rule = RoomOwnership(config: config, selfID: "a", selfSince: run)
+    for g in gateways { rule.status(gateway: Substring(g), online: true, now: t0) { _ in } }
+    var tableA = ActivityTable(config: .init(capacity: 4)), tableB = ActivityTable(config: .init(capacity: 4))
+    var scheduleA = SightingSchedule(config: config, capacity: 4), scheduleB = SightingSchedule(config: config, capacity: 4)
+    var counters: [UInt64] = [0, 0]
+    var moves = 0
+    let beacon = ActivityBeacon(sequence: 1, activityTypeHash: 1, groupHash: 1, deviceID: phone, psm: 0x80)
+    func record(_ c: OwnershipChange) { if c.reason != .settled { moves += 1 } }
+    // Ten advertisements a second heard by each gateway, both at a mean of −73 dBm.
+    for tenth in 0 ... 600 {
+        let now = at(Double(tenth) / 10)
+        for g in 0 ..< 2 {
+            let raw = Int8(max(-127, min(20, rng.gaussian(mean: -73, sd: 5).rounded())))
+            var due: [DueSighting] = []
+            if g == 0 {
+                tableA.hear(beacon, rssi: raw, address: 1, addressType: 1, now: now) { _ in }
+                scheduleA.due(table: tableA, now: now) { due.append($0) }
+            } else {
+                tableB.hear(beacon, rssi: raw, address: 1, addressType: 1, now: now) { _ in }
+                scheduleB.due(table: tableB, now: now) { due.append($0) }
+            }
+            for s in due {
+                counters[g] += 1
+                let drop = rule.sighting(Sighting(rssi: s.rssi, since: run, n: counters[g]),
+                                         gateway: Substring(gateways[g]), device: s.device, now: now, record)
+                #expect(drop == nil, "the simulation sends nothing the rule drops")
+            }
+        }
+        rule.tick(now: now, record)
+    }
+    return moves
+}

@@ -1,0 +1,167 @@
+// When a gateway sends its own sightings: docs/rooms.md §2 "When a sighting is sent". The
+// defaults: heartbeat 2 s, step 3 dB no more often than every 0.5 s, lost after 10 s.
+import Testing
+import BatonWire
+import BatonCore
+
+private let t0 = ContinuousClock.now
+private func at(_ seconds: Double) -> Instant { t0 + .milliseconds(Int((seconds * 1000).rounded())) }
+
+private let phone: UInt64 = 0x5A12_3456_789A
+private let laptop: UInt64 = 0x4B00_0000_0001
+
+private func beacon(_ device: UInt64 = phone) -> ActivityBeacon {
+    ActivityBeacon(sequence: 1, activityTypeHash: 1, groupHash: 1, deviceID: device, psm: 0x80)
+}
+
+/// One gateway's table and schedule.
+private struct Gateway: ~Copyable {
+    var table: ActivityTable
+    var schedule: SightingSchedule
+
+    init(capacity: Int = 8, expiry: Duration = .seconds(60)) {
+        table = ActivityTable(config: .init(capacity: capacity, expiry: expiry))
+        schedule = SightingSchedule(config: RoomsConfig(), capacity: capacity)
+    }
+
+    mutating func hear(_ device: UInt64 = phone, rssi: Int8, at t: Instant) {
+        table.hear(beacon(device), rssi: rssi, address: device, addressType: 1, now: t) { _ in }
+    }
+
+    /// The sightings due at `t`, as "device rssi" pairs.
+    mutating func due(at t: Instant) -> [DueSighting] {
+        var out: [DueSighting] = []
+        schedule.due(table: table, now: t) { out.append($0) }
+        return out
+    }
+}
+
+@Suite("Sighting schedule (docs/rooms.md §2)")
+struct SightingScheduleTests {
+    @Test func aDeviceHeardForTheFirstTimeIsDueAtOnce() {
+        var g = Gateway()
+        g.hear(rssi: -61, at: at(0))
+        #expect(g.due(at: at(0)) == [DueSighting(device: phone, rssi: -61)])
+        #expect(g.due(at: at(0)) == [], "sent: not due again at the same instant")
+    }
+
+    @Test func aSteadyDeviceGetsAHeartbeatEverySightingInterval() {
+        var g = Gateway()
+        var sent: [Double] = []
+        for tenth in 0 ... 70 {
+            let s = Double(tenth) / 10
+            g.hear(rssi: -61, at: at(s))
+            if !g.due(at: at(s)).isEmpty { sent.append(s) }
+        }
+        #expect(sent == [0, 2, 4, 6])
+    }
+
+    @Test func aMoveOfStepDBIsSentSoonerButNotBeforeMinInterval() throws {
+        var g = Gateway()
+        g.hear(rssi: -60, at: at(0))
+        _ = g.due(at: at(0))
+        // The table smooths: a −40 report moves the average by a quarter, to −55 (5 dB).
+        g.hear(rssi: -40, at: at(0.2))
+        #expect(g.due(at: at(0.2)) == [], "moved, but only 0.2 s after the last sighting")
+        #expect(g.schedule.nextDeadline(table: g.table) == at(0.5))
+        #expect(g.due(at: at(0.5)) == [DueSighting(device: phone, rssi: -55)])
+        // A move below the step waits for the heartbeat.
+        g.hear(rssi: -47, at: at(1.0))  // −55 + (−47 + 55) / 4 = −53: 2 dB
+        #expect(g.due(at: at(1.0)) == [])
+        #expect(g.schedule.nextDeadline(table: g.table) == at(2.5))
+        #expect(g.due(at: at(2.5)) == [DueSighting(device: phone, rssi: -53)])
+    }
+
+    @Test func aDeviceNotHeardForLostAfterGetsOneNullThenSilence() {
+        var g = Gateway()
+        g.hear(rssi: -61, at: at(0))
+        _ = g.due(at: at(0))
+        #expect(g.due(at: at(8)).map(\.rssi) == [-61], "a heartbeat while still within lostAfter")
+        #expect(g.schedule.nextDeadline(table: g.table) == at(10))
+        #expect(g.due(at: at(9.9)) == [])
+        #expect(g.due(at: at(10)) == [DueSighting(device: phone, rssi: nil)])
+        for s in [10.5, 12, 20, 30] { #expect(g.due(at: at(s)) == [], "silent at \(s) s") }
+        #expect(g.schedule.nextDeadline(table: g.table) == nil)
+        // Heard again: due at once, like a first hearing.
+        g.hear(rssi: -70, at: at(31))
+        #expect(g.schedule.nextDeadline(table: g.table).map { $0 <= at(31) } == true)
+        #expect(g.due(at: at(31)) == [DueSighting(device: phone, rssi: -63)], "smoothed: −61 + (−70 + 61) / 4")
+    }
+
+    @Test func aDeviceThatLeftTheTableGetsOneNull() {
+        var g = Gateway(expiry: .seconds(5))
+        g.hear(rssi: -61, at: at(0))
+        g.hear(laptop, rssi: -80, at: at(0))
+        _ = g.due(at: at(0))
+        g.hear(laptop, rssi: -80, at: at(4))
+        g.table.expire(now: at(5)) { _ in }  // the phone expires; the laptop stays
+        #expect(g.schedule.nextDeadline(table: g.table).map { $0 <= at(5) } == true)
+        #expect(g.due(at: at(5)) == [DueSighting(device: laptop, rssi: -80), DueSighting(device: phone, rssi: nil)],
+                "the laptop's heartbeat, then the phone's null")
+        #expect(g.due(at: at(5)) == [])
+        #expect(g.schedule.count == 1)
+    }
+
+    @Test func aDeviceThatLeftAfterItsNullGetsNothingMore() {
+        var g = Gateway(expiry: .seconds(30))
+        g.hear(rssi: -61, at: at(0))
+        _ = g.due(at: at(0))
+        #expect(g.due(at: at(10)) == [DueSighting(device: phone, rssi: nil)])
+        g.table.expire(now: at(30)) { _ in }
+        #expect(g.due(at: at(30)) == [])
+        #expect(g.schedule.count == 0)
+    }
+
+    @Test func resetMakesEverythingDueAgain() {
+        var g = Gateway()
+        g.hear(rssi: -61, at: at(0))
+        g.hear(laptop, rssi: -80, at: at(0))
+        _ = g.due(at: at(0))
+        #expect(g.due(at: at(1)) == [])
+        g.schedule.reset()
+        #expect(Set(g.due(at: at(1)).map(\.device)) == [phone, laptop])
+    }
+
+    @Test func aDeviceWithoutRSSIIsNotSighted() {
+        // Core 5.4, Vol 4, Part E, §7.7.65.2: 127 is "RSSI not available".
+        var g = Gateway()
+        g.hear(rssi: 127, at: at(0))
+        #expect(g.due(at: at(0)) == [])
+        #expect(g.schedule.nextDeadline(table: g.table) == nil)
+        g.hear(rssi: -61, at: at(1))
+        #expect(g.due(at: at(1)) == [DueSighting(device: phone, rssi: -61)])
+    }
+
+    @Test func rssiIsClampedToWhatASightingCarries() {
+        var g = Gateway()
+        g.hear(rssi: -128, at: at(0))
+        #expect(g.due(at: at(0)) == [DueSighting(device: phone, rssi: -127)])
+    }
+
+    @Test func capacityPlusOneDevices() {
+        // A table of 2 evicts the least recently heard for a third device; the schedule says
+        // the evicted one is no longer heard and sights the newcomer.
+        var g = Gateway(capacity: 2)
+        g.hear(1, rssi: -60, at: at(0))
+        g.hear(2, rssi: -61, at: at(0.1))
+        #expect(g.due(at: at(0.1)).count == 2)
+        g.hear(3, rssi: -62, at: at(0.2))
+        #expect(g.due(at: at(0.2)) == [DueSighting(device: 1, rssi: nil), DueSighting(device: 3, rssi: -62)])
+        #expect(g.schedule.count == 2)
+    }
+
+    @Test func nextDeadlineIsTheEarliestOfHeartbeatStepAndLoss() {
+        var g = Gateway()
+        #expect(g.schedule.nextDeadline(table: g.table) == nil)
+        g.hear(rssi: -61, at: at(0))
+        #expect(g.schedule.nextDeadline(table: g.table) == at(0), "first hearing: due since it was heard")
+        _ = g.due(at: at(0))
+        #expect(g.schedule.nextDeadline(table: g.table) == at(2), "the heartbeat")
+        // Not heard any more: the heartbeat at 2 s still comes first, then the loss at 10 s.
+        _ = g.due(at: at(2))
+        _ = g.due(at: at(4))
+        _ = g.due(at: at(6))
+        _ = g.due(at: at(8))
+        #expect(g.schedule.nextDeadline(table: g.table) == at(10))
+    }
+}
