@@ -17,7 +17,7 @@ import BatonWire
 /// against it, so a key cannot be added without its documentation.
 enum ConfigSchema {
     static let sections: [(path: String, keys: [String])] = [
-        ("", ["gateway", "broker", "topics", "radio", "table", "apple", "status", "log"]),
+        ("", ["gateway", "broker", "topics", "radio", "table", "apple", "rooms", "status", "log"]),
         ("gateway", ["id", "room"]),
         ("broker", ["url", "client-id", "username", "password", "password-file", "keepalive", "protocol",
                     "reconnect-min", "reconnect-max", "tls"]),
@@ -26,6 +26,8 @@ enum ConfigSchema {
         ("radio", ["source", "paced", "silence", "company-id"]),
         ("table", ["capacity", "expiry"]),
         ("apple", ["tracking", "capacity", "expiry", "publish-address"]),
+        ("rooms", ["sighting-interval", "sighting-step", "sighting-min-interval", "sighting-fresh", "lost-after",
+                   "settle", "margin", "dwell", "capacity", "gateways"]),
         ("status", ["interval"]),
         ("log", ["level"]),
     ]
@@ -263,6 +265,8 @@ struct ConfigFileReader {
             if let e = s["expiry"], let d = duration(e, atLeast: .seconds(1)) { c.apple.expiry = d }
             if let e = s["publish-address"], let b = bool(e) { c.appleAddresses = b }
         }
+        if let s = subsection(top["rooms"]) { readRooms(s, into: &c) }
+        c.rooms.forgetAfter = c.table.expiry
         if let s = subsection(top["status"]) {
             if let e = s["interval"], let d = duration(e, atLeast: .seconds(1)) { c.statusInterval = d }
         }
@@ -271,6 +275,36 @@ struct ConfigFileReader {
                 c.logLevel = level
             }
         }
+    }
+
+    /// docs/rooms.md §3. The bounds keep the rule meaningful: a heartbeat must arrive before
+    /// its sighting goes stale, and a device must be called lost before a table expires it.
+    mutating func readRooms(_ s: Section, into c: inout GatewayConfig) {
+        let ms100 = Duration.milliseconds(100)
+        if let e = s["sighting-interval"], let d = duration(e, atLeast: ms100, atMost: .seconds(600)) {
+            c.rooms.sightingInterval = d
+        }
+        if let e = s["sighting-step"], let n = integer(e, 1...60) { c.rooms.sightingStep = n }
+        if let e = s["sighting-min-interval"], let d = duration(e, atLeast: .milliseconds(10), atMost: .seconds(600)) {
+            c.rooms.sightingMinInterval = d
+        }
+        if let e = s["sighting-fresh"], let d = duration(e, atLeast: ms100, atMost: .seconds(3600)) {
+            c.rooms.sightingFresh = d
+            if d <= c.rooms.sightingInterval {
+                report(e.value, e.key, "must be longer than rooms.sighting-interval (\(formatDuration(c.rooms.sightingInterval))), or every heartbeat would arrive stale")
+            }
+        }
+        if let e = s["lost-after"], let d = duration(e, atLeast: ms100, atMost: .seconds(3600)) {
+            c.rooms.lostAfter = d
+            if d >= c.table.expiry {
+                report(e.value, e.key, "must be shorter than table.expiry (\(formatDuration(c.table.expiry))), so other rooms take a device over before this one forgets it")
+            }
+        }
+        if let e = s["settle"], let d = duration(e, atLeast: .zero, atMost: .seconds(60)) { c.rooms.settle = d }
+        if let e = s["margin"], let n = integer(e, 0...60) { c.rooms.margin = n }
+        if let e = s["dwell"], let d = duration(e, atLeast: .zero, atMost: .seconds(600)) { c.rooms.dwell = d }
+        if let e = s["capacity"], let n = integer(e, 1...100_000) { c.rooms.capacity = n }
+        if let e = s["gateways"], let n = integer(e, 1...1024) { c.rooms.gateways = n }
     }
 
     mutating func readGateway(_ s: Section, into c: inout GatewayConfig) {

@@ -48,6 +48,19 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     var table: ActivityTable
     var apple: AppleDeviceTable
     var publisher: Publisher
+    /// Which gateway of the building owns each device (docs/rooms.md), and when this one
+    /// sends its own sightings.
+    var ownership: RoomOwnership
+    var sightings: SightingSchedule
+    /// This run's start (unix ms) and sighting counter: the `since` and `n` of its sightings.
+    let since: Int64
+    var sightingCounter: UInt64 = 0
+    /// Ownership changes of one call, handled after it (the handler reads the rule's state).
+    /// Reserved for every device at once: a gateway going offline hands over all of them.
+    var ownershipChanges: [OwnershipChange]
+    /// Sightings dropped, by reason (stats `drops`).
+    var sightingDrops = DropCounts()
+    var sightingsReceived = 0
     var notifier: SystemdNotifier
     var log: Logger
     public private(set) var counters = GatewayCounters()
@@ -81,6 +94,13 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
             origin: .init(room: config.room, gatewayID: config.gatewayID), clock: clock, version: BatonVersion.current,
             discovery: config.discovery, appleAddresses: config.appleAddresses, orphanGrace: config.table.expiry,
             ownedCapacity: config.table.capacity + config.apple.capacity, log: log)
+        var rooms = config.rooms
+        rooms.forgetAfter = config.table.expiry
+        self.since = unixMicroseconds / 1000
+        self.ownership = RoomOwnership(config: rooms, selfID: config.gatewayID, selfSince: unixMicroseconds / 1000)
+        self.sightings = SightingSchedule(config: rooms, capacity: config.table.capacity)
+        self.ownershipChanges = []
+        self.ownershipChanges.reserveCapacity(rooms.capacity)
         self.notifier = SystemdNotifier(environment: environment)
         self.log = log
         self.startedAt = now
@@ -162,7 +182,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
 
         // Timers.
         if let due = table.nextExpiry, due <= now {
-            Self.expire(&table, &publisher, now: now)
+            Self.expire(&table, &publisher, ownership, now: now)
         }
         if let due = apple.nextExpiry, due <= now {
             Self.expire(&apple, &publisher, now: now)
@@ -171,7 +191,14 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
             publisher.endRetainedScan()
         }
         if publisher.mqtt.isConnected, let due = publisher.nextOrphanDeadline, due <= now {
-            publisher.clearOrphans(table: table, apple: apple, now: now)
+            publisher.clearOrphans(table: table, apple: apple, ownership: ownership, now: now)
+        }
+        if let due = ownership.nextDeadline, due <= now {
+            ownership.tick(now: now) { ownershipChanges.append($0) }
+            handleOwnershipChanges(now: now)
+        }
+        if publisher.mqtt.isConnected, let due = sightings.nextDeadline(table: table), due <= now {
+            sendSightings(now: now)
         }
         if nextStats <= now {
             publishStats(now: now)
@@ -191,11 +218,13 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         consider(publisher.mqtt.nextDeadline)
         consider(table.nextExpiry)
         consider(apple.nextExpiry)
+        consider(ownership.nextDeadline)
         // Orphans are cleared only while connected; a past deadline must not spin the loop
         // while the broker is away.
         if publisher.mqtt.isConnected {
             consider(publisher.nextOrphanDeadline)
             consider(publisher.retainedScanEnds)
+            consider(sightings.nextDeadline(table: table))
         }
         consider(nextStats)
         consider(notifier.nextDeadline)
@@ -225,7 +254,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     mutating func pollRadio(now: ContinuousClock.Instant) {
         let reportsBefore = decoder.tally.reports
         do throws(RadioError) {
-            _ = try Self.pollRadio(&radio, &decoder, &table, &apple, &publisher, now: now, clock: clock)
+            _ = try Self.pollRadio(&radio, &decoder, &table, &apple, &publisher, ownership, now: now, clock: clock)
         } catch {
             radioFailed(error, now: now)
         }
@@ -249,22 +278,24 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     /// its own inout, so the closures borrow disjoint state.
     static func pollRadio(_ radio: inout Radio, _ decoder: inout AdvertisementDecoder, _ table: inout ActivityTable,
                           _ apple: inout AppleDeviceTable, _ publisher: inout Publisher,
+                          _ ownership: borrowing RoomOwnership,
                           now: ContinuousClock.Instant, clock: WallClock) throws(RadioError) -> Int {
         let timestamp = clock.unixMicroseconds(now)
         return try radio.poll(now: now) { event in
-            route(event: event, timestamp: timestamp, now: now, &decoder, &table, &apple, &publisher)
+            route(event: event, timestamp: timestamp, now: now, &decoder, &table, &apple, &publisher, ownership)
         }
     }
 
     @inline(__always)
     static func route(event: UnsafeRawBufferPointer, timestamp: Int64, now: ContinuousClock.Instant,
                       _ decoder: inout AdvertisementDecoder, _ table: inout ActivityTable,
-                      _ apple: inout AppleDeviceTable, _ publisher: inout Publisher) {
+                      _ apple: inout AppleDeviceTable, _ publisher: inout Publisher,
+                      _ ownership: borrowing RoomOwnership) {
         decoder.decode(event: event, timestamp: timestamp) { heard in
             let r = heard.report
             if let beacon = heard.content.beacon {
                 table.hear(beacon, rssi: r.rssi, address: r.address, addressType: r.addressType, now: now) { change in
-                    publisher.activityChanged(change)
+                    publisher.activityChanged(change, owned: ownership.owns(change.activity.deviceID))
                 }
             } else if heard.content.apple != nil {
                 apple.hear(heard.content.continuityMessages, rssi: r.rssi, address: r.address,
@@ -322,21 +353,100 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
             switch event {
             case .connected(let version, _):
                 log.info("connected to the broker \(config.broker.host):\(config.broker.port) (MQTT \(version.rawValue)); publishing status and \(table.count) activities")
-                publisher.connected(table: table, apple: apple, now: now)
+                publisher.connected(table: table, apple: apple, ownership: ownership, now: now)
                 publishStats(now: now)
+                sightings.reset()
+                sendSightings(now: now)
             case .refused(let reason):
                 log.error("\(reason)")
             case .disconnected(let reason):
                 log.warning("broker connection lost: \(reason); reconnecting with backoff")
             case .message(let message):
-                publisher.received(message, table: table, apple: apple, now: now)
+                received(message, now: now)
             }
         }
         mqttEvents.removeAll(keepingCapacity: true)
     }
 
-    static func expire(_ table: inout ActivityTable, _ publisher: inout Publisher, now: ContinuousClock.Instant) {
-        table.expire(now: now) { publisher.activityChanged($0) }
+    // MARK: rooms (docs/rooms.md)
+
+    /// A status, a sighting, or a retained entry of the scan after connect.
+    mutating func received(_ message: MQTTMessage, now: ContinuousClock.Instant) {
+        let topics = publisher.topics
+        if let id = topics.gatewayID(inStatusTopic: message.topic) {
+            let online = message.payload.elementsEqual("online".utf8)
+            if !ownership.status(gateway: id, online: online, now: now, { ownershipChanges.append($0) }) {
+                sightingDrops.count(SightingDrop.gatewaysFull.name)
+                log.warning("gateway \(id): more gateways than rooms.gateways (\(config.rooms.gateways)); its devices are not followed")
+            }
+            handleOwnershipChanges(now: now)
+        } else if let (gateway, device) = topics.sighting(inTopic: message.topic) {
+            sightingsReceived &+= 1
+            // Array.withUnsafeBytes rethrows untyped: the decode result travels out as a value.
+            let decoded: Result<Sighting, WireError> = message.payload.withUnsafeBytes { bytes in
+                do throws(WireError) { return .success(try Sighting.decode(bytes)) } catch { return .failure(error) }
+            }
+            let sighting: Sighting
+            switch decoded {
+            case .success(let s): sighting = s
+            case .failure(let error): return sightingDrops.count(error)
+            }
+            if let drop = ownership.sighting(sighting, gateway: gateway, device: device, now: now,
+                                             { ownershipChanges.append($0) }) {
+                sightingDrops.count(drop.name)
+            }
+            handleOwnershipChanges(now: now)
+        } else {
+            publisher.received(message, table: table, apple: apple, ownership: ownership, now: now)
+        }
+    }
+
+    /// Acts on what the rule decided: the new owner publishes what it holds; the old one
+    /// falls silent without clearing (the topic is the new owner's now); a forgotten device's
+    /// activity is cleared by its owner, or by the first online gateway if its owner is gone.
+    mutating func handleOwnershipChanges(now: ContinuousClock.Instant) {
+        guard !ownershipChanges.isEmpty else { return }
+        let me = ownership.selfSlot
+        for change in ownershipChanges {
+            let device = Topics.deviceText(change.device)
+            if change.to == me {
+                if let a = table.activity(deviceID: change.device) {
+                    log.info("device \(device): now in \(config.room) (\(change.reason))\(change.from.map { " from \(ownership.id(of: $0))" } ?? "")")
+                    publisher.tookOver(a)
+                }
+            } else if change.from == me, let to = change.to {
+                log.info("device \(device): moved to \(ownership.id(of: to)) (\(change.reason))")
+            } else if change.reason == .forgotten {
+                if change.from == me {
+                    if table.activity(deviceID: change.device)?.state == .current {
+                        publisher.clearActivity(change.device, forOthers: false)
+                    }
+                } else if change.from.map({ !ownership.isOnline($0) }) ?? true, ownership.firstOnline == me {
+                    log.info("device \(device): nobody hears it and its gateway is offline; clearing its activity")
+                    publisher.clearActivity(change.device, forOthers: true)
+                }
+            }
+        }
+        ownershipChanges.removeAll(keepingCapacity: true)
+    }
+
+    /// This gateway's sightings that are due (docs/rooms.md §2).
+    mutating func sendSightings(now: ContinuousClock.Instant) {
+        Self.sendSightings(&sightings, table, &publisher, &sightingCounter, since: since, now: now)
+    }
+
+    static func sendSightings(_ schedule: inout SightingSchedule, _ table: borrowing ActivityTable,
+                              _ publisher: inout Publisher, _ counter: inout UInt64, since: Int64,
+                              now: ContinuousClock.Instant) {
+        schedule.due(table: table, now: now) { due in
+            counter &+= 1  // 64 bits at a million a second: half a million years
+            publisher.publishSighting(device: due.device, Sighting(rssi: due.rssi, since: since, n: counter))
+        }
+    }
+
+    static func expire(_ table: inout ActivityTable, _ publisher: inout Publisher, _ ownership: borrowing RoomOwnership,
+                       now: ContinuousClock.Instant) {
+        table.expire(now: now) { publisher.activityChanged($0, owned: ownership.owns($0.activity.deviceID)) }
     }
 
     static func expire(_ apple: inout AppleDeviceTable, _ publisher: inout Publisher, now: ContinuousClock.Instant) {
@@ -387,6 +497,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         for d in t.drops.sorted { try w.key(d.reason); try w.int(Int64(d.count)) }
         let tc = table.counters
         if tc.staleSequence > 0 { try w.key("stale-sequence"); try w.int(Int64(tc.staleSequence)) }
+        for d in sightingDrops.sorted { try w.key(d.reason); try w.int(Int64(d.count)) }
         try w.endObject()
         try w.key("table"); try w.beginObject()
         try w.key("fill"); try w.int(Int64(table.count))
@@ -402,6 +513,20 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         try w.key("expired"); try w.int(Int64(ac.expired))
         try w.endObject()
         let pc = publisher.counters
+        let oc = ownership.counters
+        var owned = 0
+        table.forEach { if ownership.owns($0.deviceID) { owned += 1 } }
+        try w.key("rooms"); try w.beginObject()
+        try w.key("devices"); try w.int(Int64(ownership.count))
+        try w.key("capacity"); try w.int(Int64(ownership.capacity))
+        try w.key("owned"); try w.int(Int64(owned))
+        try w.key("ownership_changes"); try w.int(Int64(oc.changes))
+        try w.key("takeovers"); try w.int(Int64(oc.takeovers))
+        try w.key("forgotten"); try w.int(Int64(oc.forgotten))
+        try w.key("sightings_sent"); try w.int(Int64(pc.sightingsSent))
+        try w.key("sightings_received"); try w.int(Int64(sightingsReceived))
+        try w.key("cleared_for_others"); try w.int(Int64(pc.clearedForOthers))
+        try w.endObject()
         try w.key("broker"); try w.beginObject()
         try w.key("connects"); try w.int(Int64(pc.connects))
         try w.key("changes_while_away"); try w.int(Int64(pc.changesWhileAway))

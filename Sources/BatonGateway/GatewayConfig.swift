@@ -40,6 +40,9 @@ public struct GatewayConfig: Sendable, Equatable {
     /// How often the status JSON is republished.
     public var statusInterval: Duration
     public var logLevel: String
+    /// The room-ownership rule's parameters (docs/rooms.md §3). Its `forgetAfter` is always
+    /// `table.expiry`: a device nobody hears is forgotten when a table would expire it.
+    public var rooms: RoomsConfig
 }
 
 /// A config problem, said the way a user fixes it: file, line, key, what was expected.
@@ -115,7 +118,8 @@ extension GatewayConfig {
                                           idKey: UInt64.random(in: .min ... .max, using: &random)),
             appleAddresses: false,
             statusInterval: .seconds(30),
-            logLevel: "info")
+            logLevel: "info",
+            rooms: RoomsConfig())
     }
 
     /// The host name, lowercased, with every character outside `[a-z0-9_-]` replaced by `-`, at

@@ -19,6 +19,11 @@ public struct PublisherCounters: Sendable, Equatable {
     public var orphansCleared = 0
     public var publishErrors = 0
     public var connects = 0
+    /// Sightings of this gateway's devices sent (docs/rooms.md §2).
+    public var sightingsSent = 0
+    /// Activities of other, offline gateways that nobody hears any more, cleared by this one
+    /// as the first online gateway (docs/rooms.md §4).
+    public var clearedForOthers = 0
     public init() {}
 }
 
@@ -45,9 +50,9 @@ public struct Publisher: ~Copyable {
     /// Clears owed to the broker since it went away. Capacity reserved once.
     private var pending: [(topic: OwnedTopic, removeDiscovery: Bool)]
     private let pendingCapacity: Int
-    /// Retained entries naming this gateway that its table does not hold, with the instant
-    /// they are cleared unless heard again first.
-    private var orphans: [(topic: OwnedTopic, deadline: ContinuousClock.Instant)]
+    /// Retained entries naming this gateway that it does not hold, or naming an offline
+    /// gateway, with the instant they are cleared unless heard again first.
+    private var orphans: [(topic: OwnedTopic, deadline: ContinuousClock.Instant, mine: Bool)]
 
     public init(mqtt: consuming MQTTClient, topics: Topics, origin: Payloads.Origin, clock: WallClock, version: String,
                 discovery: Bool, appleAddresses: Bool, orphanGrace: Duration, ownedCapacity: Int, log: Logger) {
@@ -78,7 +83,10 @@ public struct Publisher: ~Copyable {
 
     // MARK: changes
 
-    public mutating func activityChanged(_ change: ActivityChange) {
+    /// A change in this room's table. Only the device's owner publishes it (docs/rooms.md §1):
+    /// another room hears the same beacons and its owner says the same thing.
+    public mutating func activityChanged(_ change: ActivityChange, owned: Bool) {
+        guard owned else { return }
         let a = change.activity
         switch change.kind {
         case .becameCurrent, .saved:
@@ -101,6 +109,42 @@ public struct Publisher: ~Copyable {
             publishApple(change.device)
         case .expired, .evicted:
             clear(.apple(change.device.id), removeDiscovery: false)
+        }
+    }
+
+    // MARK: rooms
+
+    /// This gateway became the device's owner: what it holds goes out now, with discovery
+    /// configs whose availability follows this gateway's status.
+    public mutating func tookOver(_ a: TrackedActivity) {
+        guard mqtt.isConnected else { counters.changesWhileAway &+= 1; return }
+        publishDeviceDiscovery(a.deviceID)
+        if a.state == .current { publishActivity(a) }
+    }
+
+    /// Clears a device's activity and its Home Assistant configs: it ended while owned here,
+    /// or nobody hears it and its owner is gone (docs/rooms.md §4).
+    public mutating func clearActivity(_ deviceID: UInt64, forOthers: Bool) {
+        clear(.activity(deviceID), removeDiscovery: true)
+        if forOthers { counters.clearedForOthers &+= 1 }
+    }
+
+    /// One sighting, QoS 0 and not retained: it is news, not state, and the next heartbeat
+    /// replaces a lost one (docs/rooms.md §2).
+    public mutating func publishSighting(device: UInt64, _ sighting: Sighting) {
+        guard mqtt.isConnected else { return }
+        var w = JSONWriter(scratch)
+        do throws(WireError) {
+            try sighting.write(into: &w)
+        } catch {
+            return log.error("sighting JSON did not fit 4 KiB (our bug): \(error)")
+        }
+        do throws(MQTTError) {
+            try mqtt.publish(topic: topics.sighting(device), payload: w.written, qos: 0, retain: false,
+                             properties: Self.jsonProperties)
+            counters.sightingsSent &+= 1
+        } catch {
+            counters.publishErrors &+= 1
         }
     }
 
@@ -214,9 +258,17 @@ public struct Publisher: ~Copyable {
 
     /// Birth, then everything owned: the broker may have restarted with nothing retained.
     public mutating func connected(table: borrowing ActivityTable, apple: borrowing AppleDeviceTable,
-                                   now: ContinuousClock.Instant) {
+                                   ownership: borrowing RoomOwnership, now: ContinuousClock.Instant) {
         counters.connects &+= 1
         loggedPublishError = false
+        // Every gateway's status and sightings, for the ownership rule (docs/rooms.md). The
+        // statuses come first, so the retained scan below knows who is online.
+        do throws(MQTTError) {
+            try mqtt.subscribe(topics.statusPattern, qos: 1)
+            try mqtt.subscribe(topics.sightingPattern, qos: 0)
+        } catch {
+            log.warning("subscribing to the building's statuses and sightings failed: \(error)")
+        }
         publish(topics.status, text: "online")
         if discovery {
             var w = JSONWriter(scratch)
@@ -231,6 +283,7 @@ public struct Publisher: ~Copyable {
         pending.removeAll(keepingCapacity: true)
         for owedClear in owed { clear(owedClear.topic, removeDiscovery: owedClear.removeDiscovery) }
         table.forEach { a in
+            guard ownership.owns(a.deviceID) else { return }
             // An invalidated device keeps its Home Assistant entities (docs/mqtt.md §4).
             publishDeviceDiscovery(a.deviceID)
             if a.state == .current { publishActivity(a) }
@@ -264,10 +317,11 @@ public struct Publisher: ~Copyable {
         }
     }
 
-    /// A message on the subscribed patterns. Only retained ones matter: those are the
-    /// broker's memory; live ones are our own publishes coming back.
+    /// A message on the retained-scan patterns. Only retained ones matter: those are the
+    /// broker's memory; live ones are changes coming by.
     public mutating func received(_ message: MQTTMessage, table: borrowing ActivityTable,
-                                  apple: borrowing AppleDeviceTable, now: ContinuousClock.Instant) {
+                                  apple: borrowing AppleDeviceTable, ownership: borrowing RoomOwnership,
+                                  now: ContinuousClock.Instant) {
         guard message.retained, !message.payload.isEmpty else { return }
         let owned: OwnedTopic
         if let id = topics.deviceID(inActivityTopic: message.topic) {
@@ -277,33 +331,47 @@ public struct Publisher: ~Copyable {
         } else {
             return
         }
-        if Self.holds(owned, table: table, apple: apple) { return }
-        guard Self.gateway(of: message.payload) == topics.gatewayID else { return }
+        if Self.holds(owned, table: table, apple: apple, ownership: ownership) { return }
+        guard let gateway = Self.gateway(of: message.payload) else { return }
+        let mine = gateway == topics.gatewayID
+        // Another gateway's entry is its business while it is online; an offline gateway's
+        // activity is everyone's (docs/rooms.md §4). Apple entries are per gateway.
+        if !mine {
+            guard case .activity = owned, !ownership.isOnline(gateway: Substring(gateway)) else { return }
+        }
         guard !orphans.contains(where: { $0.topic == owned }), orphans.count < pendingCapacity else { return }
-        orphans.append((owned, now + orphanGrace))
+        orphans.append((owned, now + orphanGrace, mine))
     }
 
-    /// Clears the orphans whose grace has passed and that were not heard again.
+    /// Clears the orphans whose grace has passed and that were not heard again: this
+    /// gateway's own, and offline gateways' activities that no online gateway owns, when this
+    /// gateway is the first online one (so one gateway clears, not all).
     public mutating func clearOrphans(table: borrowing ActivityTable, apple: borrowing AppleDeviceTable,
-                                      now: ContinuousClock.Instant) {
+                                      ownership: borrowing RoomOwnership, now: ContinuousClock.Instant) {
         guard mqtt.isConnected, orphans.contains(where: { $0.deadline <= now }) else { return }
-        var kept: [(topic: OwnedTopic, deadline: ContinuousClock.Instant)] = []
+        var kept: [(topic: OwnedTopic, deadline: ContinuousClock.Instant, mine: Bool)] = []
         for o in orphans {
             guard o.deadline <= now else { kept.append(o); continue }
-            if Self.holds(o.topic, table: table, apple: apple) { continue }
-            log.info("clearing \(topics.name(o.topic)), left retained by an earlier run and not heard since")
+            if Self.holds(o.topic, table: table, apple: apple, ownership: ownership) { continue }
+            if case .activity(let id) = o.topic, let owner = ownership.owner(of: id),
+               owner != ownership.selfSlot, ownership.isOnline(owner) {
+                continue  // an online gateway owns it now and keeps the topic right
+            }
+            if !o.mine, ownership.firstOnline != ownership.selfSlot { continue }
+            log.info("clearing \(topics.name(o.topic)), left retained by \(o.mine ? "an earlier run" : "an offline gateway") and not heard since")
             clear(o.topic, removeDiscovery: true)
-            counters.orphansCleared &+= 1
+            if o.mine { counters.orphansCleared &+= 1 } else { counters.clearedForOthers &+= 1 }
         }
         orphans.removeAll(keepingCapacity: true)
         orphans.append(contentsOf: kept)
     }
 
-    /// True when the tables hold what the topic shows: a current activity, an Apple entry.
-    static func holds(_ owned: OwnedTopic, table: borrowing ActivityTable, apple: borrowing AppleDeviceTable) -> Bool {
+    /// True when this gateway holds what the topic shows: a current activity it owns, an Apple entry.
+    static func holds(_ owned: OwnedTopic, table: borrowing ActivityTable, apple: borrowing AppleDeviceTable,
+                      ownership: borrowing RoomOwnership) -> Bool {
         switch owned {
         case .activity(let id):
-            return table.activity(deviceID: id)?.state == .current
+            return table.activity(deviceID: id)?.state == .current && ownership.owns(id)
         case .apple(let id):
             var held = false
             apple.forEach { if $0.id == id { held = true } }

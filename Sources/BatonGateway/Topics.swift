@@ -23,6 +23,14 @@ public struct Topics: Sendable, Equatable {
     public func apple(_ id: UInt32) -> String { "\(prefix)/apple/\(Self.appleText(id))" }
     public var applePattern: String { "\(prefix)/apple/+" }
 
+    /// Every gateway's status, for the ownership rule (docs/rooms.md §4).
+    public var statusPattern: String { "\(prefix)/gateways/+/status" }
+    /// This gateway's sighting of a device: QoS 0, not retained (docs/rooms.md §2).
+    public func sighting(_ deviceID: UInt64) -> String {
+        "\(prefix)/sightings/\(gatewayID)/\(Self.deviceText(deviceID))"
+    }
+    public var sightingPattern: String { "\(prefix)/sightings/+/+" }
+
     // Home Assistant MQTT discovery (docs/mqtt.md §4): <discovery>/<component>/<node>/<object>/config.
     public var gatewayNode: String { "baton_\(gatewayID)" }
     public var gatewayConnectivityConfig: String { "\(discoveryPrefix)/binary_sensor/\(gatewayNode)/connectivity/config" }
@@ -46,6 +54,40 @@ public struct Topics: Sendable, Equatable {
         let tail = topic.dropFirst(head.count)
         guard tail.count == 12, let v = UInt64(tail, radix: 16), tail.allSatisfy({ $0.isHexDigit && !$0.isUppercase }) else { return nil }
         return v
+    }
+
+    /// The gateway id in `<prefix>/gateways/<id>/status`, if the topic is one.
+    public func gatewayID(inStatusTopic topic: String) -> Substring? {
+        guard let rest = Self.tail(of: topic, after: prefix, "gateways"), rest.hasSuffix("/status") else { return nil }
+        let id = rest.dropLast("/status".count)
+        return id.isEmpty || id.contains("/") ? nil : id
+    }
+
+    /// The sender and device of `<prefix>/sightings/<gateway>/<device>`, if the topic is one.
+    public func sighting(inTopic topic: String) -> (gateway: Substring, device: UInt64)? {
+        guard let rest = Self.tail(of: topic, after: prefix, "sightings"),
+              let slash = rest.lastIndex(of: "/") else { return nil }
+        let gateway = rest[..<slash]
+        let device = rest[rest.index(after: slash)...]
+        guard !gateway.isEmpty, !gateway.contains("/"), let id = Self.deviceID(device) else { return nil }
+        return (gateway, id)
+    }
+
+    /// What follows `<prefix>/<level>/` in a topic.
+    static func tail(of topic: String, after prefix: String, _ level: String) -> Substring? {
+        guard topic.hasPrefix(prefix) else { return nil }
+        var rest = topic.dropFirst(prefix.count)
+        guard rest.hasPrefix("/\(level)/") else { return nil }
+        rest = rest.dropFirst(level.count + 2)
+        return rest
+    }
+
+    /// 12 lowercase hex digits, as `deviceText` writes them; nothing else.
+    static func deviceID(_ text: Substring) -> UInt64? {
+        guard text.utf8.count == 12, text.utf8.allSatisfy({ (0x30...0x39).contains($0) || (0x61...0x66).contains($0) }) else {
+            return nil
+        }
+        return UInt64(text, radix: 16)
     }
 
     /// The entry id in an Apple topic of this prefix, if it is one.

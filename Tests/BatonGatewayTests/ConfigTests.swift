@@ -48,7 +48,10 @@ private let documentedDefaults = GatewayConfig(
     apple: AppleDeviceTableConfig(tracking: .handoff, capacity: 64, expiry: .seconds(60), idKey: 0),
     appleAddresses: false,
     statusInterval: .seconds(30),
-    logLevel: "info")
+    logLevel: "info",
+    rooms: RoomsConfig(sightingInterval: .seconds(2), sightingStep: 3, sightingMinInterval: .milliseconds(500),
+                       sightingFresh: .seconds(5), lostAfter: .seconds(10), settle: .seconds(1), margin: 6,
+                       dwell: .seconds(3), forgetAfter: .seconds(60), capacity: 1024, gateways: 32))
 
 /// A fresh directory for files the config points at; removed when the test ends.
 private final class Scratch {
@@ -119,7 +122,7 @@ private func urlReason(_ text: String) -> String {
         let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../..")
         let board = try String(contentsOf: root.appendingPathComponent("board/baton.yaml"), encoding: .utf8)
         let docs = try String(contentsOf: root.appendingPathComponent("docs/config.md"), encoding: .utf8)
-        #expect(ConfigSchema.valueKeys.count == 30)
+        #expect(ConfigSchema.valueKeys.count == 40)
         for key in ConfigSchema.valueKeys {
             let leaf = key.split(separator: ".").last!
             let inBoard = board.contains(" \(leaf): "), inDocs = docs.contains("`\(key)`")
