@@ -396,6 +396,9 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
                 sightingDrops.count(drop.name)
             }
             handleOwnershipChanges(now: now)
+        } else if message.topic.hasPrefix(topics.sightingsRoot) {
+            // Under the sightings but not `<gateway>/<12 hex digits>`.
+            sightingDrops.count("sighting-topic")
         } else {
             publisher.received(message, table: table, apple: apple, ownership: ownership, now: now)
         }
@@ -497,7 +500,6 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         for d in t.drops.sorted { try w.key(d.reason); try w.int(Int64(d.count)) }
         let tc = table.counters
         if tc.staleSequence > 0 { try w.key("stale-sequence"); try w.int(Int64(tc.staleSequence)) }
-        for d in sightingDrops.sorted { try w.key(d.reason); try w.int(Int64(d.count)) }
         try w.endObject()
         try w.key("table"); try w.beginObject()
         try w.key("fill"); try w.int(Int64(table.count))
@@ -526,6 +528,10 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         try w.key("sightings_sent"); try w.int(Int64(pc.sightingsSent))
         try w.key("sightings_received"); try w.int(Int64(sightingsReceived))
         try w.key("cleared_for_others"); try w.int(Int64(pc.clearedForOthers))
+        // Apart from the radio's drops: a sighting's `truncated` is not an advert's.
+        try w.key("drops"); try w.beginObject()
+        for d in sightingDrops.sorted { try w.key(d.reason); try w.int(Int64(d.count)) }
+        try w.endObject()
         try w.endObject()
         try w.key("broker"); try w.beginObject()
         try w.key("connects"); try w.int(Int64(pc.connects))

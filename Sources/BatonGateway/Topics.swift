@@ -30,6 +30,7 @@ public struct Topics: Sendable, Equatable {
         "\(prefix)/sightings/\(gatewayID)/\(Self.deviceText(deviceID))"
     }
     public var sightingPattern: String { "\(prefix)/sightings/+/+" }
+    public var sightingsRoot: String { "\(prefix)/sightings/" }
 
     // Home Assistant MQTT discovery (docs/mqtt.md §4): <discovery>/<component>/<node>/<object>/config.
     public var gatewayNode: String { "baton_\(gatewayID)" }
