@@ -111,8 +111,14 @@ struct WatchView {
             let a = Activity(room: o["room"] as? String ?? "?", gateway: o["gateway"] as? String ?? "?",
                              type: o["type_hash"] as? String ?? "?", seq: o["seq"] as? Int ?? 0,
                              state: o["change"] as? String ?? "?", changed: o["changed"] as? String ?? "")
-            activities[device] = a
-            changed("\(device) \(a.state) in \(a.room) (gateway \(a.gateway), seq \(a.seq), type \(a.type))")
+            let before = activities.updateValue(a, forKey: device)
+            // Another gateway publishing the same activity: the person walked into its room
+            // (docs/rooms.md §1).
+            if let before, before.gateway != a.gateway, before.seq == a.seq, before.type == a.type {
+                changed("\(device) moved to \(a.room) from \(before.room) (gateway \(a.gateway), seq \(a.seq), type \(a.type))")
+            } else {
+                changed("\(device) \(a.state) in \(a.room) (gateway \(a.gateway), seq \(a.seq), type \(a.type))")
+            }
         } else if rest.count == 3, rest[0] == "gateways", rest[2] == "status" {
             gateways[rest[1]] = String(decoding: m.payload, as: UTF8.self)
             changed("gateway \(rest[1]) \(gateways[rest[1]]!)")
