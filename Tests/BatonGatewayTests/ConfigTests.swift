@@ -254,6 +254,21 @@ private func urlReason(_ text: String) -> String {
         #expect(try GatewayConfig.load(file: windows, hostName: host).broker.password == "hunter3")
     }
 
+    @Test func roomParametersAreCheckedAgainstEachOther() throws {
+        // docs/rooms.md §3: a heartbeat must arrive before its sighting goes stale, and a
+        // device must be called lost before a table forgets it.
+        let c = try parse("table:\n  expiry: 30s\nrooms:\n  dwell: 750ms\n  margin: 8\n  lost-after: 20s\n")
+        #expect(c.rooms.dwell == .milliseconds(750) && c.rooms.margin == 8 && c.rooms.lostAfter == .seconds(20))
+        #expect(c.rooms.forgetAfter == .seconds(30), "a device nobody hears is forgotten after table.expiry")
+        #expect(problems("rooms:\n  lost-after: 60s\n")
+                == "/etc/baton/baton.yaml:2: rooms.lost-after: must be shorter than table.expiry (1m), so other rooms take a device over before this one forgets it")
+        #expect(problems("rooms:\n  sighting-interval: 5s\n  sighting-fresh: 5s\n")
+                == "/etc/baton/baton.yaml:3: rooms.sighting-fresh: must be longer than rooms.sighting-interval (5s), or every heartbeat would arrive stale")
+        #expect(problems("rooms:\n  capacity: 100001\n")
+                == "/etc/baton/baton.yaml:2: rooms.capacity: must be between 1 and 100000, got 100001")
+        #expect(problems("rooms:\n  dwel: 3s\n") == #"/etc/baton/baton.yaml:2: rooms: unknown key "dwel" (did you mean "dwell"?)"#)
+    }
+
     @Test func capacitiesAcceptTheirMaximumAndNotOneMore() throws {
         #expect(try parse("table:\n  capacity: 100000\n").table.capacity == 100_000)
         #expect(problems("table:\n  capacity: 100001\n")

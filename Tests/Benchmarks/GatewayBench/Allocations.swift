@@ -172,6 +172,14 @@ func measureAllocations(broker: MosquittoBroker, devices: Int, warmup: Int, meas
     // Shorter ones put those timers' own allocations in it (docs/performance.md).
     config.statusInterval = statusInterval
     config.broker.keepalive = keepalive
+    // The room rule's timers are treated like the stats timer: a sighting is a publish
+    // (libmosquitto allocates its packet), due on its heartbeat or after a 3 dB move, and
+    // neither is an unchanged advertisement; so the heartbeat goes out of the window and a
+    // lone gateway owns its devices at once (docs/performance.md, docs/rooms.md §2).
+    config.rooms.sightingInterval = statusInterval
+    config.rooms.sightingFresh = statusInterval * 2
+    config.rooms.sightingStep = 60
+    config.rooms.settle = .zero
     var mqtt = try MQTTClient(config: GatewayLauncher.mqttConfig(config))
     var radio = try RadioCapture(file: capture.file, pace: .timestamps(speed: 1))
     // What `Gateway.run()` does before its first turn: the broker connect and the radio start.
