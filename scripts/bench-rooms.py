@@ -1,0 +1,623 @@
+#!/usr/bin/env python3
+"""Rooms figures for scripts/bench (docs/performance.md "Rooms").
+
+Runs real processes only: the release `baton sim --scenario`, one release `baton gateway` per
+room, a throwaway mosquitto on 127.0.0.1 and a free port, and `mosquitto_sub` as the
+subscriber a user's Home Assistant would be. Two parts:
+
+  latency  3 rooms in a line, --walkers devices each walking to a neighbouring room and back
+           at staggered times, the sim's default radio and rate, the gateways' default room
+           parameters. For each walk: the first activity message at the subscriber naming the
+           destination room's gateway, minus the walk's `unix_us`. Run twice: with the
+           defaults, and with `rooms.dwell: 0s` to show what the dwell adds.
+  load     --crowd devices wandering (every --wander s) over 10 rooms in a 5 x 2 grid at
+           --rate reports/s each; over a --window s window after --warmup s: each gateway's
+           CPU (utime + stime, /proc/PID/stat) and memory (VmHWM, VmRSS, /proc/PID/status),
+           the simulator's and mosquitto's CPU, and the message rates from each gateway's
+           retained stats topic.
+
+  scripts/bench-rooms.py BATON [--json FILE] [--parts latency,load] [--keep DIR]
+                         [--walkers N] [--crowd N] [--wander S] [--rate N]
+                         [--warmup S] [--window S] [--budget S]
+
+Prints a table on stdout and progress on stderr; --json FILE also writes every figure as
+JSON. Everything it starts is killed when it ends, on error too, and the whole run is bounded
+by --budget seconds. Python 3 standard library only.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+MOSQUITTO = "/usr/sbin/mosquitto"
+MOSQUITTO_SUB = "/usr/bin/mosquitto_sub"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def say(text):
+    print(f"bench-rooms: {text}", file=sys.stderr, flush=True)
+
+
+def now_us():
+    return time.time_ns() // 1000
+
+
+class BenchError(Exception):
+    """A part could not produce its figure; the text says which process and why."""
+
+
+class Budget(Exception):
+    pass
+
+
+# ---------------------------------------------------------------- processes
+
+
+class Processes:
+    """Every child this script starts, so that all of them are killed at the end, on error too."""
+
+    def __init__(self):
+        self.children = []
+
+    def start(self, name, args, **kwargs):
+        try:
+            p = subprocess.Popen(args, **kwargs)
+        except OSError as error:
+            raise BenchError(f"could not start {name} ({args[0]}): {error}")
+        self.children.append((name, p))
+        return p
+
+    def stop(self, p, sig=signal.SIGTERM, timeout=5):
+        if p.poll() is None:
+            p.send_signal(sig)
+            try:
+                p.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=5)
+
+    def kill_all(self):
+        for _, p in reversed(self.children):
+            if p.poll() is None:
+                p.kill()
+        for _, p in self.children:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        self.children = []
+
+
+class LineReader:
+    """Reads a child's stdout line by line on a thread and stamps each line with the unix time
+    (µs) at which this process read it: the subscriber's arrival time."""
+
+    def __init__(self, stream):
+        self.lines = []  # (arrival_us, text)
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._run, args=(stream,), daemon=True)
+        self.thread.start()
+
+    def _run(self, stream):
+        for raw in iter(stream.readline, b""):
+            stamp = now_us()
+            with self.lock:
+                self.lines.append((stamp, raw.decode("utf-8", "replace").rstrip("\n")))
+
+    def snapshot(self):
+        with self.lock:
+            return list(self.lines)
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def accepts(port):
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+def start_broker(procs, work):
+    """mosquitto on 127.0.0.1 and a free port, no persistence, its config in `work`, as
+    Tests/BatonTestSupport/MosquittoBroker.swift does it."""
+    if not os.access(MOSQUITTO, os.X_OK):
+        raise BenchError(f"{MOSQUITTO} is missing: install the mosquitto package (scripts/setup)")
+    for _ in range(3):
+        port = free_port()
+        conf = os.path.join(work, "mosquitto.conf")
+        lines = ["persistence false", f"log_dest file {os.path.join(work, 'mosquitto.log')}",
+                 "log_type error", "log_type warning"]
+        # As root mosquitto would switch to the "mosquitto" user, who cannot write `work`.
+        if os.geteuid() == 0:
+            lines.append("user root")
+        lines += ["allow_anonymous true", f"listener {port} 127.0.0.1"]
+        with open(conf, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        p = procs.start("mosquitto", [MOSQUITTO, "-c", conf], stdout=subprocess.DEVNULL,
+                        stderr=open(os.path.join(work, "mosquitto.err"), "w"))
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            if accepts(port):
+                return p, port
+            if p.poll() is not None:
+                break
+            time.sleep(0.02)
+        procs.stop(p, signal.SIGKILL)
+    raise BenchError(f"mosquitto did not accept connections on 127.0.0.1; see {work}/mosquitto.err")
+
+
+def subscribe(procs, port, topic):
+    """mosquitto_sub -v, line-buffered (stdbuf) so that a line is read when it arrives."""
+    args = [MOSQUITTO_SUB, "-h", "127.0.0.1", "-p", str(port), "-v", "-t", topic]
+    if shutil.which("stdbuf"):
+        args = ["stdbuf", "-oL"] + args
+    p = procs.start("mosquitto_sub", args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    return p, LineReader(p.stdout)
+
+
+def messages(reader, prefix):
+    """(arrival_us, last topic level, JSON or None) for each line of a `mosquitto_sub -v`."""
+    out = []
+    for stamp, line in reader.snapshot():
+        topic, _, payload = line.partition(" ")
+        if not topic.startswith(prefix):
+            continue
+        try:
+            value = json.loads(payload) if payload.strip() else None
+        except ValueError:
+            value = None
+        out.append((stamp, topic.rsplit("/", 1)[-1], value))
+    return out
+
+
+def gateway_yaml(port, gid, room, sock, extra):
+    return "\n".join([
+        "gateway:", f"  id: {gid}", f"  room: {room}",
+        "broker:", f"  url: mqtt://127.0.0.1:{port}",
+        "radio:", f"  source: sim:{sock}",
+    ] + extra) + "\n"
+
+
+class Building:
+    """`baton sim --scenario` plus one `baton gateway` per room, and their files in `work`."""
+
+    def __init__(self, procs, baton, work, scenario, rooms, port, extra_config):
+        self.procs, self.work = procs, work
+        path = os.path.join(work, "scenario.yaml")
+        with open(path, "w") as f:
+            f.write(scenario)
+        sockets = os.path.join(work, "rooms")
+        self.sim = procs.start("baton sim", [baton, "sim", "--scenario", path, "--sockets", sockets],
+                               stdout=subprocess.PIPE, stderr=open(os.path.join(work, "sim.log"), "w"))
+        self.events = LineReader(self.sim.stdout)
+        self.wait_for(lambda e: e.get("event") == "ready", 15, "the simulator did not get ready")
+        self.gateways = {}
+        for gid, name in rooms:
+            config = os.path.join(work, f"{gid}.yaml")
+            with open(config, "w") as f:
+                f.write(gateway_yaml(port, gid, name, os.path.join(sockets, f"{gid}.sock"), extra_config))
+            self.gateways[gid] = procs.start(
+                f"gateway {gid}", [baton, "gateway", "--config", config], stdout=subprocess.DEVNULL,
+                stderr=open(os.path.join(work, f"{gid}.log"), "w"))
+        # The sim starts its clock when every room's gateway scans.
+        self.start_us = self.wait_for(lambda e: e.get("event") == "start", 30,
+                                      "the gateways did not all connect and scan within 30 s")["unix_us"]
+
+    def parsed(self):
+        out = []
+        for _, line in self.events.snapshot():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+        return out
+
+    def wait_for(self, match, seconds, failure):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            for e in self.parsed():
+                if match(e):
+                    return e
+            if self.sim.poll() is not None:
+                break
+            for gid, g in getattr(self, "gateways", {}).items():
+                if g.poll() is not None:
+                    raise BenchError(f"gateway {gid} exited with {g.returncode}: see {self.work}/{gid}.log")
+            time.sleep(0.05)
+        for e in self.parsed():
+            if match(e):
+                return e
+        raise BenchError(f"{failure} (see {self.work}/sim.log and the gateways' logs)")
+
+    def stop(self):
+        """SIGTERM to the simulator (it prints its `end` line with each room's counts), then
+        to the gateways; returns the `end` line or None."""
+        self.procs.stop(self.sim, signal.SIGTERM, timeout=10)
+        end = next((e for e in self.parsed() if e.get("event") == "end"), None)
+        for g in self.gateways.values():
+            self.procs.stop(g, signal.SIGTERM, timeout=5)
+        return end
+
+
+# ---------------------------------------------------------------- latency
+
+LINE_ROOMS = [("hall", "Hall"), ("kitchen", "Kitchen"), ("office", "Office")]
+
+
+def latency_scenario(walkers, first, spacing, back):
+    """Device i starts in room i mod 3 and walks to a neighbouring room at first + i·spacing,
+    and back at back + i·spacing: one walk in progress at a time per spacing."""
+    lines = ["# Generated by scripts/bench-rooms.py: three rooms in a line, devices walking to a",
+             "# neighbouring room and back at staggered times; the sim's default radio and rate.",
+             "seed: 1", "speed: 1", f"duration: {back + walkers * spacing + 15:g}", "rate: 10",
+             "rooms:"] + [f"  - {{id: {gid}, name: {name}}}" for gid, name in LINE_ROOMS] + ["devices:"]
+    ids = [r for r, _ in LINE_ROOMS]
+    for i in range(walkers):
+        home = ids[i % 3]
+        there = "kitchen" if home != "kitchen" else ("hall" if i % 2 == 0 else "office")
+        lines += [f"  - id: 5a00000001{i:02x}", f"    name: walker-{i}", f"    at: {home}", "    script:",
+                  f"      - {{at: {first + i * spacing:g}, walk: {there}}}",
+                  f"      - {{at: {back + i * spacing:g}, walk: {home}}}"]
+    return "\n".join(lines) + "\n"
+
+
+def percentile(sorted_values, p):
+    """Nearest rank: a value actually measured."""
+    if not sorted_values:
+        return None
+    rank = max(1, -(-len(sorted_values) * p // 100))
+    return sorted_values[int(rank) - 1]
+
+
+def run_latency(procs, baton, work, label, walkers, extra):
+    os.makedirs(work)
+    broker, port = start_broker(procs, work)
+    sub, reader = subscribe(procs, port, "baton/activities/+")
+    first, spacing = 12, 0.8
+    back = first + walkers * spacing + 8
+    scenario = latency_scenario(walkers, first, spacing, back)
+    b = Building(procs, baton, work, scenario, LINE_ROOMS, port, extra)
+    expected = 2 * walkers
+    say(f"latency ({label}): {expected} walks over {back + walkers * spacing - first:.0f} s")
+
+    def resolved():
+        walks = [e for e in b.parsed() if e.get("event") == "walk"]
+        return walks, compute_latencies(walks, messages(reader, "baton/activities/"))
+
+    # Until every walk happened and moved, or 25 s after the last walk (bounded either way).
+    deadline = time.monotonic() + back + walkers * spacing + 40
+    last_walk_seen = None
+    while time.monotonic() < deadline:
+        walks, (lat, never) = resolved()
+        if len(walks) >= expected:
+            last_walk_seen = last_walk_seen or time.monotonic()
+            if not never or time.monotonic() - last_walk_seen > 25:
+                break
+        if b.sim.poll() is not None:
+            break
+        time.sleep(0.25)
+    end = b.stop()
+    walks, (lat, never) = resolved()
+    procs.stop(sub)
+    procs.stop(broker)
+    if len(walks) < expected:
+        raise BenchError(f"latency ({label}): the simulator made {len(walks)} of {expected} walks")
+    lat.sort()
+    ms = [v / 1000 for v in lat]
+    return {"label": label, "config": extra, "walks": len(walks), "moved": len(lat),
+            "never_moved": len(never), "never_moved_devices": never,
+            "p50_ms": percentile(ms, 50), "p90_ms": percentile(ms, 90), "p99_ms": percentile(ms, 99),
+            "max_ms": ms[-1] if ms else None, "min_ms": ms[0] if ms else None,
+            "mean_ms": sum(ms) / len(ms) if ms else None,
+            "sim_end": end.get("rooms") if end else None}
+
+
+def compute_latencies(walks, activity):
+    """For each walk: the first activity message for the device, arriving after the walk and
+    before the device's next walk, that names the destination room's gateway."""
+    by_device = {}
+    for stamp, device, value in activity:
+        by_device.setdefault(device, []).append((stamp, value))
+    walks_by_device = {}
+    for w in walks:
+        walks_by_device.setdefault(w["device"], []).append(w)
+    latencies, never = [], []
+    for device, ws in walks_by_device.items():
+        ws.sort(key=lambda w: w["unix_us"])
+        for k, w in enumerate(ws):
+            until = ws[k + 1]["unix_us"] if k + 1 < len(ws) else float("inf")
+            hit = next((s for s, v in by_device.get(device, [])
+                        if w["unix_us"] <= s < until and v and v.get("gateway") == w.get("room")), None)
+            if hit is None:
+                never.append(f"{device}@{w['t']}")
+            else:
+                latencies.append(hit - w["unix_us"])
+    return latencies, never
+
+
+# ---------------------------------------------------------------- load
+
+def grid_rooms():
+    """10 rooms, 5 × 2: with the sim's default radio a device is heard at −55 dBm in its room,
+    −70 next door, −76 diagonally, −85 two rooms along; down to −95."""
+    return [(f"room{y}{x}", f"Room {y}{x}", x, y) for y in range(2) for x in range(5)]
+
+
+def load_scenario(crowd, wander, rate, duration):
+    lines = ["# Generated by scripts/bench-rooms.py: a crowd wandering over 10 rooms in a 5 x 2 grid.",
+             "seed: 1", "speed: 1", f"duration: {duration:g}", f"rate: {rate:g}", "rooms:"]
+    lines += [f"  - {{id: {gid}, name: {name}, x: {x}, y: {y}}}" for gid, name, x, y in grid_rooms()]
+    lines += ["crowd:", f"  count: {crowd}", "  first-id: 5b0000000000", f"  wander: {wander:g}"]
+    return "\n".join(lines) + "\n"
+
+
+def cpu_ticks(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of proc(5)
+
+
+def status_kib(pid):
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmHWM", "VmRSS", "RssAnon", "RssFile"):
+                out[key] = int(value.split()[0])
+    return out
+
+
+def machine_ticks():
+    """(busy, total) over all cores from /proc/stat: what else ran on the machine."""
+    with open("/proc/stat") as f:
+        values = [int(v) for v in f.readline().split()[1:]]
+    idle = values[3] + values[4]
+    return sum(values) - idle, sum(values)
+
+
+def counter(stats, *path):
+    for key in path:
+        if not isinstance(stats, dict):
+            return 0
+        stats = stats.get(key)
+    return stats if isinstance(stats, (int, float)) else 0
+
+
+def run_load(procs, baton, work, crowd, wander, rate, warmup, window):
+    os.makedirs(work)
+    broker, port = start_broker(procs, work)
+    stats_sub, stats_reader = subscribe(procs, port, "baton/gateways/+/stats")
+    activity_sub, activity_reader = subscribe(procs, port, "baton/activities/+")
+    rooms = grid_rooms()
+    # The table must hold every device a gateway hears (most of the building, at −95 dBm);
+    # stats every 5 s so the window is bracketed closely. The room rule runs on its defaults.
+    extra = ["table:", "  capacity: 1024", "status:", "  interval: 5s"]
+    b = Building(procs, baton, work, load_scenario(crowd, wander, rate, warmup + window + 30),
+                 [(g, n) for g, n, _, _ in rooms], port, extra)
+    say(f"load: {crowd} devices in {len(rooms)} rooms at {rate:g} report/s each; "
+        f"{warmup:g} s warm-up, then {window:g} s measured")
+    pids = {g: p.pid for g, p in b.gateways.items()}
+    pids["sim"], pids["mosquitto"] = b.sim.pid, broker.pid
+
+    def sleep_until(unix_us):
+        while now_us() < unix_us:
+            for gid, g in b.gateways.items():
+                if g.poll() is not None:
+                    raise BenchError(f"gateway {gid} exited with {g.returncode}: see {work}/{gid}.log")
+            time.sleep(min(0.5, max(0.0, (unix_us - now_us()) / 1e6)))
+
+    sleep_until(b.start_us + int(warmup * 1e6))
+    t0, m0 = time.monotonic(), machine_ticks()
+    c0 = {k: cpu_ticks(p) for k, p in pids.items()}
+    w0 = now_us()
+    sleep_until(w0 + int(window * 1e6))
+    t1, m1 = time.monotonic(), machine_ticks()
+    c1 = {k: cpu_ticks(p) for k, p in pids.items()}
+    w1 = now_us()
+    memory = {g: status_kib(p) for g, p in pids.items()}
+    elapsed = t1 - t0
+    cpu = {k: 100.0 * (c1[k] - c0[k]) / CLOCK_TICKS / elapsed for k in pids}
+    end = b.stop()
+    stats = messages(stats_reader, "baton/gateways/")
+    # The crowd's walks in the window, as in the latency part, on a loaded machine: walks in
+    # the last 10 s are left out, as they may not have moved yet when the window ended.
+    walks = [e for e in b.parsed() if e.get("event") == "walk" and w0 <= e["unix_us"] <= w1 - 10_000_000]
+    lat, never = compute_latencies(walks, messages(activity_reader, "baton/activities/"))
+    lat = sorted(v / 1000 for v in lat)
+    procs.stop(activity_sub)
+    procs.stop(stats_sub)
+    procs.stop(broker)
+
+    per_gateway = {}
+    for g in b.gateways:
+        inside = [(s, v) for s, gid, v in stats if gid == "stats" and v and v.get("gateway") == g]
+        # The first stats message in the window and the last one before its end.
+        first = next(((s, v) for s, v in inside if s >= w0), None)
+        last = next(((s, v) for s, v in reversed(inside) if s <= w1), None)
+        entry = {"cpu_percent": cpu[g], "vm_hwm_kib": memory[g].get("VmHWM"),
+                 "vm_rss_kib": memory[g].get("VmRSS"), "rss_anon_kib": memory[g].get("RssAnon")}
+        if first and last and last[0] > first[0]:
+            seconds = (last[0] - first[0]) / 1e6
+            a, z = first[1], last[1]
+
+            def rate_of(*path):
+                return (counter(z, *path) - counter(a, *path)) / seconds
+            drops = sum(counter(z, "drops", k) for k in (z.get("drops") or {}))
+            room_drops = sum(counter(z, "rooms", "drops", k) for k in ((z.get("rooms") or {}).get("drops") or {}))
+            entry.update({
+                "stats_span_s": seconds,
+                "reports_per_s": rate_of("reports"),
+                "sightings_sent_per_s": rate_of("rooms", "sightings_sent"),
+                "sightings_received_per_s": rate_of("rooms", "sightings_received"),
+                "changes_published_per_s": rate_of("changes_published"),
+                "ownership_changes_per_s": rate_of("rooms", "ownership_changes"),
+                "table_fill": counter(z, "table", "fill"), "rooms_devices": counter(z, "rooms", "devices"),
+                "owned": counter(z, "rooms", "owned"), "drops": drops, "room_drops": room_drops,
+                "drop_reasons": {**(z.get("drops") or {}), **((z.get("rooms") or {}).get("drops") or {})},
+            })
+        per_gateway[g] = entry
+
+    def summary(key):
+        values = [e[key] for e in per_gateway.values() if e.get(key) is not None]
+        if not values:
+            return None
+        return {"mean": sum(values) / len(values), "max": max(values), "total": sum(values)}
+
+    keys = ["cpu_percent", "vm_hwm_kib", "vm_rss_kib", "rss_anon_kib", "reports_per_s",
+            "sightings_sent_per_s", "sightings_received_per_s", "changes_published_per_s",
+            "ownership_changes_per_s", "table_fill", "owned", "drops", "room_drops"]
+    sim_rooms = (end or {}).get("rooms") or {}
+    return {
+        "crowd": crowd, "rooms": len(rooms), "layout": "5 x 2 grid", "rate_per_device": rate,
+        "wander_s": wander, "warmup_s": warmup, "window_s": elapsed, "cores": os.cpu_count(),
+        "gateways": per_gateway, "gateway_summary": {k: summary(k) for k in keys},
+        "sim_cpu_percent": cpu["sim"], "mosquitto_cpu_percent": cpu["mosquitto"],
+        "mosquitto_vm_hwm_kib": memory["mosquitto"].get("VmHWM"),
+        "sim_vm_hwm_kib": memory["sim"].get("VmHWM"),
+        "machine_busy_percent": 100.0 * (m1[0] - m0[0]) / max(1, m1[1] - m0[1]) * (os.cpu_count() or 1),
+        "sim_delivered": sum(r.get("delivered", 0) for r in sim_rooms.values()),
+        "sim_dropped": sum(r.get("dropped", 0) for r in sim_rooms.values()),
+        "sim_not_scanning": sum(r.get("not_scanning", 0) for r in sim_rooms.values()),
+        "walks": len(walks), "walks_never_moved": len(never),
+        "walk_p50_ms": percentile(lat, 50), "walk_p99_ms": percentile(lat, 99),
+        "walk_max_ms": lat[-1] if lat else None,
+        "sim_elapsed_s": ((end or {}).get("unix_us", 0) - b.start_us) / 1e6 if end else None,
+    }
+
+
+# ---------------------------------------------------------------- report
+
+def table(result):
+    out = ["rooms: the release `baton sim` and `baton gateway`s on one mosquitto (127.0.0.1); no peer",
+           "runs here (ESPresense and room-assistant need BLE hardware): figures, not ratios."]
+    for run in result.get("latency", []):
+        out += ["", f"owner-change latency, {run['label']}: walk in the sim → first activity message "
+                    f"naming the new room's gateway at a subscriber",
+                f"  config: {' '.join(x.strip() for x in run['config']) or 'defaults'}",
+                f"  {run['moved']} of {run['walks']} walks moved, {run['never_moved']} never moved",
+                f"  p50 {fmt_s(run['p50_ms'])}   p90 {fmt_s(run['p90_ms'])}   p99 {fmt_s(run['p99_ms'])}"
+                f"   max {fmt_s(run['max_ms'])}   min {fmt_s(run['min_ms'])}   mean {fmt_s(run['mean_ms'])}"]
+    load = result.get("load")
+    if load:
+        s = load["gateway_summary"]
+        out += ["", f"load: {load['crowd']} devices wandering (every ~{load['wander_s']:g} s) over "
+                    f"{load['rooms']} rooms ({load['layout']}), {load['rate_per_device']:g} report/s per "
+                    f"device, {load['window_s']:.0f} s measured after {load['warmup_s']:g} s;",
+                f"  everything shares this machine's {load['cores']} cores "
+                f"(busy over the window: {load['machine_busy_percent']:.0f} % of one core, all processes)",
+                f"  {'per gateway':<28}{'mean':>12}{'max':>12}{'total':>12}"]
+        rows = [("CPU, % of one core", "cpu_percent", "{:.1f}"), ("VmHWM, KiB", "vm_hwm_kib", "{:,.0f}"),
+                ("VmRSS, KiB", "vm_rss_kib", "{:,.0f}"), ("RssAnon, KiB", "rss_anon_kib", "{:,.0f}"),
+                ("reports heard /s", "reports_per_s", "{:,.0f}"),
+                ("sightings sent /s", "sightings_sent_per_s", "{:,.0f}"),
+                ("sightings received /s", "sightings_received_per_s", "{:,.0f}"),
+                ("activities published /s", "changes_published_per_s", "{:,.1f}"),
+                ("owner changes /s (all rooms)", "ownership_changes_per_s", "{:,.1f}"),
+                ("table fill (end)", "table_fill", "{:,.0f}"), ("devices owned (end)", "owned", "{:,.0f}"),
+                ("drops (advertisements)", "drops", "{:,.0f}"), ("drops (sightings)", "room_drops", "{:,.0f}")]
+        for title, key, f in rows:
+            v = s.get(key)
+            if v:
+                # Every gateway follows every device's owner: its count is the building's, not a share.
+                total = "–" if key == "ownership_changes_per_s" else f.format(v["total"])
+                out.append(f"  {title:<28}{f.format(v['mean']):>12}{f.format(v['max']):>12}{total:>12}")
+        out += [f"  simulator CPU {load['sim_cpu_percent']:.1f} % (VmHWM {load['sim_vm_hwm_kib']:,} KiB), "
+                f"mosquitto CPU {load['mosquitto_cpu_percent']:.1f} % (VmHWM {load['mosquitto_vm_hwm_kib']:,} KiB)",
+                f"  simulator: {load['sim_delivered']:,} reports delivered to the rooms, "
+                f"{load['sim_dropped']:,} dropped (a gateway not reading in time), "
+                f"{load['sim_not_scanning']:,} while a gateway was not scanning",
+                f"  owner-change latency of the crowd's walks in the window (defaults, under this load): "
+                f"{load['walks'] - load['walks_never_moved']} of {load['walks']} moved,",
+                f"    p50 {fmt_s(load['walk_p50_ms'])}   p99 {fmt_s(load['walk_p99_ms'])}"
+                f"   max {fmt_s(load['walk_max_ms'])}"]
+    return "\n".join(out)
+
+
+def fmt_s(ms):
+    return "–" if ms is None else f"{ms / 1000:.2f} s"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("baton", help="the release baton binary (.build-bench/release/baton)")
+    parser.add_argument("--json", help="also write the figures as JSON to this file")
+    parser.add_argument("--parts", default="latency,load")
+    parser.add_argument("--keep", help="keep every process's files (scenarios, configs, logs) in DIR")
+    parser.add_argument("--walkers", type=int, default=40)
+    parser.add_argument("--crowd", type=int, default=1000)
+    parser.add_argument("--wander", type=float, default=30)
+    parser.add_argument("--rate", type=float, default=1)
+    parser.add_argument("--warmup", type=float, default=20)
+    parser.add_argument("--window", type=float, default=60)
+    parser.add_argument("--budget", type=float, default=900, help="seconds for the whole run")
+    args = parser.parse_args()
+    parts = set(args.parts.split(","))
+    if not parts <= {"latency", "load"}:
+        parser.error(f"--parts: latency and/or load, not {args.parts}")
+    if not (os.path.isfile(args.baton) and os.access(args.baton, os.X_OK)):
+        parser.error(f"{args.baton} is not an executable: build it with "
+                     "BATON_BENCH=1 swift build -c release --scratch-path .build-bench --product baton")
+    if not os.access(MOSQUITTO_SUB, os.X_OK):
+        parser.error(f"{MOSQUITTO_SUB} is missing: install mosquitto-clients (scripts/setup)")
+
+    def on_alarm(signum, frame):
+        raise Budget()
+
+    def on_term(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGALRM, on_alarm)
+    signal.signal(signal.SIGTERM, on_term)
+    signal.alarm(int(args.budget))
+
+    work = args.keep or tempfile.mkdtemp(prefix="baton-bench-rooms.")
+    os.makedirs(work, exist_ok=True)
+    procs = Processes()
+    result = {"latency": []}
+    try:
+        if "latency" in parts:
+            result["latency"].append(run_latency(procs, args.baton, os.path.join(work, "latency-defaults"),
+                                                 "default room parameters", args.walkers, []))
+            result["latency"].append(run_latency(procs, args.baton, os.path.join(work, "latency-dwell0"),
+                                                 "rooms.dwell 0s, the rest default", args.walkers,
+                                                 ["rooms:", "  dwell: 0s"]))
+        if "load" in parts:
+            result["load"] = run_load(procs, args.baton, os.path.join(work, "load"), args.crowd,
+                                      args.wander, args.rate, args.warmup, args.window)
+    except Budget:
+        say(f"the run took longer than --budget {args.budget:g} s; stopped (files in {work})")
+        args.keep = work
+        return 1
+    except BenchError as error:
+        say(f"{error}")
+        args.keep = work
+        return 1
+    finally:
+        signal.alarm(0)
+        procs.kill_all()
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    print(table(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    never = sum(r["never_moved"] for r in result["latency"])
+    return 1 if never else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
