@@ -460,7 +460,23 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     /// waits up to a second for the bytes to leave.
     mutating func shutdown() {
         guard publisher.mqtt.isConnected else { return }
+        publisher.stopListening()
         publisher.publish(publisher.topics.status, text: "offline")
+        // Read what the broker still sends (the acks, our own `offline` coming back) until
+        // it has been quiet for 50 ms, at most 500 ms: a socket closed with unread bytes
+        // sends a reset instead of a FIN, and the reset can destroy the DISCONNECT on its
+        // way, so the broker would see an unclean close.
+        let end = ContinuousClock.now + .milliseconds(500)
+        while ContinuousClock.now < end, publisher.mqtt.isConnected {
+            let wantsWrite = publisher.mqtt.wantsWrite
+            var p = pollfd(fd: publisher.mqtt.socket, events: Int16(POLLIN) | (wantsWrite ? Int16(POLLOUT) : 0),
+                           revents: 0)
+            let n = Glibc.poll(&p, 1, 50)
+            if n < 0, errno == EINTR { continue }
+            if n <= 0 { if wantsWrite { continue } else { break } }
+            publisher.mqtt.poll(now: ContinuousClock.now, readable: p.revents & Int16(POLLIN | POLLHUP | POLLERR) != 0,
+                                writable: p.revents & Int16(POLLOUT) != 0) { _ in }
+        }
         publisher.mqtt.disconnect()
     }
 

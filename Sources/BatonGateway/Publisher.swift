@@ -300,6 +300,15 @@ public struct Publisher: ~Copyable {
         }
     }
 
+    /// Before a clean stop: nothing more is wanted from the broker.
+    public mutating func stopListening() {
+        var patterns = [topics.statusPattern, topics.sightingPattern]
+        if retainedScanEnds != nil { patterns += [topics.activityPattern, topics.applePattern] }
+        for pattern in patterns {
+            do throws(MQTTError) { try mqtt.unsubscribe(pattern) } catch { return }
+        }
+    }
+
     /// The broker sends retained messages right after SUBACK; after this long the
     /// subscription only brings every gateway's live changes (ours included), each copied
     /// into the heap for nothing, so it ends.
