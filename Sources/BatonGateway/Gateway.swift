@@ -414,7 +414,9 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
             let device = Topics.deviceText(change.device)
             if change.to == me {
                 if let a = table.activity(deviceID: change.device) {
-                    log.info("device \(device): now in \(config.room) (\(change.reason))\(change.from.map { " from \(ownership.id(of: $0))" } ?? "")")
+                    // A first owner is every new device's arrival: debug; a move is news.
+                    let level: Logger.Level = change.reason == .settled ? .debug : .info
+                    log.log(level: level, "device \(device): now in \(config.room) (\(change.reason))\(change.from.map { " from \(ownership.id(of: $0))" } ?? "")")
                     publisher.tookOver(a)
                 }
             } else if change.from == me, let to = change.to {
