@@ -1,0 +1,93 @@
+// A locked-down broker (docs/broker.md "A locked-down broker"): TLS with certificates the
+// test makes with openssl, a password per user, and board/mosquitto-baton.acl. What a user
+// checks: the gateway works through it, a client without credentials is refused, and a
+// reader cannot forge an activity.
+import BatonTestSupport
+import Foundation
+import Testing
+
+@Suite struct LockedBrokerTests {
+    /// A CA and a broker certificate for 127.0.0.1 (subjectAltName, so hostname checks pass).
+    func makeCertificates(in dir: URL) throws -> (ca: String, cert: String, key: String) {
+        let p = dir.path
+        func openssl(_ args: [String]) throws {
+            let status = try ChildProcess.run("/usr/bin/openssl", args, stdout: "\(p)/openssl.log", stderr: "\(p)/openssl.err",
+                                              timeout: .seconds(30))
+            guard status == 0 else {
+                throw BrokerError("openssl \(args.first ?? "") failed: \((try? String(contentsOfFile: "\(p)/openssl.err", encoding: .utf8)) ?? "")")
+            }
+        }
+        try "subjectAltName=IP:127.0.0.1\n".write(toFile: "\(p)/san.ext", atomically: true, encoding: .utf8)
+        try openssl(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=Baton test CA",
+                     "-keyout", "\(p)/ca.key", "-out", "\(p)/ca.crt"])
+        try openssl(["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
+                     "-keyout", "\(p)/broker.key", "-out", "\(p)/broker.csr"])
+        try openssl(["x509", "-req", "-in", "\(p)/broker.csr", "-CA", "\(p)/ca.crt", "-CAkey", "\(p)/ca.key",
+                     "-CAcreateserial", "-days", "2", "-extfile", "\(p)/san.ext", "-out", "\(p)/broker.crt"])
+        return ("\(p)/ca.crt", "\(p)/broker.crt", "\(p)/broker.key")
+    }
+
+    @Test func aGatewayWorksThroughTLSAndTheACLAndNobodyElseWritesItsTopics() throws {
+        let dir = try scratchDirectory("locked")
+        let certs = try makeCertificates(in: dir)
+        let acl = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
+            .appendingPathComponent("../../board/mosquitto-baton.acl").standardized.path
+        let broker = try MosquittoBroker(users: ["hall": "hall-secret", "homeassistant": "ha-secret"], extraConfig: [
+            "cafile \(certs.ca)", "certfile \(certs.cert)", "keyfile \(certs.key)", "acl_file \(acl)",
+        ])
+        let capture = try GeneratedCapture(in: dir, devices: 6, reports: 200, seed: 21)
+        try "hall-secret\n".write(to: dir.appendingPathComponent("mqtt-password"), atomically: true, encoding: .utf8)
+        let gateway = try GatewayProcess(yaml: """
+            gateway: {id: hall, room: Hall}
+            broker:
+              url: mqtts://127.0.0.1:\(broker.port)
+              username: hall
+              password-file: mqtt-password
+              reconnect-min: 100ms
+              reconnect-max: 1s
+              tls: {ca-file: \(certs.ca)}
+            radio: {source: "capture:\(capture.path)", paced: false}
+            rooms: {settle: 0s}
+            status: {interval: 1s}
+            """, in: dir)
+
+        // Reads as Home Assistant would: TLS, its own login.
+        func read(_ topic: String, as login: (String, String)?) throws -> (status: Int32?, text: String) {
+            var args = ["-h", "127.0.0.1", "-p", "\(broker.port)", "--cafile", certs.ca, "-t", topic, "-v",
+                        "--retained-only", "-W", "2"]
+            if let login { args += ["-u", login.0, "-P", login.1] }
+            let out = dir.appendingPathComponent("sub-\(UUID().uuidString.prefix(6))").path
+            let status = try ChildProcess.run("/usr/bin/mosquitto_sub", args, stdout: out + ".out", stderr: out + ".err",
+                                              timeout: .seconds(10))
+            return (status, ["out", "err"].map { (try? String(contentsOfFile: out + "." + $0, encoding: .utf8)) ?? "" }.joined())
+        }
+        let ha = ("homeassistant", "ha-secret")
+        let online = eventually(within: 15, every: 0.5) { () -> String? in
+            let r = try? read("baton/activities/+", as: ha)
+            return (r?.text.contains("\"gateway\":\"hall\"") ?? false) ? r?.text : nil
+        }
+        #expect(online != nil, "no activity through TLS and the ACL: \(gateway.log)")
+        #expect(try read("baton/gateways/hall/status", as: ha).text.contains("online"))
+
+        // No credentials: refused (mosquitto_sub exits non-zero and says why).
+        let anonymous = try read("baton/#", as: nil)
+        #expect(anonymous.status != 0 && anonymous.text.lowercased().contains("not authori"),
+                "an anonymous client got: \(anonymous.text)")
+
+        // A reader forging an activity: the broker drops it, nothing is retained.
+        let forged = "5a00000000ff"
+        let pub = try ChildProcess.run("/usr/bin/mosquitto_pub", [
+            "-h", "127.0.0.1", "-p", "\(broker.port)", "--cafile", certs.ca, "-u", ha.0, "-P", ha.1,
+            "-t", "baton/activities/\(forged)", "-r", "-q", "1", "-m", #"{"device":"5a00000000ff","room":"Vault"}"#,
+        ], stdout: dir.appendingPathComponent("pub.out").path, stderr: dir.appendingPathComponent("pub.err").path,
+           timeout: .seconds(10))
+        _ = pub
+        #expect(!(try read("baton/activities/\(forged)", as: ha).text.contains("Vault")), "a reader forged an activity")
+        let denial = broker.log.split(separator: "\n").first { $0.contains("Denied PUBLISH") && $0.contains(forged) }
+        #expect(denial != nil, "the broker did not log the denial")
+        // The password never reaches the log or the stats.
+        #expect(!gateway.log.contains("hall-secret"))
+        #expect(!(try read("baton/gateways/hall/stats", as: ha).text.contains("hall-secret")))
+        #expect(gateway.stop() == 0)
+    }
+}
