@@ -41,6 +41,8 @@ public final class VirtualController {
 
     deinit {
         rx.deallocate()
+        // shutdown hangs up even when a copy of the descriptor lives on in a child process.
+        shutdown(fd, Int32(SHUT_RDWR))
         close(fd)
     }
 

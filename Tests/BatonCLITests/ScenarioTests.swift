@@ -422,7 +422,9 @@ final class GatewayClient {
     var reports: [(device: UInt64, sequence: UInt16, rssi: Int8)] = []
 
     init(_ path: String) throws {
-        fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        // Close-on-exec: tests in parallel spawn brokers and gateways, and a child holding a
+        // copy of this descriptor would keep the connection open after `deinit` closes it.
+        fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         var unix = try #require(Syscall.unixAddress(path))
         let r = withUnsafePointer(to: &unix.address) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, unix.length) }
@@ -431,7 +433,11 @@ final class GatewayClient {
         _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
     }
 
-    deinit { close(fd) }
+    deinit {
+        // shutdown ends the connection even if a copy of the descriptor lives on elsewhere.
+        shutdown(fd, Int32(SHUT_RDWR))
+        close(fd)
+    }
 
     func scan() {
         let commands: [UInt8] = [0x01, 0x03, 0x0C, 0x00,                // HCI_Reset

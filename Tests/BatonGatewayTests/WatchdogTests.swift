@@ -16,7 +16,7 @@ final class ScriptedController {
     var controller: VirtualController?
 
     init(path: String) throws {
-        listener = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        listener = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         var unix = try #require(Syscall.unixAddress(path))
         let r = withUnsafePointer(to: &unix.address) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, unix.length) }
@@ -31,8 +31,10 @@ final class ScriptedController {
     func accept(timeoutMs: Int32) -> Bool {
         var p = pollfd(fd: listener, events: Int16(POLLIN), revents: 0)
         guard poll(&p, 1, timeoutMs) > 0 else { return false }
+        // Close-on-exec: a broker or gateway spawned by a parallel test must not hold it open.
         let fd = Glibc.accept(listener, nil, nil)
         guard fd >= 0 else { return false }
+        _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
         controller = VirtualController(fd: fd)
         return true
     }
