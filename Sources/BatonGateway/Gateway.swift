@@ -55,6 +55,11 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     /// This run's start (unix ms) and sighting counter: the `since` and `n` of its sightings.
     let since: Int64
     var sightingCounter: UInt64 = 0
+    /// When the table is next walked for due sightings. A fixed cadence, not the schedule's
+    /// exact deadline: that deadline moves with every report's RSSI, and finding it walks the
+    /// whole table, which every loop turn would pay (docs/rooms.md §2).
+    var nextSightingCheck: ContinuousClock.Instant
+    let sightingCheckInterval: Duration
     /// Ownership changes of one call, handled after it (the handler reads the rule's state).
     /// Reserved for every device at once: a gateway going offline hands over all of them.
     var ownershipChanges: [OwnershipChange]
@@ -101,6 +106,8 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         self.sightings = SightingSchedule(config: rooms, capacity: config.table.capacity)
         self.ownershipChanges = []
         self.ownershipChanges.reserveCapacity(rooms.capacity)
+        self.sightingCheckInterval = min(rooms.sightingMinInterval, .milliseconds(250))
+        self.nextSightingCheck = now
         self.notifier = SystemdNotifier(environment: environment)
         self.log = log
         self.startedAt = now
@@ -197,7 +204,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
             ownership.tick(now: now) { ownershipChanges.append($0) }
             handleOwnershipChanges(now: now)
         }
-        if publisher.mqtt.isConnected, let due = sightings.nextDeadline(table: table), due <= now {
+        if publisher.mqtt.isConnected, nextSightingCheck <= now {
             sendSightings(now: now)
         }
         if nextStats <= now {
@@ -224,7 +231,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         if publisher.mqtt.isConnected {
             consider(publisher.nextOrphanDeadline)
             consider(publisher.retainedScanEnds)
-            consider(sightings.nextDeadline(table: table))
+            consider(nextSightingCheck)
         }
         consider(nextStats)
         consider(notifier.nextDeadline)
@@ -437,6 +444,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
 
     /// This gateway's sightings that are due (docs/rooms.md §2).
     mutating func sendSightings(now: ContinuousClock.Instant) {
+        nextSightingCheck = now + sightingCheckInterval
         Self.sendSightings(&sightings, table, &publisher, &sightingCounter, since: since, now: now)
     }
 
