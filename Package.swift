@@ -31,17 +31,21 @@ var targets: [Target] = [
     .target(name: "BatonCore", dependencies: ["BatonWire"], swiftSettings: wireSettings),
     .target(name: "BatonKeys", dependencies: ["BatonWire", "CCrypto"], swiftSettings: wireSettings),
     .target(name: "BatonMQTT", dependencies: ["CMosquitto"], swiftSettings: wireSettings),
+    // Payload fetches and continuation streams (docs/relay.md). Imports BatonHCI only for its
+    // one syscall wrapper (Syscall, Errno), so every descriptor is handled by the same rules.
+    .target(name: "BatonRelay", dependencies: ["BatonWire", "BatonMQTT", "BatonHCI", "CBlueZ"],
+            swiftSettings: wireSettings),
     // The config file is YAML (docs/config.md): what a Home Assistant user already writes, and
     // Yams gives every node its line, so a typo is reported with file, line and key.
     .target(name: "BatonGateway",
-            dependencies: ["BatonWire", "BatonHCI", "BatonCore", "BatonMQTT",
+            dependencies: ["BatonWire", "BatonHCI", "BatonCore", "BatonMQTT", "BatonRelay",
                            .product(name: "Logging", package: "swift-log"),
                            .product(name: "Yams", package: "Yams")],
             swiftSettings: wireSettings),
     .executableTarget(
         name: "baton",
         dependencies: [
-            "BatonWire", "BatonHCI", "BatonSim", "BatonCore", "BatonMQTT", "BatonGateway",
+            "BatonWire", "BatonHCI", "BatonSim", "BatonCore", "BatonMQTT", "BatonRelay", "BatonGateway",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Logging", package: "swift-log"),
         ]),
@@ -54,16 +58,19 @@ var targets: [Target] = [
     .testTarget(name: "BatonCLITests", dependencies: ["BatonHCI", "BatonWire", "BatonSim", "baton"]),
     .testTarget(name: "BatonCoreTests", dependencies: ["BatonCore", "BatonWire"]),
     .testTarget(name: "BatonKeysTests", dependencies: ["BatonKeys", "BatonWire"], exclude: ["Interop"]),
+    .testTarget(name: "BatonRelayTests", dependencies: ["BatonRelay", "BatonWire", "BatonHCI", "BatonMQTT", "BatonSim",
+                                                        "BatonTestSupport"]),
     .testTarget(name: "BatonMQTTTests", dependencies: ["BatonMQTT", "BatonTestSupport"]),
     .testTarget(name: "BatonGatewayTests",
-                dependencies: ["BatonGateway", "BatonCore", "BatonMQTT", "BatonHCI", "BatonWire", "BatonSim",
+                dependencies: ["BatonGateway", "BatonCore", "BatonMQTT", "BatonRelay", "BatonHCI", "BatonWire", "BatonSim",
                                "BatonTestSupport", "baton"]),
 ]
 
 // Fuzz targets: one per decoder of untrusted bytes. Built plain they replay corpus files
 // given as arguments (tests use that); scripts/fuzz builds them with -sanitize=fuzzer and
 // -DBATON_LIBFUZZER, and their main hands control to libFuzzer's driver.
-let fuzzTargets = ["FuzzAD", "FuzzBeacon", "FuzzContinuity", "FuzzPayload", "FuzzH4", "FuzzHCIEvent", "FuzzCapture", "FuzzSighting"]
+let fuzzTargets = ["FuzzAD", "FuzzBeacon", "FuzzContinuity", "FuzzPayload", "FuzzH4", "FuzzHCIEvent", "FuzzCapture", "FuzzSighting",
+                   "FuzzLinkMessage", "FuzzFetchRequest"]
 targets.append(.target(name: "FuzzSupport", path: "Tests/Fuzz/FuzzSupport"))
 for name in fuzzTargets {
     targets.append(.executableTarget(

@@ -71,7 +71,7 @@ public struct Sighting: Sendable, Equatable {
     /// Input that ends early is `.truncated`; anything but whitespace after the object is
     /// `.trailing`.
     public static func decode(_ bytes: UnsafeRawBufferPointer) throws(WireError) -> Sighting {
-        var p = SightingParser(ByteReader(bytes))
+        var p = SightingParser(bytes)
         return try p.document()
     }
 
@@ -91,25 +91,26 @@ public struct Sighting: Sendable, Equatable {
     }
 }
 
-/// One pass over the bytes, RFC 8259's grammar restricted to what a sighting may hold.
+/// One pass over the bytes, RFC 8259's grammar restricted to what a sighting may hold. The
+/// tokens come from `FlatJSONScanner` (FlatJSON.swift); what they mean is decided here.
 private struct SightingParser {
-    var r: ByteReader
-    init(_ r: ByteReader) { self.r = r }
+    var s: FlatJSONScanner
+    init(_ bytes: UnsafeRawBufferPointer) { self.s = FlatJSONScanner(bytes, syntax: .sightingSyntax) }
 
     private enum Field { case rssi, since, n, other }
 
     mutating func document() throws(WireError) -> Sighting {
-        skipWhitespace()
-        try expect(UInt8(ascii: "{"))
+        s.skipWhitespace()
+        try s.expect(UInt8(ascii: "{"))
         var rssi: Int8?? = .none, since: Int64?, n: UInt64?
-        skipWhitespace()
-        if try r.peekU8() != UInt8(ascii: "}") {
+        s.skipWhitespace()
+        if try s.peekByte() != UInt8(ascii: "}") {
             while true {
-                let keyAt = r.offset
+                let keyAt = s.offset
                 let field = try key()
-                skipWhitespace()
-                try expect(UInt8(ascii: ":"))
-                skipWhitespace()
+                s.skipWhitespace()
+                try s.expect(UInt8(ascii: ":"))
+                s.skipWhitespace()
                 switch field {
                 case .rssi:
                     guard rssi == nil else { throw .malformed(at: keyAt, .sightingDuplicateKey) }
@@ -123,21 +124,21 @@ private struct SightingParser {
                 case .other:
                     try skipScalar()
                 }
-                skipWhitespace()
-                let c = try r.peekU8()
+                s.skipWhitespace()
+                let c = try s.peekByte()
                 if c == UInt8(ascii: ",") {
-                    _ = try r.readU8()
-                    skipWhitespace()
+                    s.skipOne()
+                    s.skipWhitespace()
                     continue
                 }
                 if c == UInt8(ascii: "}") { break }
-                throw .malformed(at: r.offset, .sightingSyntax)
+                throw .malformed(at: s.offset, .sightingSyntax)
             }
         }
-        let closeAt = r.offset
-        _ = try r.readU8()  // the `}` peeked above
-        skipWhitespace()
-        try r.requireEnd()
+        let closeAt = s.offset
+        s.skipOne()  // the `}` peeked above
+        s.skipWhitespace()
+        try s.requireEnd()
         guard let rssi, let since, let n else { throw .malformed(at: closeAt, .sightingMissingKey) }
         return Sighting(rssi: rssi, since: since, n: n)
     }
@@ -146,27 +147,20 @@ private struct SightingParser {
 
     /// Reads a key string and says which field it names. Keys are compared byte for byte.
     private mutating func key() throws(WireError) -> Field {
-        guard try r.peekU8() == UInt8(ascii: "\"") else { throw .malformed(at: r.offset, .sightingSyntax) }
-        let start = r.offset &+ 1
-        try skipString(keyMode: true)
-        // Proof: skipString consumed the opening quote, the content and the closing quote.
-        let content = UnsafeRawBufferPointer(rebasing: r.bytes[start ..< r.offset &- 1])
-        if Self.equals(content, "rssi") { return .rssi }
-        if Self.equals(content, "since") { return .since }
-        if Self.equals(content, "n") { return .n }
+        guard try s.peekByte() == UInt8(ascii: "\"") else { throw .malformed(at: s.offset, .sightingSyntax) }
+        let content = try s.scanString(escapes: .refused(.sightingKeyEscape), utf8: .sightingUTF8)
+        if s.equals(content, "rssi") { return .rssi }
+        if s.equals(content, "since") { return .since }
+        if s.equals(content, "n") { return .n }
         return .other
-    }
-
-    private static func equals(_ bytes: UnsafeRawBufferPointer, _ s: StaticString) -> Bool {
-        s.withUTF8Buffer { b in bytes.elementsEqual(b) }
     }
 
     // MARK: values
 
     private mutating func rssiValue() throws(WireError) -> Int8? {
-        let at = r.offset
-        let c = try r.peekU8()
-        if c == UInt8(ascii: "n") { try literal("null"); return nil }
+        let at = s.offset
+        let c = try s.peekByte()
+        if c == UInt8(ascii: "n") { try s.literal("null"); return nil }
         let (negative, magnitude) = try integer(field: .sightingRSSI)
         // Proof: magnitude <= 127 (or 20) is checked before the conversion.
         if negative {
@@ -178,14 +172,14 @@ private struct SightingParser {
     }
 
     private mutating func sinceValue() throws(WireError) -> Int64 {
-        let at = r.offset
+        let at = s.offset
         let (negative, magnitude) = try integer(field: .sightingSince)
         guard !negative, magnitude <= UInt64(Int64.max) else { throw .malformed(at: at, .sightingSince) }
         return Int64(magnitude)
     }
 
     private mutating func counterValue() throws(WireError) -> UInt64 {
-        let at = r.offset
+        let at = s.offset
         let (negative, magnitude) = try integer(field: .sightingCounter)
         guard !negative else { throw .malformed(at: at, .sightingCounter) }
         return magnitude
@@ -194,24 +188,24 @@ private struct SightingParser {
     /// A number that must be an integer. Past UInt64's range it is `range`'s fault, a string,
     /// literal or container is `sighting-type` (`sighting-nested` for a container).
     private mutating func integer(field range: Malformed) throws(WireError) -> (negative: Bool, magnitude: UInt64) {
-        let at = r.offset
-        let c = try r.peekU8()
-        guard c == UInt8(ascii: "-") || Self.isDigit(c) else {
+        let at = s.offset
+        let c = try s.peekByte()
+        guard c == UInt8(ascii: "-") || FlatJSONScanner.isDigit(c) else {
             if c == UInt8(ascii: "{") || c == UInt8(ascii: "[") { throw .malformed(at: at, .sightingNested) }
             if c == UInt8(ascii: "\"") || c == UInt8(ascii: "t") || c == UInt8(ascii: "f") || c == UInt8(ascii: "n") {
                 throw .malformed(at: at, .sightingType)
             }
             throw .malformed(at: at, .sightingSyntax)
         }
-        let number = try scanNumber()
+        let number = try s.scanNumber()
         guard !number.fractionOrExponent else { throw .malformed(at: at, .sightingNotInteger) }
         var magnitude: UInt64 = 0
         var overflow = false
         for i in number.digits {
             let (m, o1) = magnitude.multipliedReportingOverflow(by: 10)
-            let (s, o2) = m.addingReportingOverflow(UInt64(r.bytes[i] &- UInt8(ascii: "0")))
+            let (sum, o2) = m.addingReportingOverflow(UInt64(s.bytes[i] &- UInt8(ascii: "0")))
             overflow = overflow || o1 || o2
-            magnitude = s
+            magnitude = sum
         }
         guard !overflow else { throw .malformed(at: at, range) }
         return (number.negative, magnitude)
@@ -219,136 +213,15 @@ private struct SightingParser {
 
     /// Skips an unknown key's value: a number, a string, true, false or null.
     private mutating func skipScalar() throws(WireError) {
-        let c = try r.peekU8()
+        let c = try s.peekByte()
         switch c {
-        case UInt8(ascii: "{"), UInt8(ascii: "["): throw .malformed(at: r.offset, .sightingNested)
-        case UInt8(ascii: "\""): try skipString(keyMode: false)
-        case UInt8(ascii: "t"): try literal("true")
-        case UInt8(ascii: "f"): try literal("false")
-        case UInt8(ascii: "n"): try literal("null")
-        case UInt8(ascii: "-"), UInt8(ascii: "0") ... UInt8(ascii: "9"): _ = try scanNumber()
-        default: throw .malformed(at: r.offset, .sightingSyntax)
+        case UInt8(ascii: "{"), UInt8(ascii: "["): throw .malformed(at: s.offset, .sightingNested)
+        case UInt8(ascii: "\""): _ = try s.scanString(escapes: .checked, utf8: .sightingUTF8)
+        case UInt8(ascii: "t"): try s.literal("true")
+        case UInt8(ascii: "f"): try s.literal("false")
+        case UInt8(ascii: "n"): try s.literal("null")
+        case UInt8(ascii: "-"), UInt8(ascii: "0") ... UInt8(ascii: "9"): _ = try s.scanNumber()
+        default: throw .malformed(at: s.offset, .sightingSyntax)
         }
-    }
-
-    // MARK: tokens
-
-    /// RFC 8259 §6: `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`. Returns the
-    /// integer part's digits (offsets into the input). What follows the number is the caller's
-    /// business, so `01` fails there, at the `1`.
-    private mutating func scanNumber() throws(WireError) -> (negative: Bool, digits: Range<Int>, fractionOrExponent: Bool) {
-        var negative = false
-        if try r.peekU8() == UInt8(ascii: "-") { negative = true; _ = try r.readU8() }
-        let first = r.offset
-        let c = try r.peekU8()
-        guard Self.isDigit(c) else { throw .malformed(at: r.offset, .sightingSyntax) }
-        _ = try r.readU8()
-        if c != UInt8(ascii: "0") { skipDigits() }
-        let digits = first ..< r.offset
-        var more = false
-        if peek() == UInt8(ascii: ".") {
-            _ = try r.readU8()
-            try requireDigits()
-            more = true
-        }
-        if peek() == UInt8(ascii: "e") || peek() == UInt8(ascii: "E") {
-            _ = try r.readU8()
-            if peek() == UInt8(ascii: "+") || peek() == UInt8(ascii: "-") { _ = try r.readU8() }
-            try requireDigits()
-            more = true
-        }
-        return (negative, digits, more)
-    }
-
-    private mutating func requireDigits() throws(WireError) {
-        guard Self.isDigit(try r.peekU8()) else { throw .malformed(at: r.offset, .sightingSyntax) }
-        skipDigits()
-    }
-
-    private mutating func skipDigits() {
-        while let c = peek(), Self.isDigit(c) { r.skipOne() }
-    }
-
-    /// A string, opening quote included. RFC 8259 §7: escapes from the grammar only, no raw
-    /// control characters; §8.1: UTF-8. Escapes are checked, not decoded: the value is skipped.
-    private mutating func skipString(keyMode: Bool) throws(WireError) {
-        try expect(UInt8(ascii: "\""))
-        while true {
-            let at = r.offset
-            let c = try r.readU8()
-            if c == UInt8(ascii: "\"") { return }
-            if c < 0x20 { throw .malformed(at: at, .sightingSyntax) }
-            if c == UInt8(ascii: "\\") {
-                if keyMode { throw .malformed(at: at, .sightingKeyEscape) }
-                let e = try r.readU8()
-                switch e {
-                case UInt8(ascii: "\""), UInt8(ascii: "\\"), UInt8(ascii: "/"), UInt8(ascii: "b"),
-                     UInt8(ascii: "f"), UInt8(ascii: "n"), UInt8(ascii: "r"), UInt8(ascii: "t"):
-                    continue
-                case UInt8(ascii: "u"):
-                    for _ in 0 ..< 4 {
-                        guard Self.isHex(try r.peekU8()) else { throw .malformed(at: r.offset, .sightingSyntax) }
-                        r.skipOne()
-                    }
-                default:
-                    // Proof: `at` and the escape byte after it lie inside the input.
-                    throw .malformed(at: at &+ 1, .sightingSyntax)
-                }
-                continue
-            }
-            if c < 0x80 { continue }
-            if let length = UTF8Check.sequenceLength(r.bytes, at: at) {
-                // Proof: sequenceLength checked that `length` bytes from `at` lie inside the input.
-                try r.skip(length &- 1)
-                continue
-            }
-            // A sequence the input's end cuts short is truncation, not bad UTF-8.
-            let expected = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 ? 2 : 1
-            // Proof: 1 <= expected <= 4 and 0 <= remaining, so the differences are small.
-            if expected > 1, r.remaining < expected &- 1 { throw .truncated(at: r.bytes.count, need: expected &- 1 &- r.remaining) }
-            throw .malformed(at: at, .sightingUTF8)
-        }
-    }
-
-    private mutating func literal(_ word: StaticString) throws(WireError) {
-        let failure: WireError? = word.withUTF8Buffer { w -> WireError? in
-            for expected in w {
-                do throws(WireError) {
-                    guard try r.peekU8() == expected else { return .malformed(at: r.offset, .sightingSyntax) }
-                    r.skipOne()
-                } catch {
-                    return error
-                }
-            }
-            return nil
-        }
-        if let failure { throw failure }
-    }
-
-    private mutating func expect(_ c: UInt8) throws(WireError) {
-        guard try r.peekU8() == c else { throw .malformed(at: r.offset, .sightingSyntax) }
-        r.skipOne()
-    }
-
-    /// RFC 8259 §2: space, tab, line feed, carriage return.
-    private mutating func skipWhitespace() {
-        while let c = peek(), c == 0x20 || c == 0x09 || c == 0x0A || c == 0x0D { r.skipOne() }
-    }
-
-    private func peek() -> UInt8? { r.isAtEnd ? nil : r.bytes[r.offset] }
-
-    private static func isDigit(_ c: UInt8) -> Bool { c >= UInt8(ascii: "0") && c <= UInt8(ascii: "9") }
-
-    private static func isHex(_ c: UInt8) -> Bool {
-        isDigit(c) || (c >= UInt8(ascii: "a") && c <= UInt8(ascii: "f")) || (c >= UInt8(ascii: "A") && c <= UInt8(ascii: "F"))
-    }
-}
-
-private extension ByteReader {
-    /// Moves past one byte the caller has just peeked.
-    mutating func skipOne() {
-        precondition(!isAtEnd, "skipOne past the end: peek first")
-        // Proof: the precondition above keeps offset < count.
-        _offset &+= 1
     }
 }

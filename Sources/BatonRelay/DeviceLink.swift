@@ -1,0 +1,649 @@
+// Device links (docs/protocol.md §5): a channel to the device that advertises an activity, one
+// SDU per link message. Two implementations: BlueZ L2CAP LE credit-based channels
+// (`L2CAPLink`) and the simulator's Unix SOCK_SEQPACKET link (`SimulatedLink`, §5.5). Both end
+// in the same `LinkChannel`: once connected, an L2CAP CoC socket and the simulator's socket
+// behave alike, one read = one SDU and one write = one SDU.
+//
+// Why SOCK_SEQPACKET keeps SDU boundaries on both:
+//   * L2CAP: an LE credit-based channel carries SDUs, segmented into K-frames and reassembled
+//     by the kernel (Core 5.4, Vol 3, Part A, §3.4 and §10.1). Linux queues each reassembled
+//     SDU as one skb and `bt_sock_recvmsg` hands out one skb per read; `l2cap_chan_send` takes
+//     one write as one SDU and refuses one above the peer's MTU (EMSGSIZE)
+//     (net/bluetooth/l2cap_sock.c, l2cap_core.c, af_bluetooth.c).
+//   * Unix: SOCK_SEQPACKET is "connection-oriented and preserves message boundaries" (unix(7)).
+//
+// One thread, no blocking (STYLE.md habit 7): every descriptor is non-blocking and
+// close-on-exec; `LinkChannel.poll` moves a channel on when the caller's poll() says so, and
+// every syscall goes through BatonHCI's `Syscall` wrapper (EINTR retried, EAGAIN a value).
+
+import BatonHCI
+import Glibc
+import CBlueZ  // its shim includes <sys/socket.h>: import it explicitly so SOCK_* have one owner
+
+/// Where a link goes: the device's LE address as the advertising report gave it, and the
+/// beacon's PSM.
+public struct LinkAddress: Sendable, Equatable, CustomStringConvertible {
+    /// 48 bits, as HCI carries it (least significant byte first on the wire).
+    public var address: UInt64
+    /// The advertising report's address type: 0 public, 1 random (Core 5.4, Vol 4, Part E, §7.7.65.2).
+    public var addressType: UInt8
+    public var psm: UInt16
+    public init(address: UInt64, addressType: UInt8, psm: UInt16) {
+        self.address = address; self.addressType = addressType; self.psm = psm
+    }
+    /// `AA:BB:CC:DD:EE:FF (random) psm 0x0080`
+    public var description: String { "\(deviceName) psm 0x\(hex(psm))" }
+
+    /// `AA:BB:CC:DD:EE:FF (random)`: the address most significant byte first, as BlueZ's
+    /// `ba2str` and every phone's settings screen print it.
+    var deviceName: String {
+        var text = ""
+        for i in stride(from: 5, through: 0, by: -1) {
+            text += hex(UInt8(truncatingIfNeeded: address >> (8 * UInt64(i))))
+            if i > 0 { text += ":" }
+        }
+        let kind = switch addressType {
+        case 0: "public"
+        case 1: "random"
+        case 2: "public identity"
+        case 3: "random identity"
+        default: "address type 0x\(hex(addressType))"
+        }
+        return "\(text) (\(kind))"
+    }
+
+    /// Whether the device is reached at a random address (Core 5.4, Vol 4, Part E, §7.7.65.2):
+    /// 0 public and 2 public identity are public; 1 random and 3 random (static) identity are
+    /// random (types 2 and 3 are the identity a controller resolved a private address to).
+    /// `nil` for 0xFF (anonymous advertising): there is no address to connect to.
+    var isRandom: Bool? {
+        switch addressType {
+        case 0, 2: false
+        case 1, 3: true
+        default: nil
+        }
+    }
+
+    /// The error for an address that cannot be connected to at all.
+    var anonymousError: LinkError {
+        .unreachable("\(deviceName) advertises without an address (anonymous advertising), so no link can be opened to it")
+    }
+}
+
+/// Why a link could not be opened or broke. Says whose fault it is and what a user can do.
+public enum LinkError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// The kernel has no Bluetooth (EAFNOSUPPORT) or the adapter is absent/down.
+    case noBluetooth(String)
+    /// The device did not answer, refused the PSM, or is out of range (the text says which).
+    case unreachable(String)
+    /// The peer closed the channel.
+    case closed
+    /// An SDU larger than the channel's MTU.
+    case tooLarge(size: Int, mtu: Int)
+    /// Any other OS error.
+    case os(Errno)
+    public var description: String {
+        switch self {
+        case .noBluetooth(let text):
+            text
+        case .unreachable(let text):
+            "cannot reach the device: \(text)"
+        case .closed:
+            "the device closed the link"
+        case .tooLarge(let size, let mtu):
+            "a link message of \(size) bytes is larger than the link's MTU of \(mtu) bytes (docs/protocol.md §5: a device sends nothing above the gateway's MTU, relay.payload-max + 3, and accepts at least 512)"
+        case .os(let e):
+            "device link: \(e)"
+        }
+    }
+}
+
+/// Opens channels to devices. The gateway holds one, chosen by `relay.link` (docs/relay.md).
+public protocol DeviceLink {
+    /// Starts connecting (non-blocking). The channel is `.connecting` until its `poll`
+    /// finds it open; failures that are known at once throw.
+    func connect(to device: LinkAddress) throws(LinkError) -> LinkChannel
+    /// "bluez hci0", "sim /tmp/b/hall.link": for logs.
+    var description: String { get }
+}
+
+/// One open (or opening) channel. Owns its descriptor.
+///
+/// Driving it from the poll loop: poll `fd` for POLLIN, and for POLLOUT too while `wantsWrite`;
+/// then call `poll(readable:writable:buffer:_:)` with readable = POLLIN, POLLHUP or POLLERR came
+/// back, writable = POLLOUT came back. A channel that closes (by error or by `close()`) has
+/// already closed its descriptor and reports `fd == -1`, which poll() ignores.
+public struct LinkChannel: ~Copyable {
+    public enum State: Sendable, Equatable {
+        case connecting
+        case open
+        case closed(LinkError?)
+    }
+    /// What connecting takes after the socket connects.
+    public enum Handshake: Sendable {
+        /// L2CAP: writable + SO_ERROR 0 = open.
+        case none
+        /// The simulator: send this connect message, then read one status byte (§5.5).
+        case simulator(connect: InlineArray<10, UInt8>)
+    }
+
+    /// The descriptor, or -1 once the channel is closed (the channel closed it).
+    public private(set) var fd: Int32
+    public private(set) var state: State
+    /// The largest SDU this side may send (the peer's MTU; for the simulator `sendMTU` given).
+    public private(set) var sendMTU: Int
+
+    private let handshake: Handshake
+    /// The simulator's connect message went out (§5.5); meaningless for `.none`.
+    private var connectMessageSent = false
+    /// The last send found no room in the socket; cleared by POLLOUT or a send that fits.
+    private var sendBlocked = false
+    /// Who is on the other end, for messages (set by the `DeviceLink` that connected).
+    var peer: LinkAddress?
+    /// L2CAP: read the peer's MTU from the kernel (BT_SNDMTU) when the channel opens.
+    var readsSendMTUFromKernel = false
+
+    /// Takes `fd`, a connected or connecting SOCK_SEQPACKET socket, and makes it non-blocking
+    /// and close-on-exec (the `DeviceLink`s create it so already). The channel closes it.
+    public init(fd: Int32, handshake: Handshake, sendMTU: Int) {
+        precondition(fd >= 0, "LinkChannel needs an open descriptor")
+        precondition(sendMTU > 0, "sendMTU must be positive")
+        // Neither fcntl fails on a descriptor that is open (EBADF is our bug, as the wrapper says).
+        _ = try? Syscall.setNonBlocking(fd)
+        _ = try? Syscall.call("fcntl(F_SETFD)") { Int(fcntl(fd, F_SETFD, FD_CLOEXEC)) }
+        self.fd = fd
+        self.state = .connecting
+        self.sendMTU = sendMTU
+        self.handshake = handshake
+    }
+
+    /// True while connecting (waiting for POLLOUT) or a send was refused for lack of room.
+    public var wantsWrite: Bool {
+        switch state {
+        case .connecting:
+            switch handshake {
+            case .none: true                      // a non-blocking connect ends in POLLOUT
+            case .simulator: !connectMessageSent  // after it, the status byte is a POLLIN
+            }
+        case .open:
+            sendBlocked
+        case .closed:
+            false
+        }
+    }
+
+    /// Moves a connecting channel on, then reads every SDU that is ready into `buffer` (the
+    /// receive MTU; one buffer shared by all channels) and hands each to `onSDU`. An SDU
+    /// longer than `buffer` closes the channel with `.tooLarge`. EOF or an error closes it.
+    ///
+    /// `readable`: POLLIN, POLLHUP or POLLERR came back; `writable`: POLLOUT came back.
+    /// `onSDU` borrows the bytes only for the duration of the call.
+    public mutating func poll(readable: Bool, writable: Bool, buffer: UnsafeMutableRawBufferPointer,
+                              _ onSDU: (UnsafeRawBufferPointer) -> Void) {
+        precondition(buffer.count > 0, "the receive buffer must hold at least one byte")
+        switch state {
+        case .closed:
+            return
+        case .connecting:
+            advanceConnecting(readable: readable, writable: writable, buffer: buffer)
+            guard case .open = state else { return }
+        case .open:
+            break
+        }
+        if writable { sendBlocked = false }
+        if readable { drain(buffer, onSDU) }
+    }
+
+    /// Sends one SDU. False: no room in the socket now (poll for writable, send again).
+    /// Throws when the channel is not open or the SDU exceeds `sendMTU`.
+    ///
+    /// Too large leaves the channel open (the caller may send something smaller); a broken
+    /// link closes it and throws why. Sending on a channel still connecting is ENOTCONN, as the
+    /// kernel would say. Link messages are never empty (docs/protocol.md §5.1).
+    public mutating func send(_ sdu: UnsafeRawBufferPointer) throws(LinkError) -> Bool {
+        switch state {
+        case .open:
+            break
+        case .connecting:
+            throw .os(Errno(ENOTCONN, call: "send"))
+        case .closed(let error):
+            throw error ?? .closed
+        }
+        precondition(!sdu.isEmpty, "a link message is never empty (docs/protocol.md §5.1)")
+        guard sdu.count <= sendMTU else { throw .tooLarge(size: sdu.count, mtu: sendMTU) }
+        let sent: Int?
+        do {
+            sent = try Syscall.send(fd, sdu)  // MSG_NOSIGNAL: a closed peer is EPIPE, not SIGPIPE
+        } catch {
+            // l2cap_chan_send: an SDU above the peer's MTU (a peer that lowered it is not
+            // possible on LE CoC, but the kernel has the last word).
+            if error.code == EMSGSIZE { throw .tooLarge(size: sdu.count, mtu: sendMTU) }
+            let broken = linkBroke(error)
+            fail(broken)
+            throw broken
+        }
+        guard let sent else {
+            sendBlocked = true  // EAGAIN: no room (Unix: the send buffer; L2CAP: no credits)
+            return false
+        }
+        // SOCK_SEQPACKET sends a record whole or not at all (unix(7); l2cap_chan_send returns
+        // the SDU's length), so a short count is impossible.
+        precondition(sent == sdu.count, "SOCK_SEQPACKET sent \(sent) of \(sdu.count) bytes")
+        sendBlocked = false
+        return true
+    }
+
+    /// Closes the descriptor (idempotent); the state becomes `.closed(nil)` unless already closed.
+    public mutating func close() {
+        if case .closed = state {} else { state = .closed(nil) }
+        releaseDescriptor()
+    }
+
+    deinit { if fd >= 0 { Syscall.close(fd) } }
+
+    // MARK: - Connecting
+
+    private mutating func advanceConnecting(readable: Bool, writable: Bool, buffer: UnsafeMutableRawBufferPointer) {
+        switch handshake {
+        case .none:
+            // A non-blocking connect(2) reports its end as POLLOUT, a failure also as
+            // POLLERR/POLLHUP; SO_ERROR says which (connect(2), EINPROGRESS). On Bluetooth,
+            // bt_sock_poll gives no POLLOUT while the channel is still connecting.
+            guard readable || writable else { return }
+            let error = pendingError()
+            if error != 0 {
+                fail(Self.connectFailure(error, peer: peer))
+            } else if writable {
+                becomeOpen()
+            }
+        case .simulator:
+            if !connectMessageSent, readable || writable {
+                sendConnectMessage()
+            }
+            if connectMessageSent, readable, case .connecting = state {
+                readStatus(buffer)
+            }
+        }
+    }
+
+    /// Sends the simulator's connect message (§5.5) if the socket takes it now. Called once at
+    /// connect time, then again on POLLOUT if the socket had no room.
+    mutating func sendConnectMessage() {
+        guard case .connecting = state, case .simulator(let message) = handshake, !connectMessageSent else { return }
+        do throws(Errno) {
+            let sent = try message.span.withUnsafeBytes { bytes throws(Errno) in try Syscall.send(fd, bytes) }
+            if sent != nil { connectMessageSent = true }  // nil: EAGAIN, wait for POLLOUT
+        } catch {
+            fail(simulatorBroke(error))
+        }
+    }
+
+    /// The simulator's answer: exactly one status byte (§5.5).
+    private mutating func readStatus(_ buffer: UnsafeMutableRawBufferPointer) {
+        let got: Int?
+        do {
+            got = try Self.receive(fd, into: buffer)
+        } catch {
+            fail(simulatorBroke(error))
+            return
+        }
+        guard let got else { return }  // EAGAIN: nothing yet
+        guard got > 0 else {
+            fail(.unreachable("the simulator hung up before answering the connect message for \(peerName)"))
+            return
+        }
+        guard got == 1 else {
+            fail(.unreachable("the simulator answered the connect message with \(got) bytes instead of one status byte (docs/protocol.md §5.5)"))
+            return
+        }
+        let status = buffer[0]
+        if status == 0 {
+            becomeOpen()
+        } else {
+            fail(.unreachable(simulatorStatusText(status)))
+        }
+    }
+
+    /// §5.5's status table, in the user's words.
+    private func simulatorStatusText(_ status: UInt8) -> String {
+        let device = peerDeviceName
+        let psm = peerPSM.map { "PSM 0x\(hex($0))" } ?? "that PSM"
+        return switch status {
+        case 1: "the simulator has no device \(device)"
+        case 2: "\(device) is out of range: the simulator does not hear it in this room (its mean RSSI is below heard-down-to)"
+        case 3: "\(device) offers no channel on \(psm)"
+        case 4: "\(device) is silent: it does not answer"
+        default: "the simulator answered the connect message for \(device) with unknown status 0x\(hex(status)) (docs/protocol.md §5.5 defines 00 to 04)"
+        }
+    }
+
+    private mutating func becomeOpen() {
+        state = .open
+        guard readsSendMTUFromKernel else { return }
+        // The peer's MTU arrived in its LE Credit Based Connection Response (Core 5.4, Vol 3,
+        // Part A, §4.23); l2cap_sock_getsockopt(BT_SNDMTU) hands it out as a u16 once connected.
+        var mtu: UInt16 = 0
+        var length = socklen_t(MemoryLayout<UInt16>.size)
+        do {
+            _ = try Syscall.call("getsockopt(BT_SNDMTU)") {
+                Int(getsockopt(fd, SOL_BLUETOOTH, BT_SNDMTU, &mtu, &length))
+            }
+        } catch {
+            fail(.os(error))
+            return
+        }
+        sendMTU = Int(mtu)
+    }
+
+    /// SO_ERROR: the outcome of a non-blocking connect (0 while fine or still going).
+    private func pendingError() -> Int32 {
+        var code: Int32 = 0
+        var length = socklen_t(MemoryLayout<Int32>.size)
+        do {
+            _ = try Syscall.call("getsockopt(SO_ERROR)") { Int(getsockopt(fd, SOL_SOCKET, SO_ERROR, &code, &length)) }
+        } catch {
+            return error.code
+        }
+        return code
+    }
+
+    // MARK: - Reading
+
+    /// Reads SDUs until EAGAIN (the socket keeps nothing back for a later turn, so poll()
+    /// reporting POLLIN again is never needed to empty it).
+    private mutating func drain(_ buffer: UnsafeMutableRawBufferPointer, _ onSDU: (UnsafeRawBufferPointer) -> Void) {
+        while case .open = state {
+            let got: Int?
+            do {
+                got = try Self.receive(fd, into: buffer)
+            } catch {
+                fail(linkBroke(error))
+                return
+            }
+            guard let got else { return }  // EAGAIN: all read
+            if got == 0 {
+                // End of stream: the peer closed (a link message is never empty, §5.1, so a
+                // zero-length record cannot be one either).
+                fail(.closed)
+                return
+            }
+            if got > buffer.count {
+                fail(.tooLarge(size: got, mtu: buffer.count))
+                return
+            }
+            onSDU(UnsafeRawBufferPointer(rebasing: buffer[0 ..< got]))
+        }
+    }
+
+    /// One record into `buffer`: its full length (which may exceed `buffer.count`, the record
+    /// then being cut short and dropped), 0 at end of stream, nil when nothing is there.
+    /// MSG_TRUNC makes recvmsg return the record's real length (unix(7) since Linux 3.4;
+    /// `bt_sock_recvmsg`); the MSG_TRUNC bit in msg_flags marks a cut record on kernels that
+    /// only set that, so it counts as one byte more than the buffer.
+    static func receive(_ fd: Int32, into buffer: UnsafeMutableRawBufferPointer) throws(Errno) -> Int? {
+        var vector = iovec(iov_base: buffer.baseAddress, iov_len: buffer.count)
+        var header = msghdr()
+        let got = try withUnsafeMutablePointer(to: &vector) { vector throws(Errno) -> Int? in
+            header.msg_iov = vector
+            header.msg_iovlen = 1
+            return try Syscall.call("recvmsg") { recvmsg(fd, &header, Int32(MSG_TRUNC)) }
+        }
+        guard let got else { return nil }
+        if got <= buffer.count, header.msg_flags & Int32(MSG_TRUNC) != 0 {
+            return buffer.count + 1
+        }
+        return got
+    }
+
+    // MARK: - Closing
+
+    private mutating func fail(_ error: LinkError) {
+        state = .closed(error)
+        releaseDescriptor()
+    }
+
+    private mutating func releaseDescriptor() {
+        guard fd >= 0 else { return }
+        Syscall.close(fd)
+        fd = -1
+    }
+
+    /// An error on an open link: who ended it.
+    private func linkBroke(_ error: Errno) -> LinkError {
+        switch error.code {
+        case ECONNRESET, EPIPE, ENOTCONN, ECONNABORTED:
+            .closed
+        case ETIMEDOUT, EHOSTDOWN, EHOSTUNREACH:
+            // The kernel's teardown error for a lost LE connection: bt_to_errno of the HCI
+            // reason, 0x08 Connection Timeout being the usual one (the device walked away).
+            .unreachable("the link to \(peerDeviceName) dropped (out of range?): \(error.message)")
+        default:
+            .os(error)
+        }
+    }
+
+    /// An error talking to the simulator before its status byte.
+    private func simulatorBroke(_ error: Errno) -> LinkError {
+        switch error.code {
+        case ECONNRESET, EPIPE, ENOTCONN:
+            .unreachable("the simulator hung up before answering the connect message for \(peerName)")
+        default:
+            .os(error)
+        }
+    }
+
+    /// A failed L2CAP connect (SO_ERROR, or connect(2) itself). The kernel turns the HCI or
+    /// L2CAP result into an errno (net/bluetooth/lib.c `bt_to_errno`, l2cap_core.c): a refused
+    /// LE_PSM (result 0x0002, Core 5.4, Vol 3, Part A, §4.23) is ECONNREFUSED; a device that
+    /// never answers the connection attempt ends in EHOSTDOWN, ETIMEDOUT or ENOTCONN.
+    static func connectFailure(_ code: Int32, peer: LinkAddress?) -> LinkError {
+        let device = peer?.deviceName ?? "the device"
+        let psm = peer.map { "PSM 0x\(hex($0.psm))" } ?? "its PSM"
+        let reason = String(cString: strerror(code))
+        return switch code {
+        case ECONNREFUSED:
+            .unreachable("\(device) refused the channel on \(psm) (nothing listens there now): \(reason)")
+        case EHOSTDOWN, ETIMEDOUT, ENOTCONN, EHOSTUNREACH:
+            .unreachable("\(device) did not answer (out of range, asleep, or not accepting connections): \(reason)")
+        default:
+            .unreachable("\(device) on \(psm): \(reason)")
+        }
+    }
+
+    // MARK: - Names for messages
+
+    /// The peer as the connect message or the `DeviceLink` named it.
+    private var peerAddress: LinkAddress? {
+        if let peer { return peer }
+        guard case .simulator(let m) = handshake else { return nil }
+        var address: UInt64 = 0
+        for i in 0 ..< 6 { address |= UInt64(m[2 + i]) << (8 * UInt64(i)) }
+        return LinkAddress(address: address, addressType: m[1], psm: UInt16(m[8]) | UInt16(m[9]) << 8)
+    }
+    private var peerName: String { peerAddress?.description ?? "the device" }
+    private var peerDeviceName: String { peerAddress?.deviceName ?? "the device" }
+    private var peerPSM: UInt16? { peerAddress?.psm }
+}
+
+/// BlueZ L2CAP LE credit-based channels (docs/protocol.md §5; BlueZ l2cap.h, bluetooth.h).
+///
+/// The gateway connects as the central: the kernel creates the LE connection to the device
+/// (net/bluetooth/l2cap_core.c `l2cap_chan_connect` → `hci_connect_le_scan`), then asks for
+/// the channel with an LE Credit Based Connection Request (Core 5.4, Vol 3, Part A, §4.22).
+/// No capability is needed (net/bluetooth/l2cap_sock.c: `l2cap_sock_create` asks for
+/// CAP_NET_RAW only for SOCK_RAW; bind with PSM 0 takes a dynamic PSM, so no
+/// CAP_NET_BIND_SERVICE).
+public struct L2CAPLink: DeviceLink {
+    public let adapter: String
+    public let receiveMTU: Int
+    /// `adapter` "hci0" or an address; the channel asks for `receiveMTU` (BT_RCVMTU).
+    /// `receiveMTU` is 23…65535 (Core 5.4, Vol 3, Part A, §4.22: the MTU field's range).
+    public init(adapter: String = "hci0", receiveMTU: Int) {
+        precondition(receiveMTU >= Self.minimumMTU && receiveMTU <= 65_535,
+                     "an LE credit-based channel's MTU is 23…65535 (Core 5.4, Vol 3, Part A, §4.22), not \(receiveMTU)")
+        self.adapter = adapter; self.receiveMTU = receiveMTU
+    }
+
+    public func connect(to device: LinkAddress) throws(LinkError) -> LinkChannel {
+        guard let random = device.isRandom else { throw device.anonymousError }
+        // Core 5.4, Vol 3, Part A, §4.22: an LE credit-based channel's SPSM is 0x0001…0x00FF
+        // (0x0080 and up dynamic); the kernel refuses anything else with EINVAL.
+        guard device.psm >= 0x0001, device.psm <= 0x00FF else {
+            throw .unreachable("\(device.deviceName) names PSM 0x\(hex(device.psm)) in its beacon, which is not an LE PSM (0x0001 to 0x00FF, Core 5.4, Vol 3, Part A, §4.22)")
+        }
+        let type = Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue)
+        let fd = socket(AF_BLUETOOTH, type, BTPROTO_L2CAP)
+        if fd < 0 {
+            let e = errno
+            if e == EAFNOSUPPORT {
+                throw .noBluetooth("this kernel has no Bluetooth (AF_BLUETOOTH unavailable), so no L2CAP device link can be opened: run the gateway on a machine with BlueZ, or link to the simulator (relay.link)")
+            }
+            throw .os(Errno(e, call: "socket(AF_BLUETOOTH, BTPROTO_L2CAP)"))
+        }
+        // From here the channel owns the descriptor: a throw below closes it (deinit).
+        // Until the peer's MTU is known, assume the least an LE channel accepts (§4.22).
+        var channel = LinkChannel(fd: fd, handshake: .none, sendMTU: Self.minimumMTU)
+        channel.peer = device
+        channel.readsSendMTUFromKernel = true
+
+        // Bind to the adapter with an LE source address type. PSM 0 makes the kernel pick a
+        // dynamic one (l2cap_add_psm), and a bound LE PSM switches the channel to
+        // L2CAP_MODE_LE_FLOWCTL (l2cap_sock_bind), the mode BT_RCVMTU applies to.
+        var local = sockaddr_l2()
+        local.l2_family = sa_family_t(AF_BLUETOOTH)
+        local.l2_bdaddr = try adapterAddress()
+        local.l2_bdaddr_type = UInt8(BDADDR_LE_PUBLIC)
+        let bound = withUnsafePointer(to: &local) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                // The C size (14, with the tail padding), as the kernel copies min(alen, sizeof).
+                Glibc.bind(fd, $0, socklen_t(MemoryLayout<sockaddr_l2>.stride))
+            }
+        }
+        if bound < 0 { throw .os(Errno(errno, call: "bind(L2CAP)")) }
+
+        // The receive MTU goes out in our LE Credit Based Connection Request (§4.22), so it is
+        // set before connect; l2cap_sock_setsockopt(BT_RCVMTU) copies a u16.
+        var mtu = UInt16(receiveMTU)
+        if setsockopt(fd, SOL_BLUETOOTH, BT_RCVMTU, &mtu, socklen_t(MemoryLayout<UInt16>.size)) < 0 {
+            throw .os(Errno(errno, call: "setsockopt(BT_RCVMTU)"))
+        }
+
+        var remote = Self.remoteAddress(device, random: random)
+        let connected = withUnsafePointer(to: &remote) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_l2>.stride))
+            }
+        }
+        if connected < 0 {
+            let e = errno
+            // EINPROGRESS: the kernel is connecting; SO_ERROR and POLLOUT tell the end.
+            if e != EINPROGRESS { throw LinkChannel.connectFailure(e, peer: device) }
+        }
+        return channel
+    }
+
+    public var description: String { "bluez \(adapter)" }
+
+    /// The least MTU an LE credit-based channel accepts (Core 5.4, Vol 3, Part A, §4.22).
+    static let minimumMTU = 23
+
+    /// The device's side of the connect: <bluetooth/l2cap.h> `struct sockaddr_l2`.
+    /// `l2_psm` is little-endian (`htobs`); `bdaddr_t.b[0]` is the least significant byte, as
+    /// HCI carries addresses; the address type is BlueZ's BDADDR_LE_PUBLIC (1) or
+    /// BDADDR_LE_RANDOM (2) (<bluetooth/bluetooth.h>), not HCI's 0/1.
+    static func remoteAddress(_ device: LinkAddress, random: Bool) -> sockaddr_l2 {
+        var remote = sockaddr_l2()
+        remote.l2_family = sa_family_t(AF_BLUETOOTH)
+        remote.l2_psm = device.psm.littleEndian
+        let a = device.address
+        remote.l2_bdaddr = bdaddr_t(b: (UInt8(truncatingIfNeeded: a), UInt8(truncatingIfNeeded: a >> 8),
+                                        UInt8(truncatingIfNeeded: a >> 16), UInt8(truncatingIfNeeded: a >> 24),
+                                        UInt8(truncatingIfNeeded: a >> 32), UInt8(truncatingIfNeeded: a >> 40)))
+        remote.l2_bdaddr_type = UInt8(random ? BDADDR_LE_RANDOM : BDADDR_LE_PUBLIC)
+        return remote
+    }
+
+    /// The adapter's own address through libbluetooth, which takes "hciN" or an address
+    /// (lib/hci.c `hci_devid`, `hci_devba`; both only find adapters that are up).
+    private func adapterAddress() throws(LinkError) -> bdaddr_t {
+        var address = bdaddr_t()
+        let id = hci_devid(adapter)
+        if id < 0 || hci_devba(id, &address) < 0 {
+            let e = errno
+            switch e {
+            case ENODEV:
+                throw .noBluetooth("no Bluetooth adapter named \(adapter) (`btmgmt info` or `bluetoothctl list` shows the adapters this machine has)")
+            case ENETDOWN:
+                throw .noBluetooth("Bluetooth adapter \(adapter) is down (`bluetoothctl power on`)")
+            case EAFNOSUPPORT:
+                throw .noBluetooth("this kernel has no Bluetooth (AF_BLUETOOTH unavailable)")
+            default:
+                throw .os(Errno(e, call: "hci_devinfo"))
+            }
+        }
+        return address
+    }
+}
+
+/// The simulator's link (docs/protocol.md §5.5).
+public struct SimulatedLink: DeviceLink {
+    public let path: String
+    public let sendMTU: Int
+    public init(path: String, sendMTU: Int = 65_535) { self.path = path; self.sendMTU = sendMTU }
+
+    public func connect(to device: LinkAddress) throws(LinkError) -> LinkChannel {
+        guard let random = device.isRandom else { throw device.anonymousError }
+        guard var unix = Syscall.unixAddress(path) else {
+            throw .unreachable("the simulator's link socket path \(path) is longer than a Unix socket path may be (107 bytes): use a shorter --sockets directory")
+        }
+        let type = Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue)
+        let fd = socket(AF_UNIX, type, 0)
+        if fd < 0 { throw .os(Errno(errno, call: "socket(AF_UNIX, SOCK_SEQPACKET)")) }
+        // From here the channel owns the descriptor: a throw below closes it (deinit).
+        var channel = LinkChannel(fd: fd, handshake: .simulator(connect: Self.connectMessage(device, random: random)),
+                                  sendMTU: sendMTU)
+        channel.peer = device
+        let r = withUnsafePointer(to: &unix.address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(fd, $0, unix.length) }
+        }
+        if r < 0 {
+            // A Unix connect completes at once or fails; EAGAIN is a full listen backlog.
+            switch errno {
+            case ENOENT, ECONNREFUSED:
+                throw .unreachable("no simulator listening on \(path) (is `baton sim --scenario … --sockets DIR` running?)")
+            case EAGAIN:
+                throw .unreachable("the simulator on \(path) takes no more connections now (its listen backlog is full)")
+            case let e:
+                throw .os(Errno(e, call: "connect(simulator link)"))
+            }
+        }
+        channel.sendConnectMessage()  // at once; if the socket has no room, on POLLOUT
+        return channel
+    }
+
+    public var description: String { "sim \(path)" }
+
+    /// The connect message (docs/protocol.md §5.5): `4C`, address type (00 public, 01 random),
+    /// the address least significant byte first, the PSM little-endian.
+    static func connectMessage(_ device: LinkAddress, random: Bool) -> InlineArray<10, UInt8> {
+        var m = InlineArray<10, UInt8>(repeating: 0)
+        m[0] = 0x4C
+        m[1] = random ? 0x01 : 0x00
+        for i in 0 ..< 6 { m[2 + i] = UInt8(truncatingIfNeeded: device.address >> (8 * UInt64(i))) }
+        m[8] = UInt8(truncatingIfNeeded: device.psm)
+        m[9] = UInt8(truncatingIfNeeded: device.psm >> 8)
+        return m
+    }
+}
+
+/// Upper-case hex, two digits per byte.
+private func hex(_ value: UInt8) -> String {
+    let digits: StaticString = "0123456789ABCDEF"
+    return digits.withUTF8Buffer { d in
+        String(decoding: [d[Int(value >> 4)], d[Int(value & 0x0F)]], as: UTF8.self)
+    }
+}
+
+private func hex(_ value: UInt16) -> String {
+    hex(UInt8(truncatingIfNeeded: value >> 8)) + hex(UInt8(truncatingIfNeeded: value))
+}
