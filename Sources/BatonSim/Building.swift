@@ -6,7 +6,8 @@
 // sockets and no clock, so tests drive it directly and the same seed always gives the same
 // reports. `Building` gives every room a Unix socket and a `VirtualController`, maps real
 // time to simulated time at the scenario's speed, and hands each heard report to its room's
-// controller while that controller is scanning.
+// controller while that controller is scanning. Beside each room's controller socket is its
+// link socket (DeviceLinks.swift), served in the same poll loop.
 import BatonHCI
 import BatonWire
 import Glibc
@@ -58,9 +59,22 @@ public final class ScenarioPlayer {
         /// The room a crowd device wanders from.
         var room: Int
         var silent = false
+        /// The current activity type (become-current changes it) and what the payload says
+        /// (docs/simulator.md "Device links").
+        var type: String
+        var title: String
+        var webURL: Bool
+        var payloadBytes: Int?
+        /// Offers a device link: its beacon names a PSM (docs/protocol.md §2.1, §5).
+        var link: Bool
+        /// The sequence the current activity began at: a fetch for an older one is refused.
+        var activityStart: UInt16 = 1
     }
 
     var devices: [Device] = []
+    /// Device index by activity-beacon device id, and by LE address (a link names the address).
+    var indexByID: [UInt64: Int] = [:]
+    var indexByAddress: [UInt64: Int] = [:]
     let roomX: [Double], roomY: [Double], roomNoise: [Double], roomLoss: [Double]
     let roomIndex: [String: Int]
     /// Mean RSSI of device d in room r at `d * rooms + r`: the model without noise, recomputed
@@ -113,7 +127,8 @@ public final class ScenarioPlayer {
             var flags: BeaconFlags = []
             if d.streams { flags.insert(.supportsStreams) }
             if d.webURL { flags.insert(.hasWebURL) }
-            add(id: d.id, name: d.name, type: d.type, flags: flags, index: i, room: 0)
+            add(id: d.id, name: d.name, type: d.type, flags: flags, index: i, room: 0, title: d.title ?? d.name,
+                webURL: d.webURL, payloadBytes: d.payloadBytes, link: d.link)
             let (x, y) = position(d.place)
             devices[i].x = x
             devices[i].y = y
@@ -124,11 +139,20 @@ public final class ScenarioPlayer {
                 let type = crowd.type ?? CaptureGenerator.activityTypes[k % CaptureGenerator.activityTypes.count]
                 let room = Int(rng.next() % UInt64(rooms.count))
                 // Proof: Scenario.parse keeps first-id + count - 1 within 48 bits.
-                add(id: crowd.firstID + UInt64(k), name: "crowd-\(k)", type: type, flags: [],
-                    index: devices.count, room: room)
+                let name = "crowd-\(k)"
+                add(id: crowd.firstID + UInt64(k), name: name, type: type, flags: [], index: devices.count, room: room,
+                    title: crowd.title ?? name, webURL: false, payloadBytes: crowd.payloadBytes, link: crowd.link)
                 devices[devices.count - 1].x = roomX[room]
                 devices[devices.count - 1].y = roomY[room]
             }
+        }
+        indexByID.reserveCapacity(total)
+        indexByAddress.reserveCapacity(total)
+        for (i, d) in devices.enumerated() {
+            indexByID[d.id] = i
+            // 46 random bits: two of 100000 devices share an address about once in 14000
+            // scenarios (n² / 2⁴⁷); the first keeps it, the other is unreachable over a link.
+            if indexByAddress[d.address] == nil { indexByAddress[d.address] = i }
         }
         mean = Array(repeating: 0, count: total * rooms.count)
         for d in 0..<total { placeMean(d) }
@@ -150,13 +174,17 @@ public final class ScenarioPlayer {
 
     static func micros(_ seconds: Double) -> Int64 { Int64((seconds * 1_000_000).rounded()) }
 
-    private func add(id: UInt64, name: String, type: String, flags: BeaconFlags, index: Int, room: Int) {
+    private func add(id: UInt64, name: String, type: String, flags: BeaconFlags, index: Int, room: Int, title: String,
+                     webURL: Bool, payloadBytes: Int?, link: Bool) {
+        // PSM 0: the device offers no link (docs/protocol.md §2.1).
+        let psm = link ? 0x0080 + UInt16(index % 128) : 0
         let beacon = ActivityBeacon(flags: flags, sequence: 1, activityTypeHash: activityTypeHash(type.utf8),
-                                    groupHash: Self.groupHash, deviceID: id, psm: 0x0080 + UInt16(index % 128))
+                                    groupHash: Self.groupHash, deviceID: id, psm: psm)
         // Random static: the two most significant bits are 1 (Core 5.4, Vol 6, Part B, §1.3.2.1).
         let address = (rng.next() & 0x3FFF_FFFF_FFFF) | 0xC000_0000_0000
         devices.append(Device(id: id, name: name, beacon: beacon, address: address,
-                              data: Self.advertisement(beacon, companyID: scenario.companyID), x: 0, y: 0, room: room))
+                              data: Self.advertisement(beacon, companyID: scenario.companyID), x: 0, y: 0, room: room,
+                              type: type, title: title, webURL: webURL, payloadBytes: payloadBytes, link: link))
     }
 
     /// The beacon's 31-byte advertisement (docs/protocol.md §2.1), as CaptureGenerator writes it.
@@ -199,6 +227,8 @@ public final class ScenarioPlayer {
     public var deviceCount: Int { devices.count }
     public func deviceID(_ device: Int) -> UInt64 { devices[device].id }
     public func beacon(_ device: Int) -> ActivityBeacon { devices[device].beacon }
+    /// The device's random static address, as its advertising reports carry it (address type 1).
+    public func address(_ device: Int) -> UInt64 { devices[device].address }
 
     /// The simulated time of the next report or step; `Int64.max` when nothing is left.
     public var nextDue: Int64 {
@@ -260,6 +290,8 @@ public final class ScenarioPlayer {
             devices[d].beacon.activityTypeHash = activityTypeHash(type.utf8)
             devices[d].beacon.flags.remove(.invalidated)
             devices[d].beacon.sequence &+= 1
+            devices[d].type = type
+            devices[d].activityStart = devices[d].beacon.sequence
         case .invalidate:
             devices[d].beacon.flags.insert(.invalidated)
             devices[d].beacon.sequence &+= 1
@@ -366,20 +398,26 @@ public final class Building {
     var startInstant = ContinuousClock.now
     var pollFDs: [pollfd] = []
     var closed = false
+    /// Every room's link socket and the links open to simulated devices.
+    let links: DeviceLinkServer
 
     public enum Output {
         case start(unixMicros: Int64)
         case step(ScenarioEvent, unixMicros: Int64)
+        /// A device heard over a link that its activity was continued (docs/protocol.md §5.2).
+        case continued(LinkContinuation, unixMicros: Int64)
         case end(unixMicros: Int64)
         /// A gateway connected to or left a room (for a log line, not the JSON).
         case connected(room: Int)
         case disconnected(room: Int)
     }
 
-    /// Listens on `<directory>/<room id>.sock` for every room, replacing stale socket files.
+    /// Listens on `<directory>/<room id>.sock` and `<directory>/<room id>.link` for every
+    /// room, replacing stale socket files.
     public init(scenario: Scenario, directory: String) throws(BuildingError) {
         player = ScenarioPlayer(scenario)
         let base = directory.hasSuffix("/") ? String(directory.dropLast()) : directory
+        links = try DeviceLinkServer(player: player, directory: base)
         socketPaths = scenario.rooms.map { base + "/" + $0.id + ".sock" }
         listeners = []
         let rooms = scenario.rooms.count
@@ -387,7 +425,7 @@ public final class Building {
         delivered = Array(repeating: 0, count: rooms)
         notScanning = Array(repeating: 0, count: rooms)
         dropped = Array(repeating: 0, count: rooms)
-        pollFDs.reserveCapacity(rooms + 1)
+        pollFDs.reserveCapacity(2 * rooms + Self.linkCapacity + 1)
         for path in socketPaths {
             do throws(BuildingError) {
                 listeners.append(try Self.listen(path))
@@ -400,17 +438,19 @@ public final class Building {
 
     deinit { close() }
 
-    static func listen(_ path: String) throws(BuildingError) -> Int32 {
+    /// A listening Unix socket of `type` (flags such as SOCK_NONBLOCK included) at `path`.
+    static func listen(_ path: String, type: Int32 = Int32(SOCK_STREAM.rawValue)) throws(BuildingError) -> Int32 {
         guard var unix = Syscall.unixAddress(path) else {
             throw BuildingError(message: "\(path): longer than a Unix socket path may be (108 bytes): use a shorter --sockets directory")
         }
         unlink(path)
-        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        let fd = socket(AF_UNIX, type | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw BuildingError(message: "\(path): socket: \(String(cString: strerror(errno)))") }
         let r = withUnsafePointer(to: &unix.address) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, unix.length) }
         }
-        guard r == 0, Glibc.listen(fd, 4) == 0 else {
+        // A gateway opens a few links at once; the kernel caps the backlog at somaxconn anyway.
+        guard r == 0, Glibc.listen(fd, 16) == 0 else {
             let reason = String(cString: strerror(errno))
             Glibc.close(fd)
             throw BuildingError(message: "cannot listen on \(path): \(reason)")
@@ -438,6 +478,7 @@ public final class Building {
                                event: { output(.step($0, unixMicros: unixMicros())) })
                 if target >= player.end { break }
             }
+            links.service()
             pollFDs.removeAll(keepingCapacity: true)
             for (r, c) in controllers.enumerated() {
                 if let c {
@@ -446,6 +487,8 @@ public final class Building {
                     pollFDs.append(pollfd(fd: listeners[r], events: Int16(POLLIN), revents: 0))
                 }
             }
+            links.addPollFDs(&pollFDs)
+            let stopIndex = pollFDs.count
             if let stop { pollFDs.append(pollfd(fd: stop, events: Int16(POLLIN), revents: 0)) }
             var timeout: Int32 = 1000
             if started {
@@ -453,9 +496,13 @@ public final class Building {
                 let elapsed = Double(micros(ContinuousClock.now - startInstant))
                 timeout = Int32(min(1000, max(0, ((dueReal - elapsed) / 1000).rounded(.up))))
             }
+            if let due = links.nextDue {
+                timeout = min(timeout, Int32(max(0, (Double(micros(due - .now)) / 1000).rounded(.up))))
+            }
             let ready = pollFDs.withUnsafeMutableBufferPointer { Glibc.poll($0.baseAddress, nfds_t($0.count), timeout) }
             if ready <= 0 { continue }
-            if stop != nil, pollFDs[controllers.count].revents != 0 { break }
+            if stop != nil, pollFDs[stopIndex].revents != 0 { break }
+            links.handle(pollFDs) { output(.continued($0, unixMicros: unixMicros())) }
             for r in controllers.indices where pollFDs[r].revents != 0 {
                 if let c = controllers[r] {
                     c.poll()
@@ -511,6 +558,7 @@ public final class Building {
         controllers = controllers.map { _ in nil }
         for fd in listeners { Glibc.close(fd) }
         for path in socketPaths { unlink(path) }
+        links.close()
     }
 }
 
@@ -529,12 +577,15 @@ public func unixMicros() -> Int64 {
 // MARK: - JSON lines (docs/simulator.md "What it prints")
 
 extension Building {
-    /// `{"event":"ready","rooms":{"hall":"DIR/hall.sock",…},"names":{"hall":"Hall",…}}`
+    /// `{"event":"ready","rooms":{"hall":"DIR/hall.sock",…},"links":{"hall":"DIR/hall.link",…},"names":{"hall":"Hall",…}}`
     public func readyLine() -> String {
         jsonLine { w throws(WireError) in
             try w.key("event"); try w.string("ready")
             try w.key("rooms"); try w.beginObject()
             for (room, path) in zip(scenario.rooms, socketPaths) { try w.key(room.id); try w.string(path) }
+            try w.endObject()
+            try w.key("links"); try w.beginObject()
+            for (room, path) in zip(scenario.rooms, linkPaths) { try w.key(room.id); try w.string(path) }
             try w.endObject()
             try w.key("names"); try w.beginObject()
             for room in scenario.rooms { try w.key(room.id); try w.string(room.name) }
@@ -565,9 +616,26 @@ extension Building {
                     try w.key("unheard"); try w.int(Int64(player.counts[r].unheard))
                     try w.key("not_scanning"); try w.int(Int64(notScanning[r]))
                     try w.key("dropped"); try w.int(Int64(dropped[r]))
+                    let l = links.counts[r]
+                    try w.key("links"); try w.int(Int64(l.links))
+                    try w.key("links_refused"); try w.int(Int64(l.refused))
+                    try w.key("links_full"); try w.int(Int64(l.full))
+                    try w.key("link_errors"); try w.int(Int64(l.errors))
+                    try w.key("fetches"); try w.int(Int64(l.fetches))
+                    try w.key("continued"); try w.int(Int64(l.continued))
+                    try w.key("streams"); try w.int(Int64(l.streams))
                     try w.endObject()
                 }
                 try w.endObject()
+            }
+        case .continued(let c, let unix):
+            return jsonLine { w throws(WireError) in
+                try w.key("event"); try w.string("continued")
+                try w.key("device"); try w.string(hex12(c.deviceID))
+                try w.key("name"); try w.string(c.name)
+                try w.key("room"); try w.string(c.room)
+                try w.key("sequence"); try w.int(Int64(c.sequence))
+                try w.key("unix_us"); try w.int(unix)
             }
         case .connected, .disconnected:
             return nil

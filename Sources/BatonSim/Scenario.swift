@@ -42,11 +42,13 @@ public struct Scenario: Sendable, Equatable {
         public var noise: Double
         /// The fraction of reports each room misses.
         public var loss: Double
+        /// Simulated seconds a device takes to answer a link's connect message or a fetch.
+        public var linkLatency: Double
 
         public init(inRoom: Double = -55, perRoom: Double = -15, heardDownTo: Double = -95,
-                    noise: Double = 3, loss: Double = 0.05) {
+                    noise: Double = 3, loss: Double = 0.05, linkLatency: Double = 0) {
             self.inRoom = inRoom; self.perRoom = perRoom; self.heardDownTo = heardDownTo
-            self.noise = noise; self.loss = loss
+            self.noise = noise; self.loss = loss; self.linkLatency = linkLatency
         }
     }
 
@@ -86,11 +88,19 @@ public struct Scenario: Sendable, Equatable {
         public var webURL: Bool
         public var place: Place
         public var script: [Step]
+        /// The payload's title (docs/simulator.md "Device links"); nil: the device's name.
+        public var title: String?
+        /// The encoded payload's exact size: padded up to it. nil: its natural size.
+        public var payloadBytes: Int?
+        /// Whether the device offers a device link (docs/protocol.md §5); false: beacon PSM 0.
+        public var link: Bool
 
         public init(id: UInt64, name: String, type: String, streams: Bool = false, webURL: Bool = false,
-                    place: Place, script: [Step] = []) {
+                    place: Place, script: [Step] = [], title: String? = nil, payloadBytes: Int? = nil,
+                    link: Bool = true) {
             self.id = id; self.name = name; self.type = type; self.streams = streams; self.webURL = webURL
             self.place = place; self.script = script
+            self.title = title; self.payloadBytes = payloadBytes; self.link = link
         }
     }
 
@@ -125,9 +135,15 @@ public struct Scenario: Sendable, Equatable {
         public var wander: Double
         /// Their activity type; nil: the capture generator's five, in turn.
         public var type: String?
+        /// As a device's: one title for all (nil: each device's name), payload size, link.
+        public var title: String?
+        public var payloadBytes: Int?
+        public var link: Bool
 
-        public init(count: Int, firstID: UInt64, wander: Double = 0, type: String? = nil) {
+        public init(count: Int, firstID: UInt64, wander: Double = 0, type: String? = nil, title: String? = nil,
+                    payloadBytes: Int? = nil, link: Bool = true) {
             self.count = count; self.firstID = firstID; self.wander = wander; self.type = type
+            self.title = title; self.payloadBytes = payloadBytes; self.link = link
         }
     }
 
@@ -138,6 +154,10 @@ public struct Scenario: Sendable, Equatable {
     /// Room and device names, in bytes.
     public static let maxNameBytes = 100
     public static let defaultType = "com.example.reader.article"
+    /// `payload-bytes`: at least a legacy-sized payload, at most what a payload message carries.
+    public static let payloadBytesRange = 64...65535
+    /// `radio.link-latency`, simulated seconds.
+    public static let maxLinkLatency = 60.0
 }
 
 /// A problem with a scenario file: `FILE:LINE: KEY: MESSAGE`.
@@ -183,12 +203,12 @@ extension Scenario {
     /// Every key, section by section, in the order docs/simulator.md lists them.
     static let schema: [(section: String, keys: [String])] = [
         ("", ["seed", "speed", "duration", "rate", "company-id", "radio", "rooms", "devices", "crowd"]),
-        ("radio", ["in-room", "per-room", "heard-down-to", "noise", "loss"]),
+        ("radio", ["in-room", "per-room", "heard-down-to", "noise", "loss", "link-latency"]),
         ("rooms", ["id", "name", "x", "y", "noise", "loss"]),
-        ("devices", ["id", "name", "type", "streams", "web-url", "at", "script"]),
+        ("devices", ["id", "name", "type", "streams", "web-url", "at", "script", "title", "payload-bytes", "link"]),
         ("script", ["at", "walk", "save", "become-current", "invalidate", "silent", "resume"]),
         ("place", ["between", "x", "y"]),
-        ("crowd", ["count", "first-id", "wander", "type"]),
+        ("crowd", ["count", "first-id", "wander", "type", "title", "payload-bytes", "link"]),
     ]
 
     /// Reads and checks the scenario file at `path`.
@@ -340,6 +360,7 @@ struct ScenarioReader {
         if let e = m["heard-down-to"], let v = number(e, -127...20, "dBm") { r.heardDownTo = v }
         if let e = m["noise"], let v = number(e, 0...30, "dB") { r.noise = v }
         if let e = m["loss"], let v = number(e, 0...1, "a fraction from 0 to 1") { r.loss = v }
+        if let e = m["link-latency"], let v = number(e, 0...Scenario.maxLinkLatency, "simulated seconds") { r.linkLatency = v }
     }
 
     mutating func readRooms(_ e: ScenarioEntry) -> [Scenario.Room] {
@@ -418,6 +439,15 @@ struct ScenarioReader {
             if let n = m["streams"], let b = bool(n) { device.streams = b }
             if let n = m["web-url"], let b = bool(n) { device.webURL = b }
             if let n = m["script"] { device.script = readScript(n, end: end) }
+            if let n = m["title"], let t = name(n, expected: "the activity's title") { device.title = t }
+            if let n = m["link"], let b = bool(n) { device.link = b }
+            if let n = m["payload-bytes"], let v = integer(n, Scenario.payloadBytesRange) {
+                var types = [device.type]
+                for step in device.script { if case .becomeCurrent(let t) = step.action { types.append(t) } }
+                if payloadBytes(v, fit: n, types: types, names: [device.name], title: device.title, webURL: device.webURL) {
+                    device.payloadBytes = v
+                }
+            }
             if ok { devices.append(device) }
         }
         return devices
@@ -501,8 +531,39 @@ struct ScenarioReader {
         var crowd = Scenario.Crowd(count: count ?? 1, firstID: first ?? 0)
         if let e = m["wander"], let v = number(e, 0...1e7, "simulated seconds (0: never)") { crowd.wander = v }
         if let e = m["type"], let t = activityType(e) { crowd.type = t }
+        if let e = m["title"], let t = name(e, expected: "the activity's title") { crowd.title = t }
+        if let e = m["link"], let b = bool(e) { crowd.link = b }
+        if let e = m["payload-bytes"], let v = integer(e, Scenario.payloadBytesRange) {
+            // The longest name is the last device's.
+            let names = ["crowd-\(max(0, (count ?? 1) - 1))"]
+            if payloadBytes(v, fit: e, types: crowd.type.map { [$0] } ?? CaptureGenerator.activityTypes, names: names,
+                            title: crowd.title, webURL: false) {
+                crowd.payloadBytes = v
+            }
+        }
         guard count != nil, first != nil else { return nil }
         return crowd
+    }
+
+    /// Whether a payload of the device's padded to `bytes` can be exactly that size: its
+    /// largest unpadded form (any of its activity types, a sequence of three CBOR bytes) plus
+    /// the smallest padding entry.
+    mutating func payloadBytes(_ bytes: Int, fit e: ScenarioEntry, types: [String], names: [String], title: String?,
+                               webURL: Bool) -> Bool {
+        var least = 0
+        for type in types {
+            for name in names {
+                let size = SimulatedPayload.unpadded(type: type, title: title ?? name, name: name, webURL: webURL,
+                                                     sequence: .max).count
+                least = max(least, size + SimulatedPayload.leastPadding)
+            }
+        }
+        guard bytes >= least else {
+            report(e.value, e.key, "must be at least \(least) for this device (its payload without padding takes up "
+                   + "to \(least - SimulatedPayload.leastPadding) bytes), got \(bytes)")
+            return false
+        }
+        return true
     }
 
     // MARK: Places
@@ -714,9 +775,16 @@ struct ScenarioReader {
 
     mutating func activityType(_ e: ScenarioEntry) -> String? {
         guard let t = text(e, expected: "an activity type like com.example.reader.article") else { return nil }
-        guard !t.isEmpty, t.utf8.count <= 255, !t.contains(where: \.isWhitespace) else {
+        // docs/payload.md §2.1: the devices send it in their payloads, which a gateway checks.
+        let labels = t.split(separator: ".", omittingEmptySubsequences: false)
+        let valid = labels.count >= 2 && labels.allSatisfy { label in
+            !label.isEmpty && label.unicodeScalars.allSatisfy {
+                ("a"..."z").contains($0) || ("A"..."Z").contains($0) || ("0"..."9").contains($0) || $0 == "-" || $0 == "_"
+            }
+        }
+        guard valid, t.utf8.count <= 255 else {
             report(e.value, e.key, "expected an activity type like com.example.reader.article "
-                   + "(reverse DNS, no spaces, at most 255 bytes), got \(quoted(t))")
+                   + "(reverse DNS: two or more labels of A-Z, a-z, 0-9, - and _, at most 255 bytes), got \(quoted(t))")
             return nil
         }
         return t

@@ -165,10 +165,12 @@ extension Sim {
             abstract: "Run a building of simulated rooms and devices following a scenario.",
             discussion: """
                 Listens on DIR/<room id>.sock for every room of the scenario; a gateway connects with \
-                --radio sim:DIR/<room id>.sock. The scenario clock starts when every room's gateway \
-                scans (or at once with --no-wait) and runs for the scenario's duration. stdout carries \
-                JSON lines: ready, start, one per scenario step, end. Ctrl-C or SIGTERM ends early, the \
-                same way. A bad scenario file exits 2 with FILE:LINE: KEY: the problem.
+                --radio sim:DIR/<room id>.sock. Beside it, DIR/<room id>.link is the room's device link \
+                (docs/protocol.md 5.5): the devices answer fetches and echo streams there. The scenario \
+                clock starts when every room's gateway scans (or at once with --no-wait) and runs for \
+                the scenario's duration. stdout carries JSON lines: ready, start, one per scenario \
+                step, continued, end. Ctrl-C or SIGTERM ends early, the same way. A bad scenario file \
+                exits 2 with FILE:LINE: KEY: the problem.
                 """)
 
         @Option(help: "The scenario file (YAML, docs/simulator.md \"Scenarios\").")

@@ -98,6 +98,9 @@ func parseError(_ yaml: String) -> ScenarioError? {
         #expect(walk.devices.map(\.place) == [.room("hall"), .between("hall", "kitchen")])
         #expect(walk.devices[0].script == [Scenario.Step(at: 20, .walk(.room("kitchen"))),
                                            Scenario.Step(at: 40, .walk(.room("office")))])
+        let links = try Scenario.load(file: scenarioFixtures.appendingPathComponent("links.yaml").path)
+        #expect(links.devices.map(\.link) == [true, false, true])
+        #expect(links.devices.first?.payloadBytes == 600)
         let demo = try Scenario.load(file: scenarioFixtures.appendingPathComponent("demo.yaml").path)
         #expect(demo.rooms.count == 3)
         #expect(demo.devices.count >= 3)
@@ -141,6 +144,17 @@ func parseError(_ yaml: String) -> ScenarioError? {
         (minimal + "\ncrowd: {count: 10, first-id: 59fffffffffa}", 6, "crowd.first-id", "include device 5a0000000001"),
         ("company-id: 0x004C\n" + minimal, 1, "company-id", "Apple's company id"),
         ("duration: 60\n\trooms: []\n", 2, "", "tabs"),
+        // Device links (docs/simulator.md "Device links").
+        (minimal + "\n    payload-bytes: 10", 6, "devices[0].payload-bytes", "must be between 64 and 65535"),
+        (minimal + "\n    payload-bytes: 65536", 6, "devices[0].payload-bytes", "must be between 64 and 65535"),
+        (minimal + "\n    payload-bytes: 68", 6, "devices[0].payload-bytes", "must be at least 69 for this device"),
+        (minimal + "\n    link: maybe", 6, "devices[0].link", "expected true or false"),
+        (minimal + "\n    title: \"\"", 6, "devices[0].title", "1 to 100 bytes"),
+        (minimal + "\n    type: reader", 6, "devices[0].type", "reverse DNS"),
+        ("radio:\n  link-latency: -1\n" + minimal, 2, "radio.link-latency", "between 0 and 60"),
+        (minimal + "\ncrowd: {count: 10, first-id: 5b0000000000, payload-bytes: 70000}", 6, "crowd.payload-bytes",
+         "must be between 64 and 65535"),
+        (minimal + "\ncrowd: {count: 10, first-id: 5b0000000000, link: 2}", 6, "crowd.link", "expected true or false"),
     ]
 
     @Test(arguments: mistakes.indices)
@@ -162,6 +176,28 @@ func parseError(_ yaml: String) -> ScenarioError? {
         #expect(error.all.map(\.line) == [1, 7, 8])
         #expect(error.all.map(\.key) == ["rate", "devices[0].nmae", "devices[0].streams"])
         #expect(error.description.split(separator: "\n").count == 3)
+    }
+
+    @Test func theDeviceLinkKeysParse() throws {
+        let s = try Scenario.parse(yaml: """
+            duration: 60
+            radio: {link-latency: 0.25}
+            rooms: [{id: hall}]
+            devices:
+              - {id: 5a0000000001, at: hall, title: Chapter 3, payload-bytes: 69, link: false}
+              - {id: 5a0000000002, at: hall}
+            crowd: {count: 3, first-id: 5b0000000000, title: Shared, payload-bytes: 3072, link: false}
+            """, file: "s.yaml")
+        #expect(s.radio.linkLatency == 0.25)
+        #expect(s.devices.map(\.title) == ["Chapter 3", nil])
+        #expect(s.devices.map(\.payloadBytes) == [69, nil])
+        #expect(s.devices.map(\.link) == [false, true])
+        #expect(s.crowd == Scenario.Crowd(count: 3, firstID: 0x5B00_0000_0000, title: "Shared", payloadBytes: 3072, link: false))
+        // Padded to exactly payload-bytes, whatever the sequence.
+        let player = ScenarioPlayer(s)
+        #expect(player.payload(device: 0, sequence: .max).count == 69)
+        // No link: the beacon names PSM 0 (docs/protocol.md §2.1).
+        #expect(player.beacon(0).psm == 0 && player.beacon(1).psm == 0x81 && player.beacon(2).psm == 0)
     }
 
     @Test func roomsUpToTheCapacityAndOnePast() throws {

@@ -1,0 +1,715 @@
+// The far end of each room's device link (docs/protocol.md §5.5, docs/simulator.md "Device
+// links"): simulated devices answer fetches, hear was-continued, and echo continuation streams.
+//
+// Every room listens on `DIR/<room>.link` (Unix SOCK_SEQPACKET: one packet = one SDU, as an
+// L2CAP LE credit-based channel delivers them). The links of a building share a fixed pool of
+// `Building.linkCapacity` slots, each with its own echo buffer, all allocated at start; a
+// connection beyond that is closed at once and counted. Nothing is queued per link beyond one
+// pending answer: a slot builds its next SDU when the socket can take it, so a gateway that
+// stops reading stops the device (the socket says EAGAIN) without the simulator growing.
+import BatonHCI
+import BatonWire
+import Glibc
+
+extension ScenarioPlayer {
+    /// The scenario index of the device with this id (scenario devices, then the crowd).
+    public func deviceIndex(id: UInt64) -> Int? { indexByID[id] }
+
+    /// The device with this LE address (random static, address type 1), if any.
+    func deviceIndex(address: UInt64) -> Int? { indexByAddress[address] }
+
+    /// The activity payload (deterministic CBOR, docs/payload.md) device `device` answers a
+    /// fetch with when its activity is at `sequence`. A pure function of the scenario, the
+    /// device and the sequence, so a test computes the bytes a fetch must return.
+    /// Empty when the device's activity cannot be a payload (an activity type that is not
+    /// reverse DNS, possible only in a `Scenario` built in code): the device refuses the fetch.
+    public func payload(device: Int, sequence: UInt16) -> [UInt8] {
+        let d = devices[device]
+        return SimulatedPayload.encoded(type: d.type, title: d.title, name: d.name, webURL: d.webURL,
+                                        sequence: sequence, payloadBytes: d.payloadBytes) ?? []
+    }
+
+    /// The device's current beacon sequence.
+    public func sequence(device: Int) -> UInt16 { devices[device].beacon.sequence }
+
+    /// Whether a fetch for `sequence` finds the device's activity gone (docs/protocol.md §5.2):
+    /// invalidated, or replaced by a newer activity since that sequence.
+    func activityGone(device: Int, asked sequence: UInt16) -> Bool {
+        let d = devices[device]
+        if d.beacon.flags.contains(.invalidated) { return true }
+        // Sequences wrap (docs/protocol.md §2.3): older means less than half the circle behind.
+        return Int16(bitPattern: sequence &- d.activityStart) < 0
+    }
+
+    func offersLink(_ device: Int) -> Bool { devices[device].link }
+    func isSilent(_ device: Int) -> Bool { devices[device].silent }
+    func supportsStreams(_ device: Int) -> Bool { devices[device].beacon.flags.contains(.supportsStreams) }
+    func deviceName(_ device: Int) -> String { devices[device].name }
+}
+
+extension Building {
+    /// Each room's link socket, `DIR/<room>.link`, in the scenario's order.
+    public var linkPaths: [String] { links.paths }
+    /// Links open at once in a building, all rooms together; one more is closed at once and
+    /// counted as `links_full`.
+    public static let linkCapacity = DeviceLinkServer.capacity
+    /// What each room's link counted, in the scenario's order.
+    public var linkCounts: [LinkCounts] { links.counts }
+}
+
+/// What a room's link socket counted (the `end` line, docs/simulator.md "Device links").
+public struct LinkCounts: Sendable, Equatable {
+    /// Connections answered `00`.
+    public var links = 0
+    /// Connections answered a non-zero status (§5.5).
+    public var refused = 0
+    /// Connections closed at once: every link slot was in use.
+    public var full = 0
+    /// Fetches answered (payload or fetch-refused).
+    public var fetches = 0
+    /// Was-continued messages heard.
+    public var continued = 0
+    /// Streams opened.
+    public var streams = 0
+    /// Links closed for breaking docs/protocol.md §5 (an error `02` sent first).
+    public var errors = 0
+    public init() {}
+}
+
+/// A was-continued message a device heard (docs/protocol.md §5.2).
+public struct LinkContinuation: Sendable, Equatable {
+    public var device: Int
+    public var deviceID: UInt64
+    public var name: String
+    /// The room the activity was continued in, as the gateway named it.
+    public var room: String
+    public var sequence: UInt16
+    /// The room whose link carried it.
+    public var linkRoom: Int
+}
+
+// MARK: - The payload
+
+/// The payload a simulated device sends (docs/simulator.md "Device links"): its activity type,
+/// title, web URL when `web-url` is set, and userInfo `{"position": sequence}`, padded with a
+/// `"padding"` data value to exactly `payload-bytes` when that is set.
+enum SimulatedPayload {
+    /// The smallest padding entry: the key `"padding"` (1 + 7 bytes) and an empty data value (1).
+    static let leastPadding = 9
+    /// Room for the largest padded payload (`payload-bytes` at most 65535).
+    static let limits = PayloadLimits(maxBytes: Scenario.payloadBytesRange.upperBound)
+
+    static func content(type: String, title: String, name: String, webURL: Bool, sequence: UInt16) -> ActivityPayloadContent {
+        ActivityPayloadContent(activityType: type, title: title,
+                               webpageURL: webURL ? "https://example.com/" + percentEncoded(name) : nil,
+                               userInfo: ["position": .int(Int64(sequence))])
+    }
+
+    /// The payload without padding; empty when it cannot be encoded (see `payload(device:sequence:)`).
+    static func unpadded(type: String, title: String, name: String, webURL: Bool, sequence: UInt16) -> [UInt8] {
+        (try? content(type: type, title: title, name: name, webURL: webURL, sequence: sequence).encoded(limits: limits)) ?? []
+    }
+
+    /// The payload, exactly `payloadBytes` long when that is at least the unpadded size plus
+    /// `leastPadding` (Scenario.parse checks it); otherwise unpadded.
+    static func encoded(type: String, title: String, name: String, webURL: Bool, sequence: UInt16,
+                        payloadBytes: Int?) -> [UInt8]? {
+        var c = content(type: type, title: title, name: name, webURL: webURL, sequence: sequence)
+        guard let bare = try? c.encoded(limits: limits) else { return nil }
+        guard let target = payloadBytes, target >= bare.count + leastPadding else { return bare }
+        // Adding the entry keeps userInfo's map head one byte (2 entries), so the entry alone
+        // must take `room` bytes: key (8) + the value. A data value of n bytes takes n plus its
+        // head (RFC 8949 §4.2.1: 1 byte up to 23, 2 up to 255, 3 up to 65535); sizes no head
+        // reaches (25 and 258: one byte past each jump) take an array of one data value, whose
+        // own head adds the byte.
+        let room = target - bare.count - 8
+        var value: UserInfoValue
+        if let n = dataLength(taking: room) {
+            value = .data(filler(n))
+        } else {
+            guard let n = dataLength(taking: room - 1) else { preconditionFailure("one of two adjacent sizes has a data length") }
+            value = .array([.data(filler(n))])
+        }
+        c.userInfo["padding"] = value
+        guard let padded = try? c.encoded(limits: limits) else { return nil }
+        precondition(padded.count == target, "padding sized \(padded.count) for \(target)")
+        return padded
+    }
+
+    /// n with n + head(n) == size, when there is one.
+    static func dataLength(taking size: Int) -> Int? {
+        for head in [1, 2, 3, 5] {
+            let n = size - head
+            if n >= 0, CBOR.headLength(argument: UInt64(n)) == head { return n }
+        }
+        return nil
+    }
+
+    static func filler(_ n: Int) -> [UInt8] { (0..<n).map { UInt8(truncatingIfNeeded: $0) } }
+
+    /// RFC 3986 §2.3: unreserved characters as they are, every other byte `%XX`, so any
+    /// device name makes a URL a gateway accepts (docs/payload.md §2.2).
+    static func percentEncoded(_ s: String) -> String {
+        let hex = Array("0123456789ABCDEF".utf8)
+        var out: [UInt8] = []
+        for b in s.utf8 {
+            switch b {
+            case UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "a")...UInt8(ascii: "z"),
+                 UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "-"), UInt8(ascii: "."), UInt8(ascii: "_"),
+                 UInt8(ascii: "~"):
+                out.append(b)
+            default:
+                out += [UInt8(ascii: "%"), hex[Int(b >> 4)], hex[Int(b & 0xF)]]
+            }
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+}
+
+// MARK: - The links
+
+/// One link: a connection to a room's link socket, from its connect message to its close.
+struct LinkSlot {
+    enum Phase: Equatable {
+        case free
+        /// Waiting for the connect message, or sending the status byte.
+        case connecting
+        /// Connected; the first message says what it is.
+        case connected
+        /// Carries fetches and was-continued messages.
+        case fetch
+        /// Carries one stream (docs/protocol.md §5.3).
+        case stream
+        /// Sending error `02`, then closing.
+        case failing
+    }
+
+    var fd: Int32 = -1
+    var phase = Phase.free
+    var room = 0
+    var device = 0
+    /// When the pending status or fetch answer may go (`radio.link-latency`).
+    var due = ContinuousClock.Instant.now
+    /// The status byte to send while connecting.
+    var status: UInt8?
+    /// The sequence a fetch asked for, while its answer is pending.
+    var fetch: UInt16?
+    /// The last send found the socket full: wait for POLLOUT.
+    var blocked = false
+    var errorDetail = ""
+
+    // The stream (docs/protocol.md §5.3), from the device's side.
+    var openPending = false
+    /// The gateway's window (frames) and largest data frame (bytes).
+    var peerWindow: UInt32 = 0
+    var peerMaxData = 0
+    /// The next gateway frame expected.
+    var received: UInt32 = 0
+    /// Gateway frames echoed in full: what an ack may say.
+    var echoed: UInt32 = 0
+    /// What the last ack sent said.
+    var acked: UInt32 = 0
+    /// A duplicate came: acknowledge again.
+    var reack = false
+    /// The next echo frame number, and the gateway's last ack of them.
+    var sent: UInt32 = 0
+    var peerAcked: UInt32 = 0
+    var peerClosed = false
+    var closeSent = false
+    /// The echo queue: a ring of bytes in the slot's part of the shared buffer, and the bytes
+    /// left of each gateway frame in it (oldest first), so an ack follows the echo.
+    var head = 0
+    var queued = 0
+    var frames = InlineArray<8, UInt16>(repeating: 0)
+    var firstFrame = 0
+    var frameCount = 0
+}
+
+final class DeviceLinkServer {
+    static let capacity = 64
+    /// The device's side of a stream: 8 frames of 1 KiB buffered (docs/protocol.md §5.3 open).
+    static let window = 8
+    static let maxData = 1024
+    static let ringBytes = window * maxData
+    /// The largest SDU a gateway sends: a data frame (5 + max data); one more byte tells a
+    /// longer one apart.
+    static let receiveBytes = 5 + maxData + 1
+    /// The largest SDU a device sends: a payload message (3 + 65535).
+    static let sendBytes = 3 + 65535
+
+    let paths: [String]
+    var listeners: [Int32] = []
+    var slots: [LinkSlot]
+    private(set) var counts: [LinkCounts]
+    let player: ScenarioPlayer
+    /// Real time a device takes to answer (the scenario's link-latency at its speed).
+    let latency: Duration
+    let ring: UnsafeMutableRawBufferPointer
+    let rx: UnsafeMutableRawBufferPointer
+    let tx: UnsafeMutableRawBufferPointer
+    /// One echo frame's bytes, taken out of a ring in order.
+    let chunk: UnsafeMutableRawBufferPointer
+    /// Which slot each polled descriptor after the listeners is, for the turn in progress.
+    var polled: [Int] = []
+    var pollBase = 0
+    var closed = false
+
+    init(player: ScenarioPlayer, directory base: String) throws(BuildingError) {
+        self.player = player
+        let scenario = player.scenario
+        paths = scenario.rooms.map { base + "/" + $0.id + ".link" }
+        counts = Array(repeating: LinkCounts(), count: scenario.rooms.count)
+        slots = Array(repeating: LinkSlot(), count: Self.capacity)
+        precondition(LinkSlot().frames.count == Self.window, "a slot keeps one length per frame of the window")
+        latency = .seconds(scenario.radio.linkLatency / scenario.speed)
+        ring = .allocate(byteCount: Self.capacity * Self.ringBytes, alignment: 8)
+        rx = .allocate(byteCount: Self.receiveBytes, alignment: 8)
+        tx = .allocate(byteCount: Self.sendBytes, alignment: 8)
+        chunk = .allocate(byteCount: Self.ringBytes, alignment: 8)
+        polled.reserveCapacity(Self.capacity)
+        for path in paths {
+            do throws(BuildingError) {
+                // Non-blocking: accept runs until EAGAIN.
+                listeners.append(try Building.listen(path, type: Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_NONBLOCK.rawValue)))
+            } catch {
+                close()
+                throw error
+            }
+        }
+    }
+
+    deinit {
+        close()
+        ring.deallocate(); rx.deallocate(); tx.deallocate(); chunk.deallocate()
+    }
+
+    func close() {
+        guard !closed else { return }
+        closed = true
+        for i in slots.indices where slots[i].fd >= 0 { hangUp(i) }
+        for fd in listeners { Glibc.close(fd) }
+        for path in paths { unlink(path) }
+    }
+
+    // MARK: The poll loop's side
+
+    /// Appends the listeners and every link that waits for something.
+    func addPollFDs(_ fds: inout [pollfd]) {
+        pollBase = fds.count
+        for fd in listeners { fds.append(pollfd(fd: fd, events: Int16(POLLIN), revents: 0)) }
+        polled.removeAll(keepingCapacity: true)
+        let now = ContinuousClock.now
+        for i in slots.indices where slots[i].fd >= 0 {
+            let s = slots[i]
+            var events: Int16 = 0
+            if s.blocked { events |= Int16(POLLOUT) }
+            // An answer waiting for its time reads nothing more meanwhile: one answer per link.
+            let waiting = waitingToAnswer(i)
+            if !waiting { events |= Int16(POLLIN) }
+            if waiting, !s.blocked, s.due > now { events = 0 }
+            // A hang-up is reported whatever the events; poll it anyway so it is noticed.
+            fds.append(pollfd(fd: s.fd, events: events, revents: 0))
+            polled.append(i)
+        }
+    }
+
+    /// The nearest time a pending answer may go, if any. A blocked link waits for POLLOUT
+    /// instead, so it does not count (else a full socket would spin the loop).
+    var nextDue: ContinuousClock.Instant? {
+        var due: ContinuousClock.Instant?
+        for i in slots.indices where slots[i].fd >= 0 && !slots[i].blocked && waitingToAnswer(i) {
+            due = min(due ?? slots[i].due, slots[i].due)
+        }
+        return due
+    }
+
+    /// Accepts, reads and answers after a poll.
+    func handle(_ fds: [pollfd], continued: (LinkContinuation) -> Void) {
+        for r in listeners.indices where fds[pollBase + r].revents != 0 { accept(room: r) }
+        for (k, i) in polled.enumerated() {
+            let revents = fds[pollBase + listeners.count + k].revents
+            guard revents != 0, slots[i].fd >= 0 else { continue }
+            // The gateway hung up while its answer waits: nobody will read it (and poll would
+            // report the hang-up on every turn until then).
+            if revents & Int16(POLLHUP | POLLERR) != 0, waitingToAnswer(i) { hangUp(i); continue }
+            if revents & Int16(POLLOUT) != 0 { slots[i].blocked = false }
+            read(i, continued: continued)
+        }
+    }
+
+    /// Answers what is due, moves streams on, and drops the links of devices that walked out
+    /// of range (the gateway sees its link drop, as with a radio).
+    func service() {
+        let threshold = player.scenario.radio.heardDownTo
+        for i in slots.indices where slots[i].fd >= 0 {
+            let s = slots[i]
+            if s.phase != .connecting, s.phase != .failing,
+               player.meanRSSI(device: s.device, room: s.room) < threshold {
+                hangUp(i)
+                continue
+            }
+            if !s.blocked { pump(i) }
+        }
+    }
+
+    // MARK: Connecting (docs/protocol.md §5.5)
+
+    func accept(room r: Int) {
+        while true {
+            let fd: Int?
+            do throws(Errno) {
+                let listener = listeners[r]
+                fd = try Syscall.call("accept") { Int(Glibc.accept(listener, nil, nil)) }
+            } catch {
+                return  // ECONNABORTED and the like: that gateway has gone already
+            }
+            guard let fd else { return }
+            // accept4 is not in Glibc's Swift module; the simulator starts no processes
+            // between the two calls (it is single-threaded), so nothing inherits fd meanwhile.
+            _ = fcntl(Int32(fd), F_SETFD, FD_CLOEXEC)
+            _ = fcntl(Int32(fd), F_SETFL, fcntl(Int32(fd), F_GETFL) | O_NONBLOCK)
+            guard let i = slots.firstIndex(where: { $0.fd < 0 }) else {
+                counts[r].full += 1
+                Glibc.close(Int32(fd))
+                continue
+            }
+            slots[i] = LinkSlot()
+            slots[i].fd = Int32(fd)
+            slots[i].phase = .connecting
+            slots[i].room = r
+        }
+    }
+
+    /// The connect message: `4C`, address type, address (6, LSB first), PSM (2, LE).
+    func connect(_ i: Int, _ sdu: UnsafeRawBufferPointer) {
+        guard sdu.count == 10, sdu[0] == 0x4C else {
+            // Not a gateway speaking §5.5: there is no status for it; hang up.
+            counts[slots[i].room].errors += 1
+            hangUp(i)
+            return
+        }
+        var address: UInt64 = 0
+        for k in 0..<6 { address |= UInt64(sdu[2 + k]) << (8 * UInt64(k)) }
+        let psm = UInt16(sdu[8]) | UInt16(sdu[9]) << 8
+        let r = slots[i].room
+        // Simulated devices have random static addresses (address type 1) only.
+        let status: UInt8
+        if sdu[1] == 1, let d = player.deviceIndex(address: address) {
+            slots[i].device = d
+            // A silent device is not connectable, and one without a link accepts none, wherever
+            // the gateway is; a device in reach refuses a PSM that is not its own.
+            if !player.offersLink(d) || player.isSilent(d) {
+                status = 0x04
+            } else if player.meanRSSI(device: d, room: r) < player.scenario.radio.heardDownTo {
+                status = 0x02
+            } else if psm != player.beacon(d).psm {
+                status = 0x03
+            } else {
+                status = 0x00
+            }
+        } else {
+            status = 0x01
+        }
+        slots[i].status = status
+        slots[i].due = .now + latency
+        pump(i)
+    }
+
+    // MARK: Reading
+
+    /// Reads the SDUs that are ready, each handled before the next; a link with an answer
+    /// pending reads nothing more until it has answered (one answer at a time, in order).
+    func read(_ i: Int, continued: (LinkContinuation) -> Void) {
+        while slots[i].fd >= 0 {
+            if waitingToAnswer(i) {
+                pump(i)
+                if slots[i].fd < 0 || waitingToAnswer(i) { return }
+            }
+            let s = slots[i]
+            let n: Int?
+            do throws(Errno) {
+                // MSG_TRUNC: the SDU's whole length, so one longer than the buffer is seen as such.
+                n = try Syscall.call("recv") { Glibc.recv(s.fd, rx.baseAddress, rx.count, Int32(MSG_TRUNC)) }
+            } catch {
+                hangUp(i)
+                return
+            }
+            guard let n else { break }
+            // 0: the gateway closed the link (a zero-length SDU carries no message either).
+            guard n > 0 else { hangUp(i); return }
+            guard n <= rx.count else {
+                fail(i, "an SDU of \(n) bytes: more than a data frame of \(Self.maxData)")
+                break
+            }
+            let sdu = UnsafeRawBufferPointer(rebasing: UnsafeRawBufferPointer(rx)[..<n])
+            if slots[i].phase == .connecting {
+                connect(i, sdu)
+            } else {
+                message(i, sdu, continued: continued)
+            }
+        }
+        if slots[i].fd >= 0, !slots[i].blocked { pump(i) }
+    }
+
+    /// A status, fetch answer or error waits to be sent (or for its time).
+    func waitingToAnswer(_ i: Int) -> Bool {
+        let s = slots[i]
+        return (s.phase == .connecting && s.status != nil) || (s.phase == .fetch && s.fetch != nil) || s.phase == .failing
+    }
+
+    func message(_ i: Int, _ sdu: UnsafeRawBufferPointer, continued: (LinkContinuation) -> Void) {
+        let m: LinkMessage
+        do throws(WireError) {
+            m = try LinkMessage.decode(sdu, payloadMax: Self.maxData)
+        } catch {
+            fail(i, "not a link message (docs/protocol.md 5.1): \(error)")
+            return
+        }
+        let r = slots[i].room, d = slots[i].device
+        switch (m.type, slots[i].phase) {
+        case (.reset, _), (.error, _):
+            // The gateway gave up: nothing to answer (§5.3).
+            hangUp(i)
+        case (.fetch, .connected), (.fetch, .fetch):
+            slots[i].phase = .fetch
+            slots[i].fetch = UInt16(truncatingIfNeeded: m.number)
+            slots[i].due = .now + latency
+        case (.continued, .connected), (.continued, .fetch):
+            slots[i].phase = .fetch
+            counts[r].continued += 1
+            let room = String(decoding: UnsafeRawBufferPointer(rebasing: sdu[m.body]), as: UTF8.self)
+            continued(LinkContinuation(device: d, deviceID: player.deviceID(d), name: player.deviceName(d), room: room,
+                                       sequence: UInt16(truncatingIfNeeded: m.number), linkRoom: r))
+        case (.open, .connected):
+            guard player.supportsStreams(d) else {
+                fail(i, "this device offers no streams (its beacon says so)")
+                return
+            }
+            slots[i].phase = .stream
+            slots[i].peerWindow = UInt32(m.window)
+            slots[i].peerMaxData = Int(m.maxData)
+            slots[i].openPending = true
+            counts[r].streams += 1
+        case (.data, .stream):
+            data(i, m, sdu)
+        case (.ack, .stream):
+            let s = slots[i]
+            // Cumulative: from the last ack up to what was sent, no further (§5.3).
+            guard m.number &- s.peerAcked <= s.sent &- s.peerAcked else {
+                fail(i, "ack up to frame \(m.number), beyond the \(s.sent) frames sent")
+                return
+            }
+            slots[i].peerAcked = m.number
+            slots[i].peerWindow = UInt32(m.window)
+        case (.close, .stream):
+            guard !slots[i].peerClosed else { fail(i, "a second close"); return }
+            guard m.number == slots[i].received else {
+                fail(i, "close at frame \(m.number), but \(slots[i].received) frames arrived")
+                return
+            }
+            slots[i].peerClosed = true
+        default:
+            let link = switch slots[i].phase {
+            case .stream: "a stream link"
+            case .fetch: "a fetch link"
+            default: "a link before its first fetch or open"
+            }
+            fail(i, "a \(m.type) message on \(link) (docs/protocol.md 5.1)")
+        }
+    }
+
+    /// A data frame from the gateway: queued for the echo, or a duplicate acknowledged again.
+    func data(_ i: Int, _ m: LinkMessage, _ sdu: UnsafeRawBufferPointer) {
+        let s = slots[i]
+        if m.number &- s.received > UInt32.max / 2 {
+            // Below the next expected: a duplicate (§5.3).
+            slots[i].reack = true
+            return
+        }
+        guard m.number == s.received else {
+            fail(i, "data frame \(m.number) but \(s.received) was next (a link keeps order)")
+            return
+        }
+        guard !s.peerClosed else { fail(i, "data frame \(m.number) after close"); return }
+        // The gateway may have `window` frames past the last ack we sent in flight, no more.
+        guard m.number &- s.acked < UInt32(Self.window) else {
+            fail(i, "data frame \(m.number) beyond the window (acked up to \(s.acked), window \(Self.window))")
+            return
+        }
+        // Proof of room: queued frames = received - echoed ≤ received - acked < window, each at
+        // most maxData bytes (decode's limit), and the ring holds window × maxData.
+        precondition(s.frameCount < Self.window && s.queued + m.body.count <= Self.ringBytes, "echo queue overrun")
+        let base = i * Self.ringBytes
+        var at = (s.head + s.queued) % Self.ringBytes
+        for b in sdu[m.body] {
+            ring[base + at] = b
+            at = at + 1 == Self.ringBytes ? 0 : at + 1
+        }
+        slots[i].queued += m.body.count
+        slots[i].frames[(s.firstFrame + s.frameCount) % Self.window] = UInt16(m.body.count)
+        slots[i].frameCount += 1
+        // Frame numbers are 32 bits on the wire (§5.1): they wrap, and every comparison above
+        // is a wrapping distance.
+        slots[i].received &+= 1
+    }
+
+    // MARK: Writing
+
+    /// Sends what the slot has to say, while the socket takes it.
+    func pump(_ i: Int) {
+        let now = ContinuousClock.now
+        while slots[i].fd >= 0, !slots[i].blocked {
+            let s = slots[i]
+            switch s.phase {
+            case .free, .connected:
+                return
+            case .connecting:
+                guard let status = s.status, s.due <= now else { return }
+                guard send(i, count: 1, { w throws(WireError) in try w.reserve(1); w.write(status) }) else { return }
+                if status == 0 {
+                    slots[i].phase = .connected
+                    counts[s.room].links += 1
+                } else {
+                    counts[s.room].refused += 1
+                    hangUp(i)
+                }
+            case .failing:
+                let detail = s.errorDetail
+                _ = send(i, count: LinkMessage.encodedCount(.error, bodyCount: detail.utf8.count)) { w throws(WireError) in
+                    try LinkMessage.encodeError(.protocolError, detail: detail, into: &w)
+                }
+                if slots[i].blocked { return }
+                hangUp(i)
+            case .fetch:
+                guard let asked = s.fetch, s.due <= now else { return }
+                guard answer(i, asked) else { return }
+                slots[i].fetch = nil
+                counts[s.room].fetches += 1
+                return
+            case .stream:
+                guard stream(i) else { return }
+            }
+        }
+    }
+
+    /// A fetch's answer (docs/protocol.md §5.2): the payload at the current sequence, or
+    /// fetch-refused.
+    func answer(_ i: Int, _ asked: UInt16) -> Bool {
+        let d = slots[i].device
+        if player.activityGone(device: d, asked: asked) {
+            return send(i, count: 4) { w throws(WireError) in try LinkMessage.encodeFetchRefused(sequence: asked, .notCurrent, into: &w) }
+        }
+        let sequence = player.sequence(device: d)
+        let payload = player.payload(device: d, sequence: sequence)
+        guard !payload.isEmpty else {
+            return send(i, count: 4) { w throws(WireError) in try LinkMessage.encodeFetchRefused(sequence: asked, .refused, into: &w) }
+        }
+        return payload.withUnsafeBytes { p in
+            send(i, count: 3 + p.count) { w throws(WireError) in try LinkMessage.encodePayload(sequence: sequence, payload: p, into: &w) }
+        }
+    }
+
+    /// One step of the stream's sending side; false when there is nothing more to send now.
+    func stream(_ i: Int) -> Bool {
+        let s = slots[i]
+        if s.openPending {
+            guard send(i, count: 5, { w throws(WireError) in
+                try LinkMessage.encodeOpen(window: UInt16(Self.window), maxData: UInt16(Self.maxData), into: &w)
+            }) else { return false }
+            slots[i].openPending = false
+            return true
+        }
+        // Echo: at most the gateway's window of unacknowledged frames, each at most its max data.
+        if s.queued > 0, !s.closeSent, s.sent &- s.peerAcked < s.peerWindow {
+            let k = min(s.queued, s.peerMaxData)
+            let base = i * Self.ringBytes
+            // The ring wraps at most once within k ≤ ringBytes bytes: copy them in order.
+            let first = min(k, Self.ringBytes - s.head)
+            chunk.baseAddress!.copyMemory(from: ring.baseAddress! + base + s.head, byteCount: first)
+            if first < k { (chunk.baseAddress! + first).copyMemory(from: ring.baseAddress! + base, byteCount: k - first) }
+            let bytes = UnsafeRawBufferPointer(rebasing: UnsafeRawBufferPointer(chunk)[..<k])
+            let sentOK = send(i, count: LinkMessage.encodedCount(.data, bodyCount: k)) { w throws(WireError) in
+                try LinkMessage.encodeData(frame: s.sent, bytes: bytes, into: &w)
+            }
+            guard sentOK else { return false }
+            consume(i, k)
+            // Wraps as frame numbers do (§5.1).
+            slots[i].sent &+= 1
+            return true
+        }
+        if s.echoed != s.acked || s.reack {
+            guard send(i, count: 7, { w throws(WireError) in
+                try LinkMessage.encodeAck(next: s.echoed, window: UInt16(Self.window), into: &w)
+            }) else { return false }
+            slots[i].acked = s.echoed
+            slots[i].reack = false
+            return true
+        }
+        // §5.3 close: once the gateway closed and everything echoed is acknowledged.
+        if s.peerClosed, !s.closeSent, s.queued == 0, s.peerAcked == s.sent {
+            guard send(i, count: 5, { w throws(WireError) in try LinkMessage.encodeClose(end: s.sent, into: &w) }) else { return false }
+            slots[i].closeSent = true
+            // Both directions closed, every frame acknowledged: the stream is over.
+            hangUp(i)
+            return false
+        }
+        return false
+    }
+
+    /// Drops `k` echoed bytes from the queue; gateway frames echoed in full may be acknowledged.
+    func consume(_ i: Int, _ k: Int) {
+        var left = k
+        slots[i].head = (slots[i].head + k) % Self.ringBytes
+        slots[i].queued -= k
+        while left > 0 {
+            let f = slots[i].firstFrame
+            let take = min(Int(slots[i].frames[f]), left)
+            slots[i].frames[f] -= UInt16(take)
+            left -= take
+            if slots[i].frames[f] == 0 {
+                slots[i].firstFrame = (f + 1) % Self.window
+                slots[i].frameCount -= 1
+                // Proof: echoed never passes received, which wraps as frame numbers do.
+                slots[i].echoed &+= 1
+            }
+        }
+    }
+
+    /// Encodes one SDU into the shared buffer and sends it. False: not sent (the socket is full
+    /// and the slot now waits for POLLOUT, or the link broke and is closed).
+    func send(_ i: Int, count: Int, _ encode: (inout ByteWriter) throws(WireError) -> Void) -> Bool {
+        var w = ByteWriter(tx)
+        do throws(WireError) { try encode(&w) } catch { preconditionFailure("a device's SDU fits \(Self.sendBytes) bytes: \(error)") }
+        precondition(w.count == count, "SDU of \(w.count) bytes, \(count) expected")
+        let fd = slots[i].fd
+        let sent: Int?
+        do throws(Errno) {
+            sent = try Syscall.call("send") { Glibc.send(fd, tx.baseAddress, count, Int32(MSG_NOSIGNAL)) }
+        } catch {
+            hangUp(i)  // EPIPE, ECONNRESET: the gateway has gone
+            return false
+        }
+        guard sent != nil else { slots[i].blocked = true; return false }
+        return true
+    }
+
+    /// A message that breaks docs/protocol.md §5: error `02` with what was wrong, then close.
+    func fail(_ i: Int, _ detail: String) {
+        counts[slots[i].room].errors += 1
+        var text = detail
+        // §5.1: the detail is at most 100 bytes (ours are ASCII).
+        while text.utf8.count > 100 { text.removeLast() }
+        slots[i].errorDetail = text
+        slots[i].phase = .failing
+        pump(i)
+    }
+
+    func hangUp(_ i: Int) {
+        let fd = slots[i].fd
+        guard fd >= 0 else { return }
+        // shutdown: the gateway sees the end even if a child process holds a copy of fd.
+        shutdown(fd, Int32(SHUT_RDWR))
+        Glibc.close(fd)
+        slots[i] = LinkSlot()
+    }
+}
