@@ -320,6 +320,9 @@ public struct RoomOwnership: ~Copyable {
         return GatewaySlot(index: Int(devices[Int(d)].owner))
     }
 
+    /// True when some gateway's sighting of the device is being followed (owned or settling).
+    public func follows(_ device: UInt64) -> Bool { index.find(device) != nil }
+
     /// True when this gateway owns the device.
     public func owns(_ device: UInt64) -> Bool { owner(of: device) == selfSlot }
 

@@ -17,7 +17,7 @@ import BatonWire
 /// against it, so a key cannot be added without its documentation.
 enum ConfigSchema {
     static let sections: [(path: String, keys: [String])] = [
-        ("", ["gateway", "broker", "topics", "radio", "table", "apple", "rooms", "status", "log"]),
+        ("", ["gateway", "broker", "topics", "radio", "table", "apple", "rooms", "relay", "status", "log"]),
         ("gateway", ["id", "room"]),
         ("broker", ["url", "client-id", "username", "password", "password-file", "keepalive", "protocol",
                     "reconnect-min", "reconnect-max", "tls"]),
@@ -28,6 +28,7 @@ enum ConfigSchema {
         ("apple", ["tracking", "capacity", "expiry", "publish-address"]),
         ("rooms", ["sighting-interval", "sighting-step", "sighting-min-interval", "sighting-fresh", "lost-after",
                    "settle", "margin", "dwell", "capacity", "gateways"]),
+        ("relay", ["link", "fetch-timeout", "link-idle", "fetches", "cache", "links", "payload-max"]),
         ("status", ["interval"]),
         ("log", ["level"]),
     ]
@@ -267,6 +268,7 @@ struct ConfigFileReader {
         }
         if let s = subsection(top["rooms"]) { readRooms(s, into: &c) }
         c.rooms.forgetAfter = c.table.expiry
+        if let s = subsection(top["relay"]) { readRelay(s, into: &c) }
         if let s = subsection(top["status"]) {
             if let e = s["interval"], let d = duration(e, atLeast: .seconds(1)) { c.statusInterval = d }
         }
@@ -305,6 +307,22 @@ struct ConfigFileReader {
         if let e = s["dwell"], let d = duration(e, atLeast: .zero, atMost: .seconds(600)) { c.rooms.dwell = d }
         if let e = s["capacity"], let n = integer(e, 1...100_000) { c.rooms.capacity = n }
         if let e = s["gateways"], let n = integer(e, 1...1024) { c.rooms.gateways = n }
+    }
+
+    /// docs/relay.md §5.
+    mutating func readRelay(_ s: Section, into c: inout GatewayConfig) {
+        if let e = s["link"], let spec = value(e, expected: "auto, none, bluez:ADAPTER or sim:SOCKET", ConfigValue.relayLink) {
+            c.relayLink = spec
+        }
+        if let e = s["fetch-timeout"], let d = duration(e, atLeast: .milliseconds(100), atMost: .seconds(600)) {
+            c.relay.fetchTimeout = d
+        }
+        if let e = s["link-idle"], let d = duration(e, atLeast: .zero, atMost: .seconds(3600)) { c.relay.linkIdle = d }
+        if let e = s["fetches"], let n = integer(e, 1...4096) { c.relay.fetches = n }
+        if let e = s["cache"], let n = integer(e, 0...4096) { c.relay.cache = n }
+        if let e = s["links"], let n = integer(e, 1...256) { c.relay.links = n }
+        // 65,532: the largest payload a 65,535-byte SDU carries after its 3-byte header.
+        if let e = s["payload-max"], let n = integer(e, 64...65_532) { c.relay.payloadMax = n }
     }
 
     mutating func readGateway(_ s: Section, into c: inout GatewayConfig) {

@@ -10,6 +10,7 @@
 import BatonCore
 public import BatonHCI
 public import BatonMQTT
+import BatonRelay
 import BatonWire
 import Glibc
 public import Logging
@@ -66,6 +67,11 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     /// Sightings dropped, by reason (stats `drops`).
     var sightingDrops = DropCounts()
     var sightingsReceived = 0
+    var linkFailuresLogged = 0
+    /// Payload fetches this gateway answers (docs/relay.md).
+    var relay: FetchRelay
+    /// The radio, the broker and the stop pipe, then the relay's links: reserved once.
+    var pollFDs: [pollfd]
     var notifier: SystemdNotifier
     var log: Logger
     public private(set) var counters = GatewayCounters()
@@ -108,6 +114,9 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         self.ownershipChanges.reserveCapacity(rooms.capacity)
         self.sightingCheckInterval = min(rooms.sightingMinInterval, .milliseconds(250))
         self.nextSightingCheck = now
+        self.relay = FetchRelay(config: config.relay, link: Self.deviceLink(config), gatewayID: config.gatewayID)
+        self.pollFDs = []
+        self.pollFDs.reserveCapacity(3 + config.relay.links)
         self.notifier = SystemdNotifier(environment: environment)
         self.log = log
         self.startedAt = now
@@ -120,6 +129,16 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     }
 
     deinit { statsScratch.deallocate() }
+
+    /// How this gateway reaches devices (`relay.link`, docs/relay.md §5).
+    static func deviceLink(_ config: GatewayConfig) -> (any DeviceLink)? {
+        switch config.resolvedRelayLink {
+        case .auto, .none: nil
+        // The receive MTU holds the largest payload message (docs/protocol.md §5.1).
+        case .bluez(let adapter): L2CAPLink(adapter: adapter, receiveMTU: config.relay.payloadMax + 3)
+        case .simulator(let path): SimulatedLink(path: path)
+        }
+    }
 
     public var activityCount: Int { table.count }
     public var tally: AdvertisementTally { decoder.tally }
@@ -156,15 +175,16 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         // A source that failed is not polled until its retry: a closed or vanished descriptor
         // reports POLLHUP/POLLERR at once, every turn, and would spin the loop.
         let radioFD = radioRetryAt == nil && radio.state != .stopped && radio.state != .finished ? radio.fd : -1
-        var fds = (pollfd(fd: radioFD, events: Int16(POLLIN), revents: 0),
-                   pollfd(fd: publisher.mqtt.socket, events: Int16(POLLIN), revents: 0),
-                   pollfd(fd: stopFD, events: Int16(POLLIN), revents: 0))
-        if radioFD >= 0, radio.wantsWrite { fds.0.events |= Int16(POLLOUT) }
-        if publisher.mqtt.wantsWrite { fds.1.events |= Int16(POLLOUT) }
+        pollFDs.removeAll(keepingCapacity: true)
+        pollFDs.append(pollfd(fd: radioFD, events: Int16(POLLIN), revents: 0))
+        pollFDs.append(pollfd(fd: publisher.mqtt.socket, events: Int16(POLLIN), revents: 0))
+        pollFDs.append(pollfd(fd: stopFD, events: Int16(POLLIN), revents: 0))
+        if radioFD >= 0, radio.wantsWrite { pollFDs[0].events |= Int16(POLLOUT) }
+        if publisher.mqtt.wantsWrite { pollFDs[1].events |= Int16(POLLOUT) }
+        relay.pollDescriptors(into: &pollFDs)
         // EINTR (a signal) is just an early turn; the stop pipe says whether to stop.
-        _ = withUnsafeMutablePointer(to: &fds) {
-            $0.withMemoryRebound(to: pollfd.self, capacity: 3) { Glibc.poll($0, 3, timeout) }
-        }
+        _ = pollFDs.withUnsafeMutableBufferPointer { Glibc.poll($0.baseAddress, nfds_t($0.count), timeout) }
+        let fds = (pollFDs[0], pollFDs[1], pollFDs[2])
         now = ContinuousClock.now
         counters.loopTurns &+= 1
 
@@ -186,6 +206,11 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         let writable = fds.1.revents & Int16(POLLOUT) != 0
         Self.pollBroker(&publisher.mqtt, &mqttEvents, now: now, readable: readable, writable: writable)
         if !mqttEvents.isEmpty { handleBrokerEvents(now: now) }
+
+        // Device links, then fetch deadlines.
+        if pollFDs.count > 3 { relay.poll(fds: pollFDs[3...], now: now, mqtt: &publisher.mqtt) }
+        if let due = relay.nextDeadline, due <= now { relay.tick(now: now, mqtt: &publisher.mqtt) }
+        logLinkFailures()
 
         // Timers.
         if let due = table.nextExpiry, due <= now {
@@ -226,6 +251,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         consider(table.nextExpiry)
         consider(apple.nextExpiry)
         consider(ownership.nextDeadline)
+        consider(relay.nextDeadline)
         // Orphans are cleared only while connected; a past deadline must not spin the loop
         // while the broker is away.
         if publisher.mqtt.isConnected {
@@ -403,12 +429,77 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
                 sightingDrops.count(drop.name)
             }
             handleOwnershipChanges(now: now)
+        } else if message.topic.hasPrefix(topics.fetchRoot) {
+            fetchRequested(message, now: now)
         } else if message.topic.hasPrefix(topics.sightingsRoot) {
             // Under the sightings but not `<gateway>/<12 hex digits>`.
             sightingDrops.count("sighting-topic")
         } else {
             publisher.received(message, table: table, apple: apple, ownership: ownership, now: now)
         }
+    }
+
+    // MARK: fetches (docs/relay.md §4)
+
+    /// Every gateway sees every request; exactly one answers it: the device's owner while it
+    /// is online, else the online gateway whose id sorts first (for unknown devices, devices
+    /// nobody owns this moment, and bad requests).
+    mutating func fetchRequested(_ message: MQTTMessage, now: ContinuousClock.Instant) {
+        let route: FetchRoute
+        let bodyError: WireError?
+        switch FetchIntake(message) {
+        case .unanswerable(let error):
+            // Nowhere to answer: counted by every gateway, answered by none.
+            return relay.dropped(error?.reasonName ?? "fetch-no-response-topic")
+        case .request(let r, let e):
+            route = r
+            bodyError = e
+        }
+        relay.supersede(route, mqtt: &publisher.mqtt)
+        let device = publisher.topics.deviceID(inFetchTopic: message.topic)
+        var answerer = ownership.firstOnline
+        if let device, let owner = ownership.owner(of: device), ownership.isOnline(owner) { answerer = owner }
+        guard answerer == ownership.selfSlot else { return }
+
+        guard let device else {
+            relay.dropped("fetch-topic")
+            return relay.answer(.badRequest, device: nil, detail: "the topic's last level must be a device id: 12 lowercase hex digits",
+                                route: route, mqtt: &publisher.mqtt)
+        }
+        if let bodyError {
+            relay.dropped(bodyError.reasonName)
+            return relay.answer(.badRequest, device: device, detail: "the request body: \(bodyError)", route: route,
+                                mqtt: &publisher.mqtt)
+        }
+        guard ownership.owns(device) else {
+            if ownership.follows(device) {
+                return relay.answer(.notOwner, device: device,
+                                    detail: "no gateway owns this device at the moment (it just arrived, or its gateway went offline); ask again in a second",
+                                    route: route, mqtt: &publisher.mqtt)
+            }
+            return relay.answer(.unknownDevice, device: device, detail: "no gateway of this building hears this device",
+                                route: route, mqtt: &publisher.mqtt)
+        }
+        guard let a = table.activity(deviceID: device), a.state == .current else {
+            return relay.answer(.unknownDevice, device: device, detail: "the device has no current activity",
+                                route: route, mqtt: &publisher.mqtt)
+        }
+        guard a.beacon.psm != 0 else {
+            return relay.answer(.unreachable, device: device, detail: "the device offers no link (PSM 0 in its beacon)",
+                                route: route, mqtt: &publisher.mqtt)
+        }
+        let target = FetchTarget(device: device, sequence: a.beacon.sequence,
+                                 link: LinkAddress(address: a.address, addressType: a.addressType, psm: a.beacon.psm))
+        relay.fetch(target, route: route, now: now, mqtt: &publisher.mqtt)
+        logLinkFailures()
+    }
+
+    /// One line per link failure, with the last one's reason (a device walking away is news to
+    /// whoever debugs a fetch, but not an error of this gateway).
+    mutating func logLinkFailures() {
+        guard relay.counters.linkFailures != linkFailuresLogged, let error = relay.lastLinkError else { return }
+        linkFailuresLogged = relay.counters.linkFailures
+        log.info("device link: \(error)")
     }
 
     /// Acts on what the rule decided: the new owner publishes what it holds; the old one
@@ -470,6 +561,8 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     /// waits up to a second for the bytes to leave.
     mutating func shutdown() {
         guard publisher.mqtt.isConnected else { return }
+        // Every fetch taken gets its one answer, even now (docs/relay.md §4).
+        relay.stop(mqtt: &publisher.mqtt)
         publisher.stopListening()
         publisher.publish(publisher.topics.status, text: "offline")
         // Read what the broker still sends (the acks, our own `offline` coming back) until
@@ -557,6 +650,22 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         // Apart from the radio's drops: a sighting's `truncated` is not an advert's.
         try w.key("drops"); try w.beginObject()
         for d in sightingDrops.sorted { try w.key(d.reason); try w.int(Int64(d.count)) }
+        try w.endObject()
+        try w.endObject()
+        let rc = relay.counters
+        try w.key("relay"); try w.beginObject()
+        try w.key("link"); try w.string(relay.link?.description ?? "none")
+        try w.key("pending"); try w.int(Int64(relay.pendingCount))
+        try w.key("links_open"); try w.int(Int64(relay.openLinks))
+        try w.key("link_opens"); try w.int(Int64(rc.linkOpens))
+        try w.key("link_failures"); try w.int(Int64(rc.linkFailures))
+        try w.key("cache_hits"); try w.int(Int64(rc.cacheHits))
+        try w.key("answers"); try w.beginObject()
+        for status in FetchStatus.allCases { try w.key(status.name); try w.int(Int64(rc.answers[status.rawValue])) }
+        try w.endObject()
+        try w.key("answers_lost"); try w.int(Int64(rc.answersLost))
+        try w.key("drops"); try w.beginObject()
+        for d in relay.drops.sorted { try w.key(d.reason); try w.int(Int64(d.count)) }
         try w.endObject()
         try w.endObject()
         try w.key("broker"); try w.beginObject()

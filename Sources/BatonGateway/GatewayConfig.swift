@@ -4,6 +4,7 @@
 // topic prefix, a radio source…) live here, because the flags go through the same rules.
 public import BatonCore
 public import BatonMQTT
+public import BatonRelay
 import BatonWire
 
 /// Where advertising reports come from (`radio.source`, `--radio`).
@@ -16,6 +17,19 @@ public enum RadioSourceSpec: Sendable, Equatable {
     case capture(path: String)
     /// The simulator's virtual controller, H4 over a Unix socket: `sim:SOCKET`.
     case simulator(socket: String)
+}
+
+/// How this gateway reaches devices for fetches and streams (`relay.link`, docs/relay.md §5).
+public enum RelayLinkSpec: Sendable, Equatable {
+    /// The radio's own kind: an adapter's L2CAP channels, the simulator's link socket beside
+    /// its controller socket, nothing for a capture or a serial controller.
+    case auto
+    /// No links: fetches this gateway owns are answered `unreachable`.
+    case none
+    /// BlueZ L2CAP LE credit-based channels on this adapter.
+    case bluez(adapter: String)
+    /// The simulator's link socket (docs/protocol.md §5.5).
+    case simulator(path: String)
 }
 
 /// Everything `baton gateway` runs with: the config file, then flags over it.
@@ -43,6 +57,22 @@ public struct GatewayConfig: Sendable, Equatable {
     /// The room-ownership rule's parameters (docs/rooms.md §3). Its `forgetAfter` is always
     /// `table.expiry`: a device nobody hears is forgotten when a table would expire it.
     public var rooms: RoomsConfig
+    /// Payload fetches (docs/relay.md): capacities and deadlines, and how devices are reached.
+    public var relay: RelayConfig
+    public var relayLink: RelayLinkSpec
+
+    /// What `relay.link` comes to with this radio.
+    public var resolvedRelayLink: RelayLinkSpec {
+        guard relayLink == .auto else { return relayLink }
+        switch radio {
+        case .adapter(let name): return .bluez(adapter: name)
+        case .simulator(let socket):
+            // `DIR/hall.sock` → `DIR/hall.link` (docs/protocol.md §5.5).
+            let base = socket.hasSuffix(".sock") ? String(socket.dropLast(5)) : socket
+            return .simulator(path: base + ".link")
+        case .h4, .capture: return .none
+        }
+    }
 }
 
 /// A config problem, said the way a user fixes it: file, line, key, what was expected.
@@ -119,7 +149,9 @@ extension GatewayConfig {
             appleAddresses: false,
             statusInterval: .seconds(30),
             logLevel: "info",
-            rooms: RoomsConfig())
+            rooms: RoomsConfig(),
+            relay: RelayConfig(),
+            relayLink: .auto)
     }
 
     /// The host name, lowercased, with every character outside `[a-z0-9_-]` replaced by `-`, at
@@ -216,6 +248,29 @@ enum ConfigValue {
             if case .invalidURL(let reason) = error { throw ConfigValueError(reason) }
             throw ConfigValueError("expected a broker URL like mqtt://host:1883 or mqtts://host:8883, got \(quoted(text))")
         }
+    }
+
+    /// `relay.link`: `auto`, `none`, `bluez:hci0` (or `bluez` for hci0), `sim:SOCKET`.
+    static func relayLink(_ text: String) throws(ConfigValueError) -> RelayLinkSpec {
+        switch text {
+        case "auto": return .auto
+        case "none": return .none
+        case "bluez": return .bluez(adapter: "hci0")
+        default: break
+        }
+        if text.hasPrefix("bluez:") {
+            let adapter = String(text.dropFirst(6))
+            guard RadioSourceSpec.isAdapterName(adapter) else {
+                throw ConfigValueError("bluez: needs an adapter like bluez:hci0, got \(quoted(text))")
+            }
+            return .bluez(adapter: adapter)
+        }
+        if text.hasPrefix("sim:") {
+            let path = String(text.dropFirst(4))
+            guard !path.isEmpty else { throw ConfigValueError("sim: needs the simulator's link socket, like sim:/tmp/b/hall.link") }
+            return .simulator(path: path)
+        }
+        throw ConfigValueError("expected auto, none, bluez:hci0 or sim:SOCKET, got \(quoted(text))")
     }
 
     /// `broker.client-id`: MQTT 5.0 §3.1.3.1. Brokers must take 1–23 letters and digits;

@@ -266,8 +266,10 @@ public struct Publisher: ~Copyable {
         do throws(MQTTError) {
             try mqtt.subscribe(topics.statusPattern, qos: 1)
             try mqtt.subscribe(topics.sightingPattern, qos: 0)
+            // Payload fetches for any device: the owner answers (docs/relay.md §4).
+            try mqtt.subscribe(topics.fetchPattern, qos: 1)
         } catch {
-            log.warning("subscribing to the building's statuses and sightings failed: \(error)")
+            log.warning("subscribing to the building's statuses, sightings and fetches failed: \(error)")
         }
         publish(topics.status, text: "online")
         if discovery {
@@ -302,7 +304,7 @@ public struct Publisher: ~Copyable {
 
     /// Before a clean stop: nothing more is wanted from the broker.
     public mutating func stopListening() {
-        var patterns = [topics.statusPattern, topics.sightingPattern]
+        var patterns = [topics.statusPattern, topics.sightingPattern, topics.fetchPattern]
         if retainedScanEnds != nil { patterns += [topics.activityPattern, topics.applePattern] }
         for pattern in patterns {
             do throws(MQTTError) { try mqtt.unsubscribe(pattern) } catch { return }

@@ -31,6 +31,14 @@ public struct Topics: Sendable, Equatable {
     }
     public var sightingPattern: String { "\(prefix)/sightings/+/+" }
     public var sightingsRoot: String { "\(prefix)/sightings/" }
+    /// Payload fetch requests (docs/relay.md §1): any client, any device.
+    public var fetchPattern: String { "\(prefix)/fetch/+" }
+    public var fetchRoot: String { "\(prefix)/fetch/" }
+    /// The device of `<prefix>/fetch/<device>`; nil when the level is not 12 lowercase hex digits.
+    public func deviceID(inFetchTopic topic: String) -> UInt64? {
+        guard topic.hasPrefix(fetchRoot) else { return nil }
+        return Self.deviceID(topic.dropFirst(fetchRoot.count))
+    }
 
     // Home Assistant MQTT discovery (docs/mqtt.md §4): <discovery>/<component>/<node>/<object>/config.
     public var gatewayNode: String { "baton_\(gatewayID)" }

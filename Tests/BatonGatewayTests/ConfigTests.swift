@@ -4,6 +4,7 @@ import Foundation
 import Testing
 import BatonCore
 import BatonMQTT
+import BatonRelay
 @testable import BatonGateway
 
 private let host = "Living-Room.lan"
@@ -51,7 +52,10 @@ private let documentedDefaults = GatewayConfig(
     logLevel: "info",
     rooms: RoomsConfig(sightingInterval: .seconds(2), sightingStep: 3, sightingMinInterval: .milliseconds(500),
                        sightingFresh: .seconds(5), lostAfter: .seconds(10), settle: .seconds(1), margin: 6,
-                       dwell: .seconds(3), forgetAfter: .seconds(60), capacity: 1024, gateways: 32))
+                       dwell: .seconds(3), forgetAfter: .seconds(60), capacity: 1024, gateways: 32),
+    relay: RelayConfig(fetchTimeout: .seconds(5), linkIdle: .seconds(10), fetches: 32, cache: 32, links: 8,
+                       payloadMax: 4096),
+    relayLink: .auto)
 
 /// A fresh directory for files the config points at; removed when the test ends.
 private final class Scratch {
@@ -122,7 +126,7 @@ private func urlReason(_ text: String) -> String {
         let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../..")
         let board = try String(contentsOf: root.appendingPathComponent("board/baton.yaml"), encoding: .utf8)
         let docs = try String(contentsOf: root.appendingPathComponent("docs/config.md"), encoding: .utf8)
-        #expect(ConfigSchema.valueKeys.count == 40)
+        #expect(ConfigSchema.valueKeys.count == 47)
         for key in ConfigSchema.valueKeys {
             let leaf = key.split(separator: ".").last!
             let inBoard = board.contains(" \(leaf): "), inDocs = docs.contains("`\(key)`")
@@ -267,6 +271,23 @@ private func urlReason(_ text: String) -> String {
         #expect(problems("rooms:\n  capacity: 100001\n")
                 == "/etc/baton/baton.yaml:2: rooms.capacity: must be between 1 and 100000, got 100001")
         #expect(problems("rooms:\n  dwel: 3s\n") == #"/etc/baton/baton.yaml:2: rooms: unknown key "dwel" (did you mean "dwell"?)"#)
+    }
+
+    @Test func theRelayLinkFollowsTheRadioUnlessSet() throws {
+        // docs/relay.md §5: an adapter's L2CAP channels, the simulator's socket beside its
+        // controller's, nothing for a capture.
+        #expect(try parse("radio:\n  source: hci1\n").resolvedRelayLink == .bluez(adapter: "hci1"))
+        #expect(try parse("radio:\n  source: sim:/tmp/b/hall.sock\n").resolvedRelayLink == .simulator(path: "/tmp/b/hall.link"))
+        #expect(try parse("radio:\n  source: capture:x.btsnoop\n").resolvedRelayLink == .none)
+        #expect(try parse("radio:\n  source: hci0\nrelay:\n  link: none\n").resolvedRelayLink == .none)
+        #expect(try parse("relay:\n  link: sim:/tmp/x.link\n  fetch-timeout: 2s\n  payload-max: 65532\n").relay
+                == RelayConfig(fetchTimeout: .seconds(2), payloadMax: 65_532))
+        #expect(problems("relay:\n  link: blue\n")
+                == #"/etc/baton/baton.yaml:2: relay.link: expected auto, none, bluez:hci0 or sim:SOCKET, got "blue""#)
+        #expect(problems("relay:\n  payload-max: 65533\n")
+                == "/etc/baton/baton.yaml:2: relay.payload-max: must be between 64 and 65532, got 65533")
+        #expect(problems("relay:\n  fetches: 4097\n")
+                == "/etc/baton/baton.yaml:2: relay.fetches: must be between 1 and 4096, got 4097")
     }
 
     @Test func capacitiesAcceptTheirMaximumAndNotOneMore() throws {

@@ -1,0 +1,667 @@
+// Payload fetches (docs/relay.md): a request arrives on `<prefix>/fetch/<device>`, the gateway
+// that owns the device asks the device over its link (docs/protocol.md §5.2), caches the
+// answer by sequence, and answers on the requester's response topic.
+//
+// The rule the code keeps (docs/relay.md §4): every request this gateway takes gets exactly
+// one answer — the payload or an error — by its deadline. A request leaves `pending` only
+// through `answer(slot:…)`, and every path that drops a request (a timeout, a link failure, a
+// newer request of the same requester, a full table) goes through it.
+//
+// Capacities are fixed at start (DESIGN.md "Memory model"): pending requests, links, cache
+// entries and the cache's bytes (entries × `payloadMax`). Who answers what — owner, unknown
+// device, not owner — is the gateway's decision (it knows the rooms); this type is handed a
+// resolved target.
+
+import BatonMQTT
+import BatonWire
+import Glibc
+
+public struct RelayConfig: Sendable, Equatable {
+    /// A request not answered by then is answered `timeout` (docs/relay.md §4).
+    public var fetchTimeout: Duration
+    /// A fetch link with nothing to do is closed after this.
+    public var linkIdle: Duration
+    /// Requests waiting for an answer at once; one more is answered `busy`.
+    public var fetches: Int
+    /// Payloads kept, by device and sequence.
+    public var cache: Int
+    /// Device links open at once.
+    public var links: Int
+    /// The largest payload relayed; a larger one is answered `too-large`.
+    public var payloadMax: Int
+
+    public init(fetchTimeout: Duration = .seconds(5), linkIdle: Duration = .seconds(10), fetches: Int = 32,
+                cache: Int = 32, links: Int = 8, payloadMax: Int = 4096) {
+        self.fetchTimeout = fetchTimeout; self.linkIdle = linkIdle; self.fetches = fetches
+        self.cache = cache; self.links = links; self.payloadMax = payloadMax
+    }
+}
+
+/// An answer's status (docs/relay.md §3): `ok` or why not.
+public enum FetchStatus: Int, Sendable, Equatable, CaseIterable {
+    case ok, unknownDevice, notOwner, unreachable, tooLarge, timeout, badRequest, cancelled, busy
+
+    /// The word on the wire and on the stats topic.
+    public var name: String {
+        switch self {
+        case .ok: "ok"
+        case .unknownDevice: "unknown-device"
+        case .notOwner: "not-owner"
+        case .unreachable: "unreachable"
+        case .tooLarge: "too-large"
+        case .timeout: "timeout"
+        case .badRequest: "bad-request"
+        case .cancelled: "cancelled"
+        case .busy: "busy"
+        }
+    }
+}
+
+/// Where an answer goes and how it is written.
+public struct FetchRoute: Sendable, Equatable {
+    public var responseTopic: String
+    /// Echoed as it came; at most `FetchRequest.maxCorrelation` bytes.
+    public var correlation: [UInt8]
+    public var format: FetchFormat
+    /// The route came in MQTT v5 properties: the answer carries its status and correlation in
+    /// properties too. Otherwise it came in the body (the v3.1.1 fallback) and the answer is a
+    /// JSON envelope (docs/relay.md §3).
+    public var usesProperties: Bool
+
+    public init(responseTopic: String, correlation: [UInt8] = [], format: FetchFormat = .cbor, usesProperties: Bool) {
+        self.responseTopic = responseTopic; self.correlation = correlation; self.format = format
+        self.usesProperties = usesProperties
+    }
+}
+
+/// A request read off the broker: where to answer, and whether the body was good.
+public enum FetchIntake: Sendable, Equatable {
+    /// Answerable: the route, and the body's fault if it had one (answer `bad-request`).
+    case request(FetchRoute, bodyError: WireError?)
+    /// No response topic anywhere: nobody can be answered; the reason is counted.
+    case unanswerable(WireError?)
+
+    /// Reads the route from the v5 properties, falling back on the body (docs/relay.md §1–§2).
+    public init(_ message: MQTTMessage) {
+        let decoded: Result<FetchRequest, WireError> = message.payload.withUnsafeBytes { bytes in
+            do throws(WireError) { return .success(try FetchRequest.decode(bytes)) } catch { return .failure(error) }
+        }
+        let props = message.properties
+        switch decoded {
+        case .failure(let error):
+            if let topic = props.responseTopic, Self.isAnswerable(topic) {
+                let correlation = props.correlationData.map { Array($0.prefix(FetchRequest.maxCorrelation)) } ?? []
+                self = .request(FetchRoute(responseTopic: topic, correlation: correlation, usesProperties: true),
+                                bodyError: error)
+            } else {
+                // A v3.1.1 body that named its route before its mistake is still answered.
+                let partial = message.payload.withUnsafeBytes { FetchRequest.routeBeforeError($0) }
+                if let route = Self.bodyRoute(partial, message.payload) {
+                    self = .request(route, bodyError: error)
+                } else {
+                    self = .unanswerable(error)
+                }
+            }
+        case .success(let body):
+            if let topic = props.responseTopic, Self.isAnswerable(topic) {
+                let correlation = props.correlationData.map { Array($0.prefix(FetchRequest.maxCorrelation)) } ?? []
+                self = .request(FetchRoute(responseTopic: topic, correlation: correlation, format: body.format,
+                                           usesProperties: true), bodyError: nil)
+            } else if let route = Self.bodyRoute(body, message.payload) {
+                self = .request(route, bodyError: nil)
+            } else {
+                self = .unanswerable(nil)
+            }
+        }
+    }
+
+    /// The v3.1.1 fallback: the route in the body (docs/relay.md §2).
+    static func bodyRoute(_ body: FetchRequest, _ bytes: [UInt8]) -> FetchRoute? {
+        guard let range = body.responseTopic else { return nil }
+        let topic = String(decoding: bytes[range], as: UTF8.self)
+        var correlation: [UInt8] = []
+        if let hex = body.correlationHex {
+            var out = [UInt8](repeating: 0, count: FetchRequest.maxCorrelation)
+            let n = bytes.withUnsafeBytes { all in
+                out.withUnsafeMutableBytes {
+                    FetchRequest.correlationBytes(UnsafeRawBufferPointer(rebasing: all[hex]), into: $0)
+                }
+            }
+            correlation = Array(out.prefix(n))
+        }
+        return FetchRoute(responseTopic: topic, correlation: correlation, format: body.format, usesProperties: false)
+    }
+
+    /// A v5 Response Topic may not hold wildcards (MQTT 5.0 §3.3.2.3.5); the broker checks,
+    /// but a bridge or a v3 client could still hand one over.
+    static func isAnswerable(_ topic: String) -> Bool {
+        !topic.isEmpty && topic.utf8.count <= FetchRequest.maxResponseTopic
+            && !topic.utf8.contains(where: { $0 == UInt8(ascii: "+") || $0 == UInt8(ascii: "#") || $0 == 0 })
+    }
+}
+
+/// What the gateway resolved a request to: the activity this gateway owns and can reach.
+public struct FetchTarget: Sendable, Equatable {
+    public var device: UInt64
+    /// The sequence in the beacon the gateway last heard.
+    public var sequence: UInt16
+    public var link: LinkAddress
+    public init(device: UInt64, sequence: UInt16, link: LinkAddress) {
+        self.device = device; self.sequence = sequence; self.link = link
+    }
+}
+
+public struct RelayCounters: Sendable, Equatable {
+    /// Answers sent, by `FetchStatus.rawValue`.
+    public var answers = [Int](repeating: 0, count: FetchStatus.allCases.count)
+    /// `ok` answers served from the cache without touching a link.
+    public var cacheHits = 0
+    public var linkOpens = 0
+    public var linkFailures = 0
+    /// Answers that could not be published (broker gone); the requester times out.
+    public var answersLost = 0
+    public init() {}
+}
+
+public struct FetchRelay: ~Copyable {
+    public let config: RelayConfig
+    /// nil: this gateway has no device link (`relay.link: none`, a capture): fetches it owns
+    /// are answered `unreachable`.
+    public let link: (any DeviceLink)?
+    let gatewayID: String
+
+    struct Pending {
+        var device: UInt64
+        var sequence: UInt16
+        var route: FetchRoute
+        var deadline: ContinuousClock.Instant
+        /// Where to open the link when the request had to wait for one (docs/relay.md §5).
+        var address: LinkAddress
+    }
+    var pending: [Pending?]
+
+    /// A link and what it is doing. A class so the array of slots can hold the non-copyable
+    /// channel; one is made per link opened, never per message.
+    final class LinkSlot {
+        var channel: LinkChannel
+        let device: UInt64
+        let address: LinkAddress
+        /// The sequence of the fetch sent and not yet answered.
+        var asked: UInt16?
+        /// Closed when idle past this (no pending request for its device).
+        var idleSince: ContinuousClock.Instant
+        init(channel: consuming LinkChannel, device: UInt64, address: LinkAddress, now: ContinuousClock.Instant) {
+            self.channel = channel; self.device = device; self.address = address; self.idleSince = now
+        }
+    }
+    var links: [LinkSlot?]
+    /// Slot and link of each descriptor handed out by `pollDescriptors`, in order. The link's
+    /// identity, not just its descriptor number: a request handled between poll() and
+    /// `poll(fds:)` may close a link and open another that gets the same number, and the old
+    /// one's readiness must not be read as the new one's.
+    var polled: [(slot: Int, link: ObjectIdentifier)]
+
+    struct CacheEntry {
+        var device: UInt64
+        var sequence: UInt16
+        var count: Int
+        var lastUsed: UInt64
+    }
+    var cache: [CacheEntry?]
+    var useCounter: UInt64 = 0
+    let cacheBytes: UnsafeMutableRawBufferPointer
+    /// One receive buffer for every link (an SDU is read whole, then handled).
+    let receive: UnsafeMutableRawBufferPointer
+    /// Answers are written here: a payload rendered as JSON can be several times its size.
+    let answerScratch: UnsafeMutableRawBufferPointer
+    let sendScratch: UnsafeMutableRawBufferPointer
+
+    public private(set) var counters = RelayCounters()
+    /// Link messages dropped, by reason (stats `relay.drops`).
+    public private(set) var drops = DropCounts()
+    /// The last link failure, for the log.
+    public private(set) var lastLinkError: String?
+
+    public init(config: RelayConfig, link: (any DeviceLink)?, gatewayID: String) {
+        self.config = config
+        self.link = link
+        self.gatewayID = gatewayID
+        pending = Array(repeating: nil, count: config.fetches)
+        links = Array(repeating: nil, count: config.links)
+        polled = []
+        polled.reserveCapacity(config.links)
+        cache = Array(repeating: nil, count: config.cache)
+        cacheBytes = .allocate(byteCount: max(1, config.cache * config.payloadMax), alignment: 8)
+        // One message header (3 bytes, docs/protocol.md §5.1) over the largest payload.
+        receive = .allocate(byteCount: config.payloadMax + 3, alignment: 8)
+        answerScratch = .allocate(byteCount: config.payloadMax * 6 + 1024, alignment: 8)
+        sendScratch = .allocate(byteCount: 128, alignment: 8)
+    }
+
+    deinit {
+        cacheBytes.deallocate()
+        receive.deallocate()
+        answerScratch.deallocate()
+        sendScratch.deallocate()
+    }
+
+    public var pendingCount: Int { pending.reduce(0) { $0 + ($1 == nil ? 0 : 1) } }
+    public var openLinks: Int { links.reduce(0) { $0 + ($1 == nil ? 0 : 1) } }
+
+    // MARK: requests
+
+    /// A request from `route`'s requester supersedes the one it is still waiting for (the
+    /// seeds' user-cancelled case): that one is answered `cancelled`. Called for every request
+    /// seen, whoever answers it: the earlier one may be this gateway's, the new one another's.
+    public mutating func supersede(_ route: FetchRoute, mqtt: inout MQTTClient) {
+        for i in pending.indices {
+            guard let p = pending[i], p.route.responseTopic == route.responseTopic else { continue }
+            answer(slot: i, .cancelled, detail: "a newer request from the same requester replaced it", mqtt: &mqtt)
+        }
+    }
+
+    /// Takes a request for an activity this gateway owns: answered from the cache, or queued
+    /// for the device's link.
+    public mutating func fetch(_ target: FetchTarget, route: FetchRoute, now: ContinuousClock.Instant,
+                               mqtt: inout MQTTClient) {
+        if let hit = cached(device: target.device, atLeast: target.sequence) {
+            counters.cacheHits &+= 1
+            // A hit is a use: the least recently *used* entry is the one replaced (docs/relay.md §5).
+            useCounter &+= 1
+            cache[hit]!.lastUsed = useCounter
+            let entry = cache[hit]!
+            let bytes = UnsafeRawBufferPointer(rebasing: cacheBytes[hit * config.payloadMax ..< hit * config.payloadMax + entry.count])
+            sendPayload(bytes, sequence: entry.sequence, device: target.device, route: route, mqtt: &mqtt)
+            return
+        }
+        guard link != nil else {
+            return send(.unreachable, device: target.device, detail: "this gateway has no device link (relay.link)",
+                        route: route, mqtt: &mqtt)
+        }
+        guard let free = pending.firstIndex(where: { $0 == nil }) else {
+            return send(.busy, device: target.device, detail: "\(config.fetches) fetches are waiting (relay.fetches)",
+                        route: route, mqtt: &mqtt)
+        }
+        pending[free] = Pending(device: target.device, sequence: target.sequence, route: route,
+                                deadline: now + config.fetchTimeout, address: target.link)
+        work(device: target.device, address: target.link, now: now, mqtt: &mqtt)
+    }
+
+    /// Answers a request this gateway decided about without a link (unknown device, not
+    /// owner, bad request, …).
+    public mutating func answer(_ status: FetchStatus, device: UInt64?, detail: String, route: FetchRoute,
+                                mqtt: inout MQTTClient) {
+        send(status, device: device, detail: detail, route: route, mqtt: &mqtt)
+    }
+
+    /// The activity changed (a newer sequence, invalidated, gone): its cached payloads are
+    /// stale.
+    public mutating func forget(device: UInt64) {
+        for i in cache.indices where cache[i]?.device == device { cache[i] = nil }
+    }
+
+    /// A request or link message dropped without an answer, or answered `bad-request`, by reason.
+    public mutating func dropped(_ reason: StaticString) { drops.count(reason) }
+
+    /// Before a clean stop: every request still waiting is answered.
+    public mutating func stop(mqtt: inout MQTTClient) {
+        for i in pending.indices where pending[i] != nil {
+            answer(slot: i, .unreachable, detail: "the gateway is stopping", mqtt: &mqtt)
+        }
+        for i in links.indices { closeLink(i) }
+    }
+
+    // MARK: links
+
+    /// Opens a link for `device`, or uses the open one, so its pending requests get asked.
+    mutating func work(device: UInt64, address: LinkAddress, now: ContinuousClock.Instant, mqtt: inout MQTTClient) {
+        if let s = links.firstIndex(where: { $0?.device == device }) {
+            return ask(slot: s, mqtt: &mqtt)
+        }
+        var slot = links.firstIndex(where: { $0 == nil })
+        if slot == nil {
+            // Every slot busy: close the link idle the longest, if one is idle. Idle = no request
+            // waits for its device, even with a fetch still out (its requests timed out or were
+            // cancelled): otherwise such a link would hold its slot for good.
+            var best: Int?
+            for (i, l) in links.enumerated() {
+                guard let l, !hasPending(l.device) else { continue }
+                if best == nil || l.idleSince < links[best!]!.idleSince { best = i }
+            }
+            if let best { closeLink(best); slot = best }
+        }
+        // No slot: the request waits; `tick` tries again as links close, until its deadline.
+        guard let slot, let link else { return }
+        do throws(LinkError) {
+            let channel = try link.connect(to: address)
+            links[slot] = LinkSlot(channel: channel, device: device, address: address, now: now)
+            counters.linkOpens &+= 1
+            ask(slot: slot, mqtt: &mqtt)
+        } catch {
+            linkFailed(device: device, error, mqtt: &mqtt)
+        }
+    }
+
+    /// Sends a fetch on an open link that has none outstanding.
+    mutating func ask(slot: Int, mqtt: inout MQTTClient) {
+        guard let l = links[slot], l.channel.state == .open, l.asked == nil else { return }
+        // The newest sequence any waiting request heard: the device answers it or newer.
+        var sequence: UInt16?
+        for p in pending { if let p, p.device == l.device { sequence = sequence.map { Self.newer(p.sequence, $0) } ?? p.sequence } }
+        guard let sequence else { return }
+        var w = ByteWriter(sendScratch)
+        do throws(WireError) { try LinkMessage.encodeFetch(sequence: sequence, into: &w) } catch {
+            preconditionFailure("a fetch message fits 128 bytes")
+        }
+        do throws(LinkError) {
+            // A seqpacket socket with an empty send buffer takes 3 bytes; if it does not, the
+            // link is stuck and the request times out.
+            if try l.channel.send(w.written) { l.asked = sequence }
+        } catch {
+            let device = l.device
+            closeLink(slot)
+            linkFailed(device: device, error, mqtt: &mqtt)
+        }
+    }
+
+    mutating func linkFailed(device: UInt64, _ error: LinkError, mqtt: inout MQTTClient) {
+        counters.linkFailures &+= 1
+        lastLinkError = "\(Self.hex(device)): \(error)"
+        // The receive buffer is relay.payload-max + 3 bytes, exactly the largest payload message
+        // (docs/protocol.md §5.1), so a payload over the limit arrives as an SDU the channel
+        // cannot take: that is the device's `too-large` (docs/relay.md §3), not a broken link.
+        let status: FetchStatus = if case .tooLarge = error { .tooLarge } else { .unreachable }
+        answerAll(device: device, status, detail: error.description, mqtt: &mqtt)
+    }
+
+    mutating func closeLink(_ slot: Int) {
+        links[slot]?.channel.close()
+        links[slot] = nil
+    }
+
+    /// Appends each link's descriptor and events to `fds`; `poll(fds:…)` takes them back in
+    /// the same order.
+    public mutating func pollDescriptors(into fds: inout [pollfd]) {
+        polled.removeAll(keepingCapacity: true)
+        for (i, l) in links.enumerated() {
+            guard let l, l.channel.fd >= 0 else { continue }
+            var events = Int16(POLLIN)
+            if l.channel.wantsWrite { events |= Int16(POLLOUT) }
+            fds.append(pollfd(fd: l.channel.fd, events: events, revents: 0))
+            polled.append((i, ObjectIdentifier(l)))
+        }
+    }
+
+    /// Handles the links' readiness (`fds` is what `pollDescriptors` appended, after poll()).
+    public mutating func poll(fds: ArraySlice<pollfd>, now: ContinuousClock.Instant, mqtt: inout MQTTClient) {
+        for (k, fd) in zip(polled.indices, fds) where fd.revents != 0 {
+            let slot = polled[k].slot
+            guard let l = links[slot], ObjectIdentifier(l) == polled[k].link, l.channel.fd == fd.fd else { continue }
+            let wasOpen = l.channel.state == .open
+            let readable = fd.revents & Int16(POLLIN | POLLHUP | POLLERR) != 0
+            let writable = fd.revents & Int16(POLLOUT) != 0
+            l.channel.poll(readable: readable, writable: writable, buffer: receive) { sdu in
+                received(sdu, slot: slot, now: now, mqtt: &mqtt)
+            }
+            guard let l = links[slot] else { continue }
+            switch l.channel.state {
+            case .open:
+                if !wasOpen || l.asked == nil { ask(slot: slot, mqtt: &mqtt) }
+            case .closed(let error):
+                let device = l.device
+                closeLink(slot)
+                // A link closed with requests waiting failed them; closed idle, it just ends.
+                if hasPending(device) { linkFailed(device: device, error ?? .closed, mqtt: &mqtt) }
+            case .connecting:
+                break
+            }
+        }
+        serveWaiting(now: now, mqtt: &mqtt)
+    }
+
+    /// One SDU from a link (docs/protocol.md §5.2).
+    mutating func received(_ sdu: UnsafeRawBufferPointer, slot: Int, now: ContinuousClock.Instant, mqtt: inout MQTTClient) {
+        guard let l = links[slot] else { return }
+        let device = l.device
+        let message: LinkMessage
+        do throws(WireError) {
+            message = try LinkMessage.decode(sdu, payloadMax: config.payloadMax)
+        } catch {
+            drops.count(error)
+            if case .malformed(_, let reason) = error, reason == .linkTooLarge {
+                answerAll(device: device, .tooLarge, detail: "the payload is larger than relay.payload-max (\(config.payloadMax) bytes)", mqtt: &mqtt)
+            } else {
+                answerAll(device: device, .unreachable, detail: "the device sent a malformed message: \(error)", mqtt: &mqtt)
+            }
+            l.asked = nil
+            l.idleSince = now
+            return
+        }
+        switch message.type {
+        case .payload:
+            let sequence = UInt16(truncatingIfNeeded: message.number)
+            let body = UnsafeRawBufferPointer(rebasing: sdu[message.body])
+            store(device: device, sequence: sequence, body)
+            // Only the requests it satisfies (docs/relay.md §3: `ok` is for the sequence heard or
+            // newer); one that heard a newer beacon meanwhile is asked for again (`poll` re-asks
+            // once `asked` is cleared below).
+            for i in pending.indices where pending[i]?.device == device {
+                let heard = pending[i]!.sequence
+                guard heard == sequence || Self.newer(sequence, heard) == sequence else { continue }
+                let route = pending[i]!.route
+                pending[i] = nil
+                sendPayload(body, sequence: sequence, device: device, route: route, mqtt: &mqtt)
+            }
+        case .fetchRefused:
+            let sequence = UInt16(truncatingIfNeeded: message.number)
+            switch FetchRefusal(rawValue: message.reason) {
+            case .notCurrent:
+                forget(device: device)
+                answerAll(device: device, .unknownDevice, detail: "the device says activity \(sequence) is no longer current", mqtt: &mqtt)
+            case .tooLarge:
+                answerAll(device: device, .tooLarge, detail: "the device says its payload does not fit the link's MTU", mqtt: &mqtt)
+            case .refused, nil:
+                answerAll(device: device, .unreachable, detail: "the device refused the fetch", mqtt: &mqtt)
+            }
+        default:
+            // Stream frames and was-continued do not come back on a fetch link.
+            drops.count("link-unexpected")
+            return
+        }
+        l.asked = nil
+        l.idleSince = now
+    }
+
+    // MARK: time
+
+    /// The nearest deadline: a request's, or an idle link's close.
+    public var nextDeadline: ContinuousClock.Instant? {
+        var next: ContinuousClock.Instant?
+        func consider(_ d: ContinuousClock.Instant) { if next.map({ d < $0 }) ?? true { next = d } }
+        for p in pending { if let p { consider(p.deadline) } }
+        for l in links { if let l, !hasPending(l.device) { consider(l.idleSince + config.linkIdle) } }
+        return next
+    }
+
+    /// Answers what timed out, closes idle links, and gives waiting requests a link.
+    public mutating func tick(now: ContinuousClock.Instant, mqtt: inout MQTTClient) {
+        for i in pending.indices {
+            guard let p = pending[i], p.deadline <= now else { continue }
+            answer(slot: i, .timeout, detail: "the device did not answer within relay.fetch-timeout (\(config.fetchTimeout))", mqtt: &mqtt)
+            // The link let its last request time out (silent, or never opened): close it. A fetch
+            // link carries one fetch at a time, so only a fresh link asks the device again, and
+            // its slot may be what another device's request is waiting for.
+            if !hasPending(p.device), let s = links.firstIndex(where: { $0?.device == p.device }) { closeLink(s) }
+        }
+        for i in links.indices {
+            guard let l = links[i] else { continue }
+            if !hasPending(l.device), l.idleSince + config.linkIdle <= now { closeLink(i) }
+        }
+        serveWaiting(now: now, mqtt: &mqtt)
+    }
+
+    /// Requests that found every link busy (docs/relay.md §5: they wait for one, within their
+    /// deadline): opens their device's link if a slot is free or a link has nothing to do.
+    mutating func serveWaiting(now: ContinuousClock.Instant, mqtt: inout MQTTClient) {
+        for i in pending.indices {
+            guard let p = pending[i], !links.contains(where: { $0?.device == p.device }) else { continue }
+            work(device: p.device, address: p.address, now: now, mqtt: &mqtt)
+        }
+    }
+
+    // MARK: answers (docs/relay.md §3)
+
+    mutating func answerAll(device: UInt64, _ status: FetchStatus, detail: String, mqtt: inout MQTTClient) {
+        for i in pending.indices where pending[i]?.device == device {
+            answer(slot: i, status, detail: detail, mqtt: &mqtt)
+        }
+    }
+
+    /// The only way a request leaves `pending`.
+    mutating func answer(slot: Int, _ status: FetchStatus, detail: String, mqtt: inout MQTTClient) {
+        guard let p = pending[slot] else { return }
+        pending[slot] = nil
+        send(status, device: p.device, detail: detail, route: p.route, mqtt: &mqtt)
+    }
+
+    mutating func sendPayload(_ payload: UnsafeRawBufferPointer, sequence: UInt16, device: UInt64, route: FetchRoute,
+                              mqtt: inout MQTTClient) {
+        var w = JSONWriter(answerScratch)
+        var body = payload
+        var contentType = "application/cbor"
+        do throws(WireError) {
+            if route.format == .json {
+                let view: ActivityPayloadView
+                do throws(WireError) {
+                    view = try ActivityPayload.validate(payload, limits: PayloadLimits(maxBytes: config.payloadMax))
+                } catch {
+                    return send(.badRequest, device: device,
+                                detail: "the payload cannot be rendered as JSON (sealed, or not a v1 payload: \(error)); ask for cbor",
+                                route: route, mqtt: &mqtt)
+                }
+                if route.usesProperties {
+                    try view.renderJSON(into: &w)
+                } else {
+                    try envelope(.ok, device: device, route: route, into: &w) { w throws(WireError) in
+                        try w.key("seq"); try w.int(Int64(sequence))
+                        try w.key("payload"); try view.renderJSON(into: &w)
+                    }
+                }
+                body = w.written
+                contentType = "application/json"
+            } else if !route.usesProperties {
+                try envelope(.ok, device: device, route: route, into: &w) { w throws(WireError) in
+                    try w.key("seq"); try w.int(Int64(sequence))
+                    try w.key("cbor"); try w.base64(payload)
+                }
+                body = w.written
+                contentType = "application/json"
+            }
+        } catch {
+            return send(.tooLarge, device: device, detail: "the answer does not fit \(answerScratch.count) bytes",
+                        route: route, mqtt: &mqtt)
+        }
+        publish(.ok, body, contentType: contentType, sequence: sequence, device: device, route: route, mqtt: &mqtt)
+    }
+
+    /// An error answer: `{"status":"timeout","device":"5a…","gateway":"hall","detail":"…"}`,
+    /// plus the correlation in the v3.1.1 envelope.
+    mutating func send(_ status: FetchStatus, device: UInt64?, detail: String, route: FetchRoute, mqtt: inout MQTTClient) {
+        precondition(status != .ok, "ok answers carry a payload")
+        var w = JSONWriter(answerScratch)
+        do throws(WireError) {
+            try envelope(status, device: device, route: route, into: &w) { w throws(WireError) in
+                try w.key("detail"); try w.string(detail)
+            }
+        } catch {
+            preconditionFailure("an error answer fits \(answerScratch.count) bytes: \(error)")
+        }
+        publish(status, w.written, contentType: "application/json", sequence: nil, device: device, route: route, mqtt: &mqtt)
+    }
+
+    func envelope(_ status: FetchStatus, device: UInt64?, route: FetchRoute, into w: inout JSONWriter,
+                  _ fields: (inout JSONWriter) throws(WireError) -> Void) throws(WireError) {
+        try w.beginObject()
+        try w.key("status"); try w.string(status.name)
+        try w.key("device")
+        if let device { try w.string(Self.hex(device)) } else { try w.null() }
+        try w.key("gateway"); try w.string(gatewayID)
+        if !route.usesProperties {
+            try w.key("correlation")
+            var hex = ""
+            for b in route.correlation { hex += Self.hexDigits(b) }
+            try w.string(hex)
+        }
+        try fields(&w)
+        try w.endObject()
+    }
+
+    mutating func publish(_ status: FetchStatus, _ body: UnsafeRawBufferPointer, contentType: String, sequence: UInt16?,
+                          device: UInt64?, route: FetchRoute, mqtt: inout MQTTClient) {
+        counters.answers[status.rawValue] &+= 1
+        var properties: MQTTProperties?
+        if route.usesProperties {
+            var user = [MQTTUserProperty("status", status.name), MQTTUserProperty("gateway", gatewayID)]
+            if let device { user.append(MQTTUserProperty("device", Self.hex(device))) }
+            if let sequence { user.append(MQTTUserProperty("seq", String(sequence))) }
+            properties = MQTTProperties(contentType: contentType,
+                                        correlationData: route.correlation.isEmpty ? nil : route.correlation,
+                                        userProperties: user)
+        }
+        do throws(MQTTError) {
+            // QoS 1, not retained: an answer is for one requester, once (docs/relay.md §3).
+            try mqtt.publish(topic: route.responseTopic, payload: body, qos: 1, retain: false, properties: properties)
+        } catch {
+            counters.answersLost &+= 1
+        }
+    }
+
+    // MARK: cache
+
+    func cached(device: UInt64, atLeast sequence: UInt16) -> Int? {
+        for (i, e) in cache.enumerated() {
+            if let e, e.device == device, e.sequence == sequence || Self.newer(e.sequence, sequence) == e.sequence {
+                return i
+            }
+        }
+        return nil
+    }
+
+    /// Keeps the newest payload per device, in the least recently used entry.
+    mutating func store(device: UInt64, sequence: UInt16, _ bytes: UnsafeRawBufferPointer) {
+        guard bytes.count <= config.payloadMax, !cache.isEmpty else { return }
+        // A late answer for an older sequence does not replace a newer payload.
+        if let held = cache.first(where: { $0?.device == device }) ?? nil, held.sequence != sequence,
+           Self.newer(held.sequence, sequence) == held.sequence { return }
+        var slot = cache.firstIndex(where: { $0?.device == device }) ?? cache.firstIndex(where: { $0 == nil })
+        if slot == nil {
+            var oldest = 0
+            for (i, e) in cache.enumerated() where e!.lastUsed < cache[oldest]!.lastUsed { oldest = i }
+            slot = oldest
+        }
+        let i = slot!
+        useCounter &+= 1
+        cache[i] = CacheEntry(device: device, sequence: sequence, count: bytes.count, lastUsed: useCounter)
+        UnsafeMutableRawBufferPointer(rebasing: cacheBytes[i * config.payloadMax ..< i * config.payloadMax + bytes.count])
+            .copyMemory(from: bytes)
+    }
+
+    func hasPending(_ device: UInt64) -> Bool { pending.contains { $0?.device == device } }
+
+    /// The later of two 16-bit sequences by serial-number arithmetic (RFC 1982, docs/protocol.md §2.3).
+    static func newer(_ a: UInt16, _ b: UInt16) -> UInt16 {
+        let d = a &- b  // wraps by design: RFC 1982 compares the distance mod 2¹⁶
+        return d != 0 && d < 0x8000 ? a : b
+    }
+
+    static func hex(_ device: UInt64) -> String {
+        var s = String(device, radix: 16)
+        while s.count < 12 { s = "0" + s }
+        return s
+    }
+
+    static func hexDigits(_ b: UInt8) -> String {
+        let digits = Array("0123456789abcdef".utf8)
+        return String(decoding: [digits[Int(b >> 4)], digits[Int(b & 0xF)]], as: UTF8.self)
+    }
+}

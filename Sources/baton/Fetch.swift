@@ -1,0 +1,142 @@
+import ArgumentParser
+import BatonMQTT
+import Foundation
+import Glibc
+
+/// `baton fetch DEVICE`: asks the building for a device's activity payload and prints it
+/// (docs/relay.md §6). It is an ordinary MQTT client, doing what an app or a Node-RED flow
+/// would: MQTT v5 request/response, with the v3.1.1 fallback in the body as well, so it works
+/// through a v3.1.1 broker or bridge too.
+struct FetchCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "fetch",
+        abstract: "Fetch a device's current activity payload through the building's gateways.",
+        discussion: """
+            Prints the payload rendered as JSON, or its CBOR bytes with --cbor. Exit status: 0 the \
+            payload; 1 an error answer (its reason on stderr: unknown-device, not-owner, unreachable, \
+            too-large, timeout, bad-request, cancelled, busy); 3 no answer in time.
+            """)
+
+    @Argument(help: "The device id: 12 hex digits, as in <prefix>/activities/<device> (colons allowed).")
+    var device: String
+    @Option(name: .long, help: "Broker URL: mqtt://host[:port] or mqtts://host[:port].")
+    var broker: String = "mqtt://127.0.0.1:1883"
+    @Option(name: .long, help: "MQTT topic prefix the gateways use.")
+    var prefix: String = "baton"
+    @Option(name: .long, help: "Broker user name.")
+    var username: String?
+    @Option(name: .long, help: "Broker password.")
+    var password: String?
+    @Flag(name: .long, help: "Write the payload's CBOR bytes to stdout instead of JSON.")
+    var cbor = false
+    @Option(name: .long, help: "Seconds to wait for the answer (gateways answer within relay.fetch-timeout, 5 s by default).")
+    var timeout: Double = 10
+
+    func run() throws {
+        let deviceText = device.lowercased().filter { $0 != ":" }
+        guard deviceText.count == 12, deviceText.allSatisfy({ $0.isHexDigit }) else {
+            throw ValidationError("DEVICE must be 12 hex digits like 5a123456789a, got \"\(device)\"")
+        }
+        guard timeout > 0, timeout <= 3600 else { throw ValidationError("--timeout must be 0–3600 seconds") }
+        let url: MQTTURL
+        do throws(MQTTError) { url = try MQTTURL(parsing: broker) } catch {
+            throw ValidationError("--broker: \(error)")
+        }
+        var random = SystemRandomNumberGenerator()
+        let tag = String(UInt64.random(in: .min ... .max, using: &random), radix: 16)
+        var config = MQTTConfig(host: url.host, port: url.port, tls: url.tls ? MQTTTLS() : nil,
+                                clientID: "baton-fetch-\(getpid())-\(tag)", username: username, password: password)
+        config.reconnectMax = .seconds(1)
+        var client: MQTTClient
+        do throws(MQTTError) { client = try MQTTClient(config: config) } catch {
+            throw ValidationError("broker: \(error)")
+        }
+        // Under the prefix, so a bridge that carries `<prefix>/#` carries the answer too
+        // (docs/relay.md §1).
+        let responseTopic = "\(prefix)/answers/baton-fetch-\(tag)"
+        let correlation = (0..<8).map { _ in UInt8.random(in: 0...255, using: &random) }
+        let correlationHex = correlation.map { String(format: "%02x", $0) }.joined()
+        let body = #"{"format":"\#(cbor ? "cbor" : "json")","response_topic":"\#(responseTopic)","correlation":"\#(correlationHex)"}"#
+
+        client.start(now: .now)
+        let deadline = ContinuousClock.now + .milliseconds(Int64(timeout * 1000))
+        var asked = false
+        while ContinuousClock.now < deadline {
+            var fd = pollfd(fd: client.socket, events: Int16(POLLIN), revents: 0)
+            if client.wantsWrite { fd.events |= Int16(POLLOUT) }
+            _ = Glibc.poll(&fd, 1, 100)
+            var events: [MQTTEvent] = []
+            client.poll(now: .now, readable: fd.revents & Int16(POLLIN | POLLHUP | POLLERR) != 0,
+                        writable: fd.revents & Int16(POLLOUT) != 0) { events.append($0) }
+            for event in events {
+                switch event {
+                case .connected:
+                    guard !asked else { continue }
+                    asked = true
+                    do {
+                        // The subscription is in place before the request: the broker handles
+                        // one connection's packets in order.
+                        try client.subscribe(responseTopic, qos: 1)
+                        try Array(body.utf8).withUnsafeBytes { bytes in
+                            try client.publish(topic: "\(prefix)/fetch/\(deviceText)", payload: bytes, qos: 1,
+                                               properties: MQTTProperties(responseTopic: responseTopic,
+                                                                          correlationData: correlation))
+                        }
+                    } catch {
+                        throw ValidationError("asking the broker: \(error)")
+                    }
+                case .refused(let reason), .disconnected(let reason):
+                    FileHandle.standardError.write(Data("baton fetch: \(reason)\n".utf8))
+                case .message(let m) where m.topic == responseTopic:
+                    if let code = try answer(m, correlation: correlation, correlationHex: correlationHex) {
+                        client.disconnect()
+                        if code != 0 { throw ExitCode(code) }
+                        return
+                    }
+                case .message:
+                    break
+                }
+            }
+        }
+        client.disconnect()
+        FileHandle.standardError.write(Data("baton fetch: no answer within \(timeout) s (is a gateway of this building running and connected to \(broker)? docs/relay.md)\n".utf8))
+        throw ExitCode(3)
+    }
+
+    /// Prints an answer meant for us and returns the exit status; nil for someone else's.
+    func answer(_ m: MQTTMessage, correlation: [UInt8], correlationHex: String) throws -> Int32? {
+        let status: String
+        var payload: Data
+        var detail = ""
+        var gateway = "?"
+        if let user = m.properties.userProperties.first(where: { $0.name == "status" }) {
+            // An MQTT v5 answer: status and correlation in properties (docs/relay.md §3).
+            guard m.properties.correlationData == correlation else { return nil }
+            status = user.value
+            gateway = m.properties.userProperties.first { $0.name == "gateway" }?.value ?? "?"
+            payload = Data(m.payload)
+            if status != "ok", let o = try? JSONSerialization.jsonObject(with: payload) as? [String: Any] {
+                detail = o["detail"] as? String ?? ""
+            }
+        } else {
+            // The v3.1.1 envelope.
+            guard let o = try? JSONSerialization.jsonObject(with: Data(m.payload)) as? [String: Any],
+                  o["correlation"] as? String == correlationHex else { return nil }
+            status = o["status"] as? String ?? "?"
+            gateway = o["gateway"] as? String ?? "?"
+            detail = o["detail"] as? String ?? ""
+            if cbor {
+                payload = Data(base64Encoded: o["cbor"] as? String ?? "") ?? Data()
+            } else {
+                payload = (try? JSONSerialization.data(withJSONObject: o["payload"] ?? NSNull(), options: [.sortedKeys])) ?? Data()
+            }
+        }
+        guard status == "ok" else {
+            FileHandle.standardError.write(Data("baton fetch: \(status): \(detail) (gateway \(gateway))\n".utf8))
+            return 1
+        }
+        if !cbor { payload.append(UInt8(ascii: "\n")) }
+        FileHandle.standardOutput.write(payload)
+        return 0
+    }
+}

@@ -1,0 +1,255 @@
+// Continuing in another room (docs/relay.md): three rooms' gateways on the simulator, a real
+// mosquitto (or two, bridged), and fetches asked the way a user's app would — `baton fetch`,
+// or `mosquitto_pub`/`mosquitto_sub` with MQTT v5 properties or the v3.1.1 body.
+import BatonSim
+import BatonTestSupport
+import Foundation
+import Testing
+
+/// alice's phone in the hall offers a 3,000-byte payload; bob's laptop in the office offers
+/// none (`link: false`). The scenario runs long enough for every test's fetches.
+let relayScenario = """
+    seed: 11
+    speed: 1
+    duration: 60
+    rate: 10
+    radio: {in-room: -55, per-room: -15, heard-down-to: -95, noise: 1, loss: 0, link-latency: 0.1}
+    rooms:
+      - {id: hall, name: Hall}
+      - {id: kitchen, name: Kitchen}
+      - {id: office, name: Office}
+    devices:
+      - id: 5a0000000001
+        name: alice-phone
+        type: com.example.reader.article
+        title: A long read
+        payload-bytes: 3000
+        web-url: true
+        at: hall
+      - id: 5a0000000003
+        name: carol-tablet
+        type: com.example.video.watch
+        at: kitchen
+      - id: 5a0000000002
+        name: bob-laptop
+        type: com.example.mail.compose
+        link: false
+        at: office
+    """
+
+/// `baton fetch` as a child process: exit status, stdout bytes, stderr text.
+func batonFetch(_ arguments: [String], in dir: URL) throws -> (status: Int32?, out: [UInt8], err: String) {
+    let tag = UUID().uuidString.prefix(8)
+    let out = dir.appendingPathComponent("fetch-\(tag).out"), err = dir.appendingPathComponent("fetch-\(tag).err")
+    let code = try ChildProcess.run(batonBinary.path, ["fetch"] + arguments, stdout: out.path, stderr: err.path,
+                                    timeout: .seconds(20))
+    let status: Int32? = code < 0 ? nil : code
+    let bytes = (try? Data(contentsOf: out)).map { [UInt8]($0) } ?? []
+    return (status, bytes, (try? String(contentsOf: err, encoding: .utf8)) ?? "")
+}
+
+/// The simulator and one gateway per room, each on `brokers[i % count]`, with the owners
+/// settled: alice in the hall, carol in the kitchen, bob in the office.
+final class RelayBuilding {
+    let dir: URL
+    let building: SimulatedBuilding
+    var gateways: [GatewayProcess] = []
+    let player: ScenarioPlayer
+
+    init(name: String, brokers: [MosquittoBroker]) throws {
+        dir = try scratchDirectory(name)
+        building = try SimulatedBuilding(scenario: relayScenario, in: dir)
+        player = ScenarioPlayer(try Scenario.parse(yaml: relayScenario, file: "relay.yaml"))
+        for (i, (id, room)) in threeRooms.enumerated() {
+            let gdir = dir.appendingPathComponent(id)
+            try FileManager.default.createDirectory(at: gdir, withIntermediateDirectories: true)
+            gateways.append(try GatewayProcess(
+                yaml: roomGatewayYAML(port: brokers[i % brokers.count].port, id: id, room: room,
+                                      socket: building.socket(id)), in: gdir))
+        }
+        let watched = brokers[0]
+        let settled = eventually(within: 20) { () -> Bool? in
+            let retained = (try? watched.retained("baton/activities/+")) ?? [:]
+            let rooms = ["5a0000000001": "hall", "5a0000000003": "kitchen", "5a0000000002": "office"]
+            return rooms.allSatisfy { device, gateway in
+                json(retained["baton/activities/\(device)"] ?? [])?["gateway"] as? String == gateway
+            } ? true : nil
+        }
+        guard settled != nil else {
+            throw BrokerError("the rooms did not settle: \(gateways.map(\.log).joined(separator: "\n---\n"))")
+        }
+    }
+
+    /// What alice's phone answers a fetch with now.
+    var alicePayload: [UInt8] { player.payload(device: 0, sequence: player.sequence(device: 0)) }
+
+    func stopAll() {
+        for g in gateways { #expect(g.stop() == 0, "a gateway did not stop cleanly: \(g.log)") }
+    }
+}
+
+@Suite(.serialized) struct RelayTests {
+    let alice = "5a0000000001", bob = "5a0000000002", carol = "5a0000000003"
+
+    @Test func aFetchFromAnotherRoomReturnsThePayloadBytes() throws {
+        let broker = try MosquittoBroker()
+        let b = try RelayBuilding(name: "fetch", brokers: [broker])
+        let url = "mqtt://127.0.0.1:\(broker.port)"
+
+        // CBOR: the device's bytes, exactly.
+        let cbor = try batonFetch([alice, "--cbor", "--broker", url], in: b.dir)
+        #expect(cbor.status == 0, "baton fetch failed: \(cbor.err)")
+        #expect(cbor.out.count == 3000)
+        #expect(cbor.out == b.alicePayload, "the payload differs from what alice's phone sent")
+
+        // JSON: the same payload rendered (docs/payload.md §4).
+        let rendered = try batonFetch([alice, "--broker", url], in: b.dir)
+        #expect(rendered.status == 0, "baton fetch failed: \(rendered.err)")
+        let payload = json(rendered.out)
+        #expect(payload?["activityType"] as? String == "com.example.reader.article")
+        #expect(payload?["title"] as? String == "A long read")
+        #expect((payload?["userInfo"] as? [String: Any])?["position"] as? Int == Int(b.player.sequence(device: 0)))
+
+        // The second fetch came from the hall's cache: one link opened for the two.
+        let stats = try #require(eventually(within: 5) { () -> [String: Any]? in
+            let s = json((try? broker.retained("baton/gateways/hall/stats"))?["baton/gateways/hall/stats"] ?? [])
+            let relay = s?["relay"] as? [String: Any]
+            return (relay?["answers"] as? [String: Any])?["ok"] as? Int == 2 ? relay : nil
+        }, "the hall's stats never counted two ok answers")
+        #expect(stats["cache_hits"] as? Int == 1)
+        #expect(stats["link_opens"] as? Int == 1)
+
+        // A device without a link, and one nobody hears: error answers, exit status 1.
+        let noLink = try batonFetch([bob, "--broker", url], in: b.dir)
+        #expect(noLink.status == 1 && noLink.err.contains("unreachable") && noLink.err.contains("gateway office"),
+                "bob's laptop has no link: \(noLink.status.map(String.init) ?? "killed") \(noLink.err)")
+        let nobody = try batonFetch(["5affffffffff", "--broker", url], in: b.dir)
+        #expect(nobody.status == 1 && nobody.err.contains("unknown-device"), "unknown device: \(nobody.err)")
+        b.stopAll()
+    }
+
+    @Test func aFetchAcrossBridgedBrokersUsesTheBodyFallback() throws {
+        // Floor 2's mosquitto bridges to floor 1's with MQTT v3.1.1 (mosquitto's default), so
+        // the request's v5 properties are lost on the way and the body carries the route.
+        let floor1 = try MosquittoBroker()
+        let floor2 = try MosquittoBroker(extraConfig: [
+            "connection floor1",
+            "address 127.0.0.1:\(floor1.port)",
+            "topic baton/# both 1",
+            "topic homeassistant/# both 1",
+            "restart_timeout 1 1",
+        ])
+        #expect(floor2.waitForLog("Received CONNACK on connection"), "the bridge did not connect: \(floor2.log)")
+        // hall and office on floor 1, kitchen on floor 2; the requester stands on floor 2.
+        let b = try RelayBuilding(name: "fetch-bridged", brokers: [floor1, floor2])
+        let cbor = try batonFetch([alice, "--cbor", "--broker", "mqtt://127.0.0.1:\(floor2.port)"], in: b.dir)
+        #expect(cbor.status == 0, "baton fetch across the bridge failed: \(cbor.err)")
+        #expect(cbor.out == b.alicePayload)
+        b.stopAll()
+    }
+
+    /// Requests published by hand, answers collected by hand: each request gets exactly one
+    /// answer from the three gateways, and garbage is answered or counted.
+    @Test func everyRequestGetsExactlyOneAnswer() throws {
+        let broker = try MosquittoBroker()
+        let b = try RelayBuilding(name: "fetch-garbage", brokers: [broker])
+        let answers = b.dir.appendingPathComponent("answers.txt")
+        let sub = try ChildProcess("/usr/bin/mosquitto_sub",
+                                   ["-h", "127.0.0.1", "-p", "\(broker.port)", "-V", "mqttv311", "-v",
+                                    "-t", "test/answers/#"], stdout: answers.path)
+        defer { sub.signal(SIGKILL); _ = sub.wait(timeout: .seconds(5)) }
+        usleep(300_000)
+        func request(_ device: String, _ body: String) throws {
+            let p = try ChildProcess("/usr/bin/mosquitto_pub",
+                                     ["-h", "127.0.0.1", "-p", "\(broker.port)", "-V", "mqttv311", "-q", "1",
+                                      "-t", "baton/fetch/\(device)", "-m", body])
+            #expect(p.wait(timeout: .seconds(10)) == 0)
+        }
+        func route(_ n: Int, _ extra: String = "") -> String {
+            #"{"response_topic":"test/answers/\#(n)","correlation":"0\#(n)"\#(extra)}"#
+        }
+        try request(alice, route(1))                                  // ok
+        try request(alice, route(2, #","format":"xml""#))               // bad-request: format
+        try request(alice, route(3, #","colour":"red""#))               // bad-request: unknown key
+        try request("5A0000000001", route(4))                         // bad-request: the topic
+        try request("5affffffffff", route(5))                         // unknown-device
+        try request(bob, route(6))                                    // unreachable: no link
+        try request(alice, #"{"format":"json"}"#)                     // nowhere to answer: counted
+        try request(alice, "not json")                                // nowhere to answer: counted
+        try request(carol, route(7, #","format":"json""#))            // ok, rendered
+
+        let expected = ["1": "ok", "2": "bad-request", "3": "bad-request", "4": "bad-request",
+                        "5": "unknown-device", "6": "unreachable", "7": "ok"]
+        func collected() -> [String: [[String: Any]]] {
+            let text = (try? String(contentsOf: answers, encoding: .utf8)) ?? ""
+            var result: [String: [[String: Any]]] = [:]
+            for line in text.split(separator: "\n") {
+                let parts = line.split(separator: " ", maxSplits: 1)
+                guard parts.count == 2, let n = parts[0].split(separator: "/").last, let o = json(Array(parts[1].utf8)) else { continue }
+                result[String(n), default: []].append(o)
+            }
+            return result
+        }
+        _ = eventually(within: 10) { collected().count == expected.count ? true : nil }
+        // Any second answer would come within the fetch timeout: wait it out once.
+        usleep(1_500_000)
+        let got = collected()
+        for (n, status) in expected.sorted(by: { $0.key < $1.key }) {
+            let list = got[n] ?? []
+            #expect(list.count == 1, "request \(n) got \(list.count) answers: \(list)")
+            #expect(list.first?["status"] as? String == status, "request \(n): \(list.first.map { "\($0)" } ?? "no answer")")
+            #expect(list.first?["correlation"] as? String == "0\(n)", "request \(n) lost its correlation")
+        }
+        let carolPayload = b.player.payload(device: 1, sequence: b.player.sequence(device: 1))
+        #expect(((got["7"]?.first?["payload"] as? [String: Any])?["activityType"] as? String) == "com.example.video.watch")
+        #expect(!carolPayload.isEmpty)
+        let ok = got["1"]?.first
+        #expect(ok?["cbor"] as? String == Data(b.alicePayload).base64EncodedString())
+        #expect(ok?["gateway"] as? String == "hall")
+
+        // The hall counted the two it could not answer (every gateway does).
+        let drops = eventually(within: 5) { () -> [String: Any]? in
+            let s = json((try? broker.retained("baton/gateways/hall/stats"))?["baton/gateways/hall/stats"] ?? [])
+            let d = (s?["relay"] as? [String: Any])?["drops"] as? [String: Any]
+            return d?["fetch-no-response-topic"] as? Int == 1 && d?["fetch-syntax"] as? Int == 1 ? d : nil
+        }
+        #expect(drops != nil, "the unanswerable requests were not counted")
+
+        // And the gateways keep serving.
+        let again = try batonFetch([alice, "--cbor", "--broker", "mqtt://127.0.0.1:\(broker.port)"], in: b.dir)
+        #expect(again.status == 0 && again.out == b.alicePayload)
+        b.stopAll()
+    }
+
+    /// MQTT v5 request/response with `mosquitto_pub -D`: a second request of the same
+    /// requester before the first is answered makes the first `cancelled`.
+    @Test func aNewerRequestFromTheSameRequesterCancelsTheFirst() throws {
+        let broker = try MosquittoBroker()
+        let b = try RelayBuilding(name: "fetch-cancel", brokers: [broker])
+        let answers = b.dir.appendingPathComponent("answers.txt")
+        let sub = try ChildProcess("/usr/bin/mosquitto_sub",
+                                   ["-h", "127.0.0.1", "-p", "\(broker.port)", "-V", "mqttv5", "-F", "%t %P %p",
+                                    "-t", "test/v5/#"], stdout: answers.path)
+        defer { sub.signal(SIGKILL); _ = sub.wait(timeout: .seconds(5)) }
+        usleep(300_000)
+        // Two requests in one connection, back to back (`-l`: one message per stdin line), for
+        // JSON answers so the collected file is text.
+        let lines = b.dir.appendingPathComponent("requests.txt")
+        try "{\"format\":\"json\"}\n{\"format\":\"json\"}\n".write(to: lines, atomically: true, encoding: .utf8)
+        let pub = try ChildProcess("/bin/sh", ["-c",
+            "/usr/bin/mosquitto_pub -h 127.0.0.1 -p \(broker.port) -V mqttv5 -q 1 -t baton/fetch/\(carol) -l " +
+            "-D publish response-topic test/v5/me -D publish correlation-data ab < \(lines.path)"])
+        #expect(pub.wait(timeout: .seconds(10)) == 0)
+        let got = eventually(within: 10) { () -> [String]? in
+            let text = (try? String(contentsOf: answers, encoding: .utf8)) ?? ""
+            let l = text.split(separator: "\n").map(String.init)
+            return l.count >= 2 ? l : nil
+        }
+        usleep(1_000_000)
+        let all = ((try? String(contentsOf: answers, encoding: .utf8)) ?? "").split(separator: "\n").map(String.init)
+        #expect(got != nil && all.count == 2, "two requests, answers: \(all)")
+        #expect(all.first?.contains("status:cancelled") == true, "first answer: \(all.first ?? "none")")
+        #expect(all.last?.contains("status:ok") == true, "second answer: \(all.last ?? "none")")
+        b.stopAll()
+    }
+}
