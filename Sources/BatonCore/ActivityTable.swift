@@ -270,20 +270,6 @@ public struct ActivityTable: ~Copyable {
 
 // MARK: - Shared by both tables
 
-/// RFC 1982 serial-number order of two 16-bit sequence numbers (docs/protocol.md §2.3).
-enum SerialOrder: Equatable {
-    case older, same, newer
-
-    /// §3.2: `s` is newer than `than` when `0 < s − than < 2¹⁵` (mod 2¹⁶), older when the
-    /// difference is above 2¹⁵. The comparison is undefined at exactly 2¹⁵; we call it older,
-    /// so only a beacon that is unambiguously newer can change an entry.
-    init(_ s: UInt16, comparedTo than: UInt16) {
-        // Proof: the difference is meant to wrap: that is the serial arithmetic.
-        let d = s &- than
-        self = d == 0 ? .same : d < 0x8000 ? .newer : .older
-    }
-}
-
 /// An exponentially weighted moving average of RSSI (docs/table.md "RSSI"), integer only:
 /// 1/16 dBm fixed point, each new sample weighing 1/4. Room ownership (a later issue) compares
 /// these averages between gateways; a single faded or reflected report moves the average by a

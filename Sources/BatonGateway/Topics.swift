@@ -1,6 +1,8 @@
 // The MQTT topic layout: the contract written down in docs/mqtt.md. Every topic the gateway
 // publishes or reads is spelled here and nowhere else.
 
+import BatonWire
+
 public struct Topics: Sendable, Equatable {
     public let prefix: String
     public let discoveryPrefix: String
@@ -53,7 +55,7 @@ public struct Topics: Sendable, Equatable {
 
     /// A device id in topics: 12 lowercase hex digits, most significant byte first
     /// (docs/protocol.md §2.4 prints it the same way, with colons).
-    public static func deviceText(_ id: UInt64) -> String { hex(id & 0xFFFF_FFFF_FFFF, digits: 12) }
+    public static func deviceText(_ id: UInt64) -> String { ActivityBeacon.deviceIDText(id) }
     public static func appleText(_ id: UInt32) -> String { hex(UInt64(id), digits: 8) }
 
     /// The device id in an activity topic of this prefix, if it is one.

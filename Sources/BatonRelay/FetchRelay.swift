@@ -4,8 +4,9 @@
 //
 // The rule the code keeps (docs/relay.md §4): every request this gateway takes gets exactly
 // one answer — the payload or an error — by its deadline. A request leaves `pending` only
-// through `answer(slot:…)`, and every path that drops a request (a timeout, a link failure, a
-// newer request of the same requester, a full table) goes through it.
+// through `take(_:)`, which every caller follows with the request's answer: the payload, or
+// the error of whatever ended it (a timeout, a link failure, a newer request of the same
+// requester, a stop). A request a full table cannot take is answered `busy` at once.
 //
 // Capacities are fixed at start (DESIGN.md "Memory model"): pending requests, links, cache
 // entries and the cache's bytes (entries × `payloadMax`). Who answers what — owner, unknown
@@ -245,8 +246,9 @@ public struct FetchRelay: ~Copyable {
         sendScratch.deallocate()
     }
 
-    public var pendingCount: Int { pending.reduce(0) { $0 + ($1 == nil ? 0 : 1) } }
-    public var openLinks: Int { links.reduce(0) { $0 + ($1 == nil ? 0 : 1) } }
+    /// Kept as counts, so an idle relay costs the loop nothing per turn (`nextDeadline`).
+    public private(set) var pendingCount = 0
+    public private(set) var openLinks = 0
 
     // MARK: requests
 
@@ -284,6 +286,7 @@ public struct FetchRelay: ~Copyable {
         }
         pending[free] = Pending(device: target.device, sequence: target.sequence, route: route,
                                 deadline: now + config.fetchTimeout, address: target.link)
+        pendingCount += 1
         work(device: target.device, address: target.link, now: now, mqtt: &mqtt)
     }
 
@@ -335,6 +338,7 @@ public struct FetchRelay: ~Copyable {
         do throws(LinkError) {
             let channel = try link.connect(to: address)
             links[slot] = LinkSlot(channel: channel, device: device, address: address, now: now)
+            openLinks += 1
             counters.linkOpens &+= 1
             ask(slot: slot, mqtt: &mqtt)
         } catch {
@@ -366,7 +370,7 @@ public struct FetchRelay: ~Copyable {
 
     mutating func linkFailed(device: UInt64, _ error: LinkError, mqtt: inout MQTTClient) {
         counters.linkFailures &+= 1
-        lastLinkError = "\(Self.hex(device)): \(error)"
+        lastLinkError = "\(ActivityBeacon.deviceIDText(device)): \(error)"
         // The receive buffer is relay.payload-max + 3 bytes, exactly the largest payload message
         // (docs/protocol.md §5.1), so a payload over the limit arrives as an SDU the channel
         // cannot take: that is the device's `too-large` (docs/relay.md §3), not a broken link.
@@ -375,8 +379,10 @@ public struct FetchRelay: ~Copyable {
     }
 
     mutating func closeLink(_ slot: Int) {
-        links[slot]?.channel.close()
+        guard let l = links[slot] else { return }
+        l.channel.close()
         links[slot] = nil
+        openLinks -= 1
     }
 
     /// Appends each link's descriptor and events to `fds`; `poll(fds:…)` takes them back in
@@ -448,8 +454,7 @@ public struct FetchRelay: ~Copyable {
             for i in pending.indices where pending[i]?.device == device {
                 let heard = pending[i]!.sequence
                 guard heard == sequence || Self.newer(sequence, heard) == sequence else { continue }
-                let route = pending[i]!.route
-                pending[i] = nil
+                let route = take(i).route
                 sendPayload(body, sequence: sequence, device: device, route: route, mqtt: &mqtt)
             }
         case .fetchRefused:
@@ -476,6 +481,7 @@ public struct FetchRelay: ~Copyable {
 
     /// The nearest deadline: a request's, or an idle link's close.
     public var nextDeadline: ContinuousClock.Instant? {
+        guard pendingCount > 0 || openLinks > 0 else { return nil }
         var next: ContinuousClock.Instant?
         func consider(_ d: ContinuousClock.Instant) { if next.map({ d < $0 }) ?? true { next = d } }
         for p in pending { if let p { consider(p.deadline) } }
@@ -517,11 +523,18 @@ public struct FetchRelay: ~Copyable {
         }
     }
 
-    /// The only way a request leaves `pending`.
     mutating func answer(slot: Int, _ status: FetchStatus, detail: String, mqtt: inout MQTTClient) {
-        guard let p = pending[slot] else { return }
-        pending[slot] = nil
+        guard pending[slot] != nil else { return }
+        let p = take(slot)
         send(status, device: p.device, detail: detail, route: p.route, mqtt: &mqtt)
+    }
+
+    /// The only way a request leaves `pending`; each caller answers it at once.
+    mutating func take(_ slot: Int) -> Pending {
+        let p = pending[slot]!  // Proof: every caller checked the slot is taken.
+        pending[slot] = nil
+        pendingCount -= 1
+        return p
     }
 
     mutating func sendPayload(_ payload: UnsafeRawBufferPointer, sequence: UInt16, device: UInt64, route: FetchRoute,
@@ -584,7 +597,7 @@ public struct FetchRelay: ~Copyable {
         try w.beginObject()
         try w.key("status"); try w.string(status.name)
         try w.key("device")
-        if let device { try w.string(Self.hex(device)) } else { try w.null() }
+        if let device { try w.string(ActivityBeacon.deviceIDText(device)) } else { try w.null() }
         try w.key("gateway"); try w.string(gatewayID)
         if !route.usesProperties {
             try w.key("correlation")
@@ -602,7 +615,7 @@ public struct FetchRelay: ~Copyable {
         var properties: MQTTProperties?
         if route.usesProperties {
             var user = [MQTTUserProperty("status", status.name), MQTTUserProperty("gateway", gatewayID)]
-            if let device { user.append(MQTTUserProperty("device", Self.hex(device))) }
+            if let device { user.append(MQTTUserProperty("device", ActivityBeacon.deviceIDText(device))) }
             if let sequence { user.append(MQTTUserProperty("seq", String(sequence))) }
             properties = MQTTProperties(contentType: contentType,
                                         correlationData: route.correlation.isEmpty ? nil : route.correlation,
@@ -648,17 +661,8 @@ public struct FetchRelay: ~Copyable {
 
     func hasPending(_ device: UInt64) -> Bool { pending.contains { $0?.device == device } }
 
-    /// The later of two 16-bit sequences by serial-number arithmetic (RFC 1982, docs/protocol.md §2.3).
-    static func newer(_ a: UInt16, _ b: UInt16) -> UInt16 {
-        let d = a &- b  // wraps by design: RFC 1982 compares the distance mod 2¹⁶
-        return d != 0 && d < 0x8000 ? a : b
-    }
-
-    static func hex(_ device: UInt64) -> String {
-        var s = String(device, radix: 16)
-        while s.count < 12 { s = "0" + s }
-        return s
-    }
+    /// The later of two 16-bit sequences (RFC 1982, docs/protocol.md §2.3).
+    static func newer(_ a: UInt16, _ b: UInt16) -> UInt16 { SerialOrder(a, comparedTo: b) == .newer ? a : b }
 
     static func hexDigits(_ b: UInt8) -> String {
         let digits = Array("0123456789abcdef".utf8)

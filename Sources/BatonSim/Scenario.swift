@@ -826,11 +826,8 @@ func formatNumber(_ v: Double) -> String {
     v == v.rounded() && abs(v) < 1e15 ? String(Int64(v)) : String(v)
 }
 
-/// A device id as the simulator prints it: 12 lowercase hex digits, most significant first.
-public func hex12(_ v: UInt64) -> String {
-    let digits = String(v, radix: 16)
-    return String(repeating: "0", count: max(0, 12 - digits.count)) + digits
-}
+/// A device id as the simulator prints it: as topics do (`ActivityBeacon.deviceIDText`).
+public func hex12(_ v: UInt64) -> String { ActivityBeacon.deviceIDText(v) }
 
 /// The known name within a small edit distance (a typo, `_` for `-`, another case), if any.
 func closest(to name: String, among candidates: [String]) -> String? {

@@ -75,6 +75,14 @@ public struct ActivityBeacon: Hashable, Sendable {
         self.tag = tag
     }
 
+    /// A device id as topics, logs and the simulator print it: 12 lowercase hex digits, most
+    /// significant first (docs/mqtt.md §2; docs/protocol.md §2.4 prints it the same way, with
+    /// colons). The one place that spelling lives.
+    public static func deviceIDText(_ id: UInt64) -> String {
+        let digits = String(id & 0xFFFF_FFFF_FFFF, radix: 16)
+        return String(repeating: "0", count: 12 - digits.count) + digits
+    }
+
     /// Decodes the 24-byte value of a manufacturer AD whose company id was already matched.
     /// Fixed part first (the version decides the layout), then the exact length, then fields.
     public static func decode(value: UnsafeRawBufferPointer) throws(WireError) -> ActivityBeacon {
@@ -171,5 +179,19 @@ extension WireError {
         case .malformed(let at, let reason): .malformed(at: at + delta, reason)
         case .noRoom: self
         }
+    }
+}
+
+/// RFC 1982 serial-number order of two 16-bit sequence numbers (docs/protocol.md §2.3).
+public enum SerialOrder: Sendable, Equatable {
+    case older, same, newer
+
+    /// §3.2: `s` is newer than `than` when `0 < s − than < 2¹⁵` (mod 2¹⁶), older when the
+    /// difference is above 2¹⁵. The comparison is undefined at exactly 2¹⁵; we call it older,
+    /// so only a beacon that is unambiguously newer can change an entry.
+    public init(_ s: UInt16, comparedTo than: UInt16) {
+        // Proof: the difference is meant to wrap: that is the serial arithmetic.
+        let d = s &- than
+        self = d == 0 ? .same : d < 0x8000 ? .newer : .older
     }
 }

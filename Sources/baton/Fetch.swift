@@ -19,14 +19,7 @@ struct FetchCommand: ParsableCommand {
 
     @Argument(help: "The device id: 12 hex digits, as in <prefix>/activities/<device> (colons allowed).")
     var device: String
-    @Option(name: .long, help: "Broker URL: mqtt://host[:port] or mqtts://host[:port].")
-    var broker: String = "mqtt://127.0.0.1:1883"
-    @Option(name: .long, help: "MQTT topic prefix the gateways use.")
-    var prefix: String = "baton"
-    @Option(name: .long, help: "Broker user name.")
-    var username: String?
-    @Option(name: .long, help: "Broker password.")
-    var password: String?
+    @OptionGroup var options: BrokerOptions
     @Flag(name: .long, help: "Write the payload's CBOR bytes to stdout instead of JSON.")
     var cbor = false
     @Option(name: .long, help: "Seconds to wait for the answer (gateways answer within relay.fetch-timeout, 5 s by default).")
@@ -38,19 +31,10 @@ struct FetchCommand: ParsableCommand {
             throw ValidationError("DEVICE must be 12 hex digits like 5a123456789a, got \"\(device)\"")
         }
         guard timeout > 0, timeout <= 3600 else { throw ValidationError("--timeout must be 0–3600 seconds") }
-        let url: MQTTURL
-        do throws(MQTTError) { url = try MQTTURL(parsing: broker) } catch {
-            throw ValidationError("--broker: \(error)")
-        }
         var random = SystemRandomNumberGenerator()
         let tag = String(UInt64.random(in: .min ... .max, using: &random), radix: 16)
-        var config = MQTTConfig(host: url.host, port: url.port, tls: url.tls ? MQTTTLS() : nil,
-                                clientID: "baton-fetch-\(getpid())-\(tag)", username: username, password: password)
-        config.reconnectMax = .seconds(1)
-        var client: MQTTClient
-        do throws(MQTTError) { client = try MQTTClient(config: config) } catch {
-            throw ValidationError("broker: \(error)")
-        }
+        var client = try options.client(id: "baton-fetch-\(getpid())-\(tag)", reconnectMax: .seconds(1))
+        let prefix = options.prefix, broker = options.broker
         // Under the prefix, so a bridge that carries `<prefix>/#` carries the answer too
         // (docs/relay.md §1).
         let responseTopic = "\(prefix)/answers/baton-fetch-\(tag)"

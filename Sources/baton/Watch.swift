@@ -10,31 +10,15 @@ struct WatchCommand: ParsableCommand {
         commandName: "watch",
         abstract: "Show the current activities per room, live, from the broker.")
 
-    @Option(name: .long, help: "Broker URL: mqtt://host[:port] or mqtts://host[:port].")
-    var broker: String = "mqtt://127.0.0.1:1883"
-    @Option(name: .long, help: "MQTT topic prefix the gateways use.")
-    var prefix: String = "baton"
-    @Option(name: .long, help: "Broker user name.")
-    var username: String?
-    @Option(name: .long, help: "Broker password.")
-    var password: String?
+    @OptionGroup var options: BrokerOptions
     @Flag(name: .long, help: "Print the table once the broker's retained state has arrived, then exit.")
     var once = false
     @Flag(name: .long, help: "One line per change instead of a redrawn table (the default when not on a terminal).")
     var lines = false
 
     func run() throws {
-        let url: MQTTURL
-        do throws(MQTTError) { url = try MQTTURL(parsing: broker) } catch {
-            throw ValidationError("--broker: \(error)")
-        }
-        var config = MQTTConfig(host: url.host, port: url.port, tls: url.tls ? MQTTTLS() : nil,
-                                clientID: "baton-watch-\(getpid())", username: username, password: password)
-        config.reconnectMax = .seconds(5)
-        var client: MQTTClient
-        do throws(MQTTError) { client = try MQTTClient(config: config) } catch {
-            throw ValidationError("broker: \(error)")
-        }
+        var client = try options.client(id: "baton-watch-\(getpid())", reconnectMax: .seconds(5))
+        let prefix = options.prefix, broker = options.broker
         var view = WatchView(prefix: prefix, redraw: !lines && !once && isatty(STDOUT_FILENO) == 1)
         client.start(now: .now)
         var lastMessage = ContinuousClock.now

@@ -131,15 +131,7 @@ final class RelayBuilding {
     @Test func aFetchAcrossBridgedBrokersUsesTheBodyFallback() throws {
         // Floor 2's mosquitto bridges to floor 1's with MQTT v3.1.1 (mosquitto's default), so
         // the request's v5 properties are lost on the way and the body carries the route.
-        let floor1 = try MosquittoBroker()
-        let floor2 = try MosquittoBroker(extraConfig: [
-            "connection floor1",
-            "address 127.0.0.1:\(floor1.port)",
-            "topic baton/# both 1",
-            "topic homeassistant/# both 1",
-            "restart_timeout 1 1",
-        ])
-        #expect(floor2.waitForLog("Received CONNACK on connection"), "the bridge did not connect: \(floor2.log)")
+        let (floor1, floor2) = try bridgedFloors()
         // hall and office on floor 1, kitchen on floor 2; the requester stands on floor 2.
         let b = try RelayBuilding(name: "fetch-bridged", brokers: [floor1, floor2])
         let cbor = try batonFetch([alice, "--cbor", "--broker", "mqtt://127.0.0.1:\(floor2.port)"], in: b.dir)

@@ -142,6 +142,21 @@ func walkScenario(speed: Int = 4, duration: Int = 60) -> String {
     """
 }
 
+/// Floor 1's broker, and floor 2's bridged to it with mosquitto's own bridge, as in
+/// board/mosquitto-floor.conf (which bridges with MQTT v3.1.1, mosquitto's default).
+func bridgedFloors() throws -> (floor1: MosquittoBroker, floor2: MosquittoBroker) {
+    let floor1 = try MosquittoBroker()
+    let floor2 = try MosquittoBroker(extraConfig: [
+        "connection floor1",
+        "address 127.0.0.1:\(floor1.port)",
+        "topic baton/# both 1",
+        "topic homeassistant/# both 1",
+        "restart_timeout 1 1",
+    ])
+    #expect(floor2.waitForLog("Received CONNACK on connection"), "the bridge did not connect: \(floor2.log)")
+    return (floor1, floor2)
+}
+
 @Suite(.serialized) struct RoomsTests {
     let alice = "5a0000000001", border = "5a0000000002"
 
@@ -181,17 +196,8 @@ func walkScenario(speed: Int = 4, duration: Int = 60) -> String {
     }
 
     @Test func theSameWalkAcrossTwoBridgedBrokers() throws {
-        // Floor 1's broker, and floor 2's bridged to it with mosquitto's own bridge, as in
-        // board/mosquitto-floor.conf: hall and office on floor 1, kitchen on floor 2.
-        let floor1 = try MosquittoBroker()
-        let floor2 = try MosquittoBroker(extraConfig: [
-            "connection floor1",
-            "address 127.0.0.1:\(floor1.port)",
-            "topic baton/# both 1",
-            "topic homeassistant/# both 1",
-            "restart_timeout 1 1",
-        ])
-        #expect(floor2.waitForLog("Received CONNACK on connection"), "the bridge did not connect: \(floor2.log)")
+        // Hall and office on floor 1, kitchen on floor 2.
+        let (floor1, floor2) = try bridgedFloors()
         // The watcher is on floor 1; the kitchen's messages reach it only through the bridge.
         try walk(brokers: [floor1, floor2], watchOn: floor1, name: "bridged")
     }

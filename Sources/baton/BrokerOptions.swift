@@ -1,0 +1,29 @@
+import ArgumentParser
+import BatonMQTT
+
+/// The broker options every client command shares (`baton watch`, `baton fetch`), and the
+/// client they make: one spelling of the flags, one set of error texts.
+struct BrokerOptions: ParsableArguments {
+    @Option(name: .long, help: "Broker URL: mqtt://host[:port] or mqtts://host[:port].")
+    var broker: String = "mqtt://127.0.0.1:1883"
+    @Option(name: .long, help: "MQTT topic prefix the gateways use.")
+    var prefix: String = "baton"
+    @Option(name: .long, help: "Broker user name.")
+    var username: String?
+    @Option(name: .long, help: "Broker password.")
+    var password: String?
+
+    /// A client for `--broker` with this client id; `ValidationError`s name the flag.
+    func client(id: String, reconnectMax: Duration) throws -> MQTTClient {
+        let url: MQTTURL
+        do throws(MQTTError) { url = try MQTTURL(parsing: broker) } catch {
+            throw ValidationError("--broker: \(error)")
+        }
+        var config = MQTTConfig(host: url.host, port: url.port, tls: url.tls ? MQTTTLS() : nil,
+                                clientID: id, username: username, password: password)
+        config.reconnectMax = reconnectMax
+        do throws(MQTTError) { return try MQTTClient(config: config) } catch {
+            throw ValidationError("broker: \(error)")
+        }
+    }
+}
