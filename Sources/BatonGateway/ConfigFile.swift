@@ -28,7 +28,8 @@ enum ConfigSchema {
         ("apple", ["tracking", "capacity", "expiry", "publish-address"]),
         ("rooms", ["sighting-interval", "sighting-step", "sighting-min-interval", "sighting-fresh", "lost-after",
                    "settle", "margin", "dwell", "capacity", "gateways"]),
-        ("relay", ["link", "fetch-timeout", "link-idle", "fetches", "cache", "links", "payload-max"]),
+        ("relay", ["link", "fetch-timeout", "link-idle", "fetches", "cache", "links", "payload-max", "streams",
+                   "stream-window", "stream-max-data", "stream-retry", "stream-idle"]),
         ("status", ["interval"]),
         ("log", ["level"]),
     ]
@@ -323,6 +324,22 @@ struct ConfigFileReader {
         if let e = s["links"], let n = integer(e, 1...256) { c.relay.links = n }
         // 65,532: the largest payload a 65,535-byte SDU carries after its 3-byte header.
         if let e = s["payload-max"], let n = integer(e, 64...65_532) { c.relay.payloadMax = n }
+        if let e = s["streams"], let n = integer(e, 0...1024) { c.relay.streams = n }
+        if let e = s["stream-window"], let n = integer(e, 1...1024) { c.relay.streamWindow = n }
+        if let e = s["stream-max-data"], let n = integer(e, 1...65_530) {
+            c.relay.streamMaxData = n
+            // A device's data message (5 bytes of header) must fit the link's receive MTU,
+            // which is sized for the largest payload message (docs/protocol.md §5.1).
+            if n + 5 > c.relay.payloadMax + 3 {
+                report(e.value, e.key, "must be at most relay.payload-max - 2 (\(c.relay.payloadMax - 2)): a data frame must fit the link's MTU")
+            }
+        }
+        if let e = s["stream-retry"], let d = duration(e, atLeast: .milliseconds(50), atMost: .seconds(60)) {
+            c.relay.streamRetry = d
+        }
+        if let e = s["stream-idle"], let d = duration(e, atLeast: .seconds(1), atMost: .seconds(86_400)) {
+            c.relay.streamIdle = d
+        }
     }
 
     mutating func readGateway(_ s: Section, into c: inout GatewayConfig) {

@@ -68,8 +68,9 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     var sightingDrops = DropCounts()
     var sightingsReceived = 0
     var linkFailuresLogged = 0
-    /// Payload fetches this gateway answers (docs/relay.md).
+    /// Payload fetches this gateway answers, and streams it carries (docs/relay.md).
     var relay: FetchRelay
+    var streams: StreamRelay
     /// The radio, the broker and the stop pipe, then the relay's links: reserved once.
     var pollFDs: [pollfd]
     var notifier: SystemdNotifier
@@ -114,9 +115,11 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         self.ownershipChanges.reserveCapacity(rooms.capacity)
         self.sightingCheckInterval = min(rooms.sightingMinInterval, .milliseconds(250))
         self.nextSightingCheck = now
-        self.relay = FetchRelay(config: config.relay, link: Self.deviceLink(config), gatewayID: config.gatewayID)
+        let link = Self.deviceLink(config)
+        self.relay = FetchRelay(config: config.relay, link: link, gatewayID: config.gatewayID)
+        self.streams = StreamRelay(config: config.relay, link: link, gatewayID: config.gatewayID)
         self.pollFDs = []
-        self.pollFDs.reserveCapacity(3 + config.relay.links)
+        self.pollFDs.reserveCapacity(3 + config.relay.links + config.relay.streams)
         self.notifier = SystemdNotifier(environment: environment)
         self.log = log
         self.startedAt = now
@@ -182,6 +185,8 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         if radioFD >= 0, radio.wantsWrite { pollFDs[0].events |= Int16(POLLOUT) }
         if publisher.mqtt.wantsWrite { pollFDs[1].events |= Int16(POLLOUT) }
         relay.pollDescriptors(into: &pollFDs)
+        let streamFDs = pollFDs.count
+        streams.pollDescriptors(into: &pollFDs)
         // EINTR (a signal) is just an early turn; the stop pipe says whether to stop.
         _ = pollFDs.withUnsafeMutableBufferPointer { Glibc.poll($0.baseAddress, nfds_t($0.count), timeout) }
         let fds = (pollFDs[0], pollFDs[1], pollFDs[2])
@@ -208,8 +213,10 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         if !mqttEvents.isEmpty { handleBrokerEvents(now: now) }
 
         // Device links, then fetch deadlines.
-        if pollFDs.count > 3 { relay.poll(fds: pollFDs[3...], now: now, mqtt: &publisher.mqtt) }
+        if streamFDs > 3 { relay.poll(fds: pollFDs[3..<streamFDs], now: now, mqtt: &publisher.mqtt) }
         if let due = relay.nextDeadline, due <= now { relay.tick(now: now, mqtt: &publisher.mqtt) }
+        if pollFDs.count > streamFDs { streams.poll(fds: pollFDs[streamFDs...], now: now, mqtt: &publisher.mqtt) }
+        if let due = streams.nextDeadline, due <= now { streams.tick(now: now, mqtt: &publisher.mqtt) }
         logLinkFailures()
 
         // Timers.
@@ -252,6 +259,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         consider(apple.nextExpiry)
         consider(ownership.nextDeadline)
         consider(relay.nextDeadline)
+        consider(streams.nextDeadline)
         // Orphans are cleared only while connected; a past deadline must not spin the loop
         // while the broker is away.
         if publisher.mqtt.isConnected {
@@ -390,6 +398,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
                 publishStats(now: now)
                 sightings.reset()
                 sendSightings(now: now)
+                streams.reconnected(now: now, mqtt: &publisher.mqtt)
             case .refused(let reason):
                 log.error("\(reason)")
             case .disconnected(let reason):
@@ -413,6 +422,11 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
                 log.warning("gateway \(id): more gateways than rooms.gateways (\(config.rooms.gateways)); its devices are not followed")
             }
             handleOwnershipChanges(now: now)
+            // Its streams' endpoints are told by the first online gateway (docs/relay.md §7.3).
+            if !online, id != config.gatewayID, ownership.firstOnline == ownership.selfSlot {
+                streams.gatewayWentOffline(id, downTopic: { topics.stream($0).down }, gatewayTopic: { topics.stream($0).gateway },
+                                           mqtt: &publisher.mqtt)
+            }
         } else if let (gateway, device) = topics.sighting(inTopic: message.topic) {
             sightingsReceived &+= 1
             // Array.withUnsafeBytes rethrows untyped: the decode result travels out as a value.
@@ -431,6 +445,14 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
             handleOwnershipChanges(now: now)
         } else if message.topic.hasPrefix(topics.fetchRoot) {
             fetchRequested(message, now: now)
+        } else if let (device, id) = topics.streamOpen(inTopic: message.topic) {
+            streamOpenRequested(message, device: device, id: id, now: now)
+        } else if let id = topics.streamID(inTopic: message.topic, leaf: "up") {
+            if !streams.fromEndpoint(id: id, message.payload, now: now, mqtt: &publisher.mqtt) {
+                streams.dropped("stream-unknown")
+            }
+        } else if let id = topics.streamID(inTopic: message.topic, leaf: "gateway") {
+            streams.carried(stream: id, by: String(decoding: message.payload, as: UTF8.self))
         } else if message.topic.hasPrefix(topics.sightingsRoot) {
             // Under the sightings but not `<gateway>/<12 hex digits>`.
             sightingDrops.count("sighting-topic")
@@ -457,9 +479,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         }
         relay.supersede(route, mqtt: &publisher.mqtt)
         let device = publisher.topics.deviceID(inFetchTopic: message.topic)
-        var answerer = ownership.firstOnline
-        if let device, let owner = ownership.owner(of: device), ownership.isOnline(owner) { answerer = owner }
-        guard answerer == ownership.selfSlot else { return }
+        guard answers(for: device) else { return }
 
         guard let device else {
             relay.dropped("fetch-topic")
@@ -492,6 +512,44 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
                                  link: LinkAddress(address: a.address, addressType: a.addressType, psm: a.beacon.psm))
         relay.fetch(target, route: route, now: now, mqtt: &publisher.mqtt)
         logLinkFailures()
+    }
+
+    /// The one gateway that answers a request about `device` (docs/relay.md §4): its owner
+    /// while online, else the online gateway whose id sorts first.
+    func answers(for device: UInt64?) -> Bool {
+        var answerer = ownership.firstOnline
+        if let device, let owner = ownership.owner(of: device), ownership.isOnline(owner) { answerer = owner }
+        return answerer == ownership.selfSlot
+    }
+
+    /// An endpoint opens a stream (docs/relay.md §7.2); refusals go back as error frames.
+    mutating func streamOpenRequested(_ message: MQTTMessage, device: UInt64?, id: String, now: ContinuousClock.Instant) {
+        // A retained open would reopen the stream at every reconnect.
+        guard !message.retained else { return streams.dropped("stream-retained-open") }
+        guard answers(for: device) else { return }
+        var target: LinkAddress?
+        var refusal: String?
+        if let device {
+            if !ownership.owns(device) {
+                refusal = ownership.follows(device)
+                    ? "no gateway owns this device at the moment (it just arrived, or its gateway went offline); open again in a second"
+                    : "no gateway of this building hears this device"
+            } else if let a = table.activity(deviceID: device), a.state == .current {
+                if !a.beacon.flags.contains(.supportsStreams) {
+                    refusal = "the activity does not offer continuation streams"
+                } else if a.beacon.psm == 0 {
+                    refusal = "the device offers no link (PSM 0 in its beacon)"
+                } else {
+                    target = LinkAddress(address: a.address, addressType: a.addressType, psm: a.beacon.psm)
+                }
+            } else {
+                refusal = "the device has no current activity"
+            }
+        } else {
+            refusal = "the topic's device level must be 12 lowercase hex digits"
+        }
+        streams.open(id: id, topics: publisher.topics.stream(id), frame: message.payload, target: target,
+                     refusal: refusal, now: now, mqtt: &publisher.mqtt)
     }
 
     /// One line per link failure, with the last one's reason (a device walking away is news to
@@ -563,6 +621,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         guard publisher.mqtt.isConnected else { return }
         // Every fetch taken gets its one answer, even now (docs/relay.md §4).
         relay.stop(mqtt: &publisher.mqtt)
+        streams.stop(mqtt: &publisher.mqtt)
         publisher.stopListening()
         publisher.publish(publisher.topics.status, text: "offline")
         // Read what the broker still sends (the acks, our own `offline` coming back) until
@@ -666,6 +725,22 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         try w.key("answers_lost"); try w.int(Int64(rc.answersLost))
         try w.key("drops"); try w.beginObject()
         for d in relay.drops.sorted { try w.key(d.reason); try w.int(Int64(d.count)) }
+        try w.endObject()
+        let sc = streams.counters
+        try w.key("streams"); try w.beginObject()
+        try w.key("open"); try w.int(Int64(streams.openCount))
+        try w.key("capacity"); try w.int(Int64(config.relay.streams))
+        try w.key("opened"); try w.int(Int64(sc.opened))
+        try w.key("refused"); try w.int(Int64(sc.refused.reduce(0, +)))
+        try w.key("finished"); try w.int(Int64(sc.finished))
+        try w.key("aborted"); try w.int(Int64(sc.aborted))
+        try w.key("frames_up"); try w.int(Int64(sc.framesUp))
+        try w.key("frames_down"); try w.int(Int64(sc.framesDown))
+        try w.key("resent"); try w.int(Int64(sc.resent))
+        try w.key("gone_for_others"); try w.int(Int64(sc.goneForOthers))
+        try w.key("drops"); try w.beginObject()
+        for d in streams.drops.sorted { try w.key(d.reason); try w.int(Int64(d.count)) }
+        try w.endObject()
         try w.endObject()
         try w.endObject()
         try w.key("broker"); try w.beginObject()

@@ -268,8 +268,11 @@ public struct Publisher: ~Copyable {
             try mqtt.subscribe(topics.sightingPattern, qos: 0)
             // Payload fetches for any device: the owner answers (docs/relay.md §4).
             try mqtt.subscribe(topics.fetchPattern, qos: 1)
+            // Stream opens, and who carries which stream (docs/relay.md §7).
+            try mqtt.subscribe(topics.streamOpenPattern, qos: 1)
+            try mqtt.subscribe(topics.streamCarrierPattern, qos: 1)
         } catch {
-            log.warning("subscribing to the building's statuses, sightings and fetches failed: \(error)")
+            log.warning("subscribing to the building's statuses, sightings, fetches and streams failed: \(error)")
         }
         publish(topics.status, text: "online")
         if discovery {
@@ -304,7 +307,8 @@ public struct Publisher: ~Copyable {
 
     /// Before a clean stop: nothing more is wanted from the broker.
     public mutating func stopListening() {
-        var patterns = [topics.statusPattern, topics.sightingPattern, topics.fetchPattern]
+        var patterns = [topics.statusPattern, topics.sightingPattern, topics.fetchPattern, topics.streamOpenPattern,
+                        topics.streamCarrierPattern]
         if retainedScanEnds != nil { patterns += [topics.activityPattern, topics.applePattern] }
         for pattern in patterns {
             do throws(MQTTError) { try mqtt.unsubscribe(pattern) } catch { return }

@@ -1,6 +1,7 @@
 // The MQTT topic layout: the contract written down in docs/mqtt.md. Every topic the gateway
 // publishes or reads is spelled here and nowhere else.
 
+public import BatonRelay
 import BatonWire
 
 public struct Topics: Sendable, Equatable {
@@ -33,6 +34,34 @@ public struct Topics: Sendable, Equatable {
     }
     public var sightingPattern: String { "\(prefix)/sightings/+/+" }
     public var sightingsRoot: String { "\(prefix)/sightings/" }
+    /// Stream opens (docs/relay.md §7.1): `<prefix>/stream/<device>/<stream>`.
+    public var streamOpenPattern: String { "\(prefix)/stream/+/+" }
+    /// Who carries each stream: `<prefix>/streams/<stream>/gateway`, retained.
+    public var streamCarrierPattern: String { "\(prefix)/streams/+/gateway" }
+    public func stream(_ id: String) -> StreamTopics {
+        let base = "\(prefix)/streams/\(id)/"
+        return StreamTopics(up: base + "up", down: base + "down", gateway: base + "gateway")
+    }
+    /// The device (nil: not 12 lowercase hex digits) and stream id of an open's topic; nil
+    /// when the topic is not one, or the id breaks docs/relay.md §7.1.
+    public func streamOpen(inTopic topic: String) -> (device: UInt64?, stream: String)? {
+        guard let rest = Self.tail(of: topic, after: prefix, "stream"), let slash = rest.firstIndex(of: "/") else { return nil }
+        let id = rest[rest.index(after: slash)...]
+        guard Self.isStreamID(id) else { return nil }
+        return (Self.deviceID(rest[..<slash]), String(id))
+    }
+    /// The stream of `<prefix>/streams/<stream>/<leaf>`.
+    public func streamID(inTopic topic: String, leaf: String) -> String? {
+        guard let rest = Self.tail(of: topic, after: prefix, "streams"), rest.hasSuffix("/" + leaf) else { return nil }
+        let id = rest.dropLast(leaf.count + 1)
+        return Self.isStreamID(id) ? String(id) : nil
+    }
+    /// 1–32 of `a-z 0-9 - _` (docs/relay.md §7.1).
+    static func isStreamID(_ id: Substring) -> Bool {
+        !id.isEmpty && id.utf8.count <= 32
+            && id.utf8.allSatisfy { (0x61...0x7A).contains($0) || (0x30...0x39).contains($0) || $0 == 0x2D || $0 == 0x5F }
+    }
+
     /// Payload fetch requests (docs/relay.md §1): any client, any device.
     public var fetchPattern: String { "\(prefix)/fetch/+" }
     public var fetchRoot: String { "\(prefix)/fetch/" }

@@ -30,11 +30,24 @@ public struct RelayConfig: Sendable, Equatable {
     public var links: Int
     /// The largest payload relayed; a larger one is answered `too-large`.
     public var payloadMax: Int
+    /// Streams carried at once (docs/relay.md §7); one more is refused `busy`.
+    public var streams: Int
+    /// Frames of the device's kept per stream until the endpoint acknowledges them, and the
+    /// largest frame: the window and max data the device is told at most.
+    public var streamWindow: Int
+    public var streamMaxData: Int
+    /// No ack for this long: the kept frames are sent again.
+    public var streamRetry: Duration
+    /// Nothing moved for this long: the stream ends with error `idle`.
+    public var streamIdle: Duration
 
     public init(fetchTimeout: Duration = .seconds(5), linkIdle: Duration = .seconds(10), fetches: Int = 32,
-                cache: Int = 32, links: Int = 8, payloadMax: Int = 4096) {
+                cache: Int = 32, links: Int = 8, payloadMax: Int = 4096, streams: Int = 16, streamWindow: Int = 16,
+                streamMaxData: Int = 1024, streamRetry: Duration = .seconds(1), streamIdle: Duration = .seconds(60)) {
         self.fetchTimeout = fetchTimeout; self.linkIdle = linkIdle; self.fetches = fetches
         self.cache = cache; self.links = links; self.payloadMax = payloadMax
+        self.streams = streams; self.streamWindow = streamWindow; self.streamMaxData = streamMaxData
+        self.streamRetry = streamRetry; self.streamIdle = streamIdle
     }
 }
 

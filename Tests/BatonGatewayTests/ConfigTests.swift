@@ -54,7 +54,8 @@ private let documentedDefaults = GatewayConfig(
                        sightingFresh: .seconds(5), lostAfter: .seconds(10), settle: .seconds(1), margin: 6,
                        dwell: .seconds(3), forgetAfter: .seconds(60), capacity: 1024, gateways: 32),
     relay: RelayConfig(fetchTimeout: .seconds(5), linkIdle: .seconds(10), fetches: 32, cache: 32, links: 8,
-                       payloadMax: 4096),
+                       payloadMax: 4096, streams: 16, streamWindow: 16, streamMaxData: 1024,
+                       streamRetry: .seconds(1), streamIdle: .seconds(60)),
     relayLink: .auto)
 
 /// A fresh directory for files the config points at; removed when the test ends.
@@ -126,7 +127,7 @@ private func urlReason(_ text: String) -> String {
         let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../..")
         let board = try String(contentsOf: root.appendingPathComponent("board/baton.yaml"), encoding: .utf8)
         let docs = try String(contentsOf: root.appendingPathComponent("docs/config.md"), encoding: .utf8)
-        #expect(ConfigSchema.valueKeys.count == 47)
+        #expect(ConfigSchema.valueKeys.count == 52)
         for key in ConfigSchema.valueKeys {
             let leaf = key.split(separator: ".").last!
             let inBoard = board.contains(" \(leaf): "), inDocs = docs.contains("`\(key)`")
@@ -286,6 +287,8 @@ private func urlReason(_ text: String) -> String {
                 == #"/etc/baton/baton.yaml:2: relay.link: expected auto, none, bluez:hci0 or sim:SOCKET, got "blue""#)
         #expect(problems("relay:\n  payload-max: 65533\n")
                 == "/etc/baton/baton.yaml:2: relay.payload-max: must be between 64 and 65532, got 65533")
+        #expect(problems("relay:\n  payload-max: 1024\n  stream-max-data: 1023\n")
+                == "/etc/baton/baton.yaml:3: relay.stream-max-data: must be at most relay.payload-max - 2 (1022): a data frame must fit the link's MTU")
         #expect(problems("relay:\n  fetches: 4097\n")
                 == "/etc/baton/baton.yaml:2: relay.fetches: must be between 1 and 4096, got 4097")
     }

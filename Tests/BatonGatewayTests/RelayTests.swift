@@ -6,12 +6,13 @@ import BatonTestSupport
 import Foundation
 import Testing
 
-/// alice's phone in the hall offers a 3,000-byte payload; bob's laptop in the office offers
-/// none (`link: false`). The scenario runs long enough for every test's fetches.
+/// alice's phone in the hall offers a 3,000-byte payload and streams (the simulator echoes
+/// them); bob's laptop in the office offers no link (`link: false`). The scenario runs long
+/// enough for every test's fetches and streams.
 let relayScenario = """
     seed: 11
     speed: 1
-    duration: 60
+    duration: 120
     rate: 10
     radio: {in-room: -55, per-room: -15, heard-down-to: -95, noise: 1, loss: 0, link-latency: 0.1}
     rooms:
@@ -25,6 +26,7 @@ let relayScenario = """
         title: A long read
         payload-bytes: 3000
         web-url: true
+        streams: true
         at: hall
       - id: 5a0000000003
         name: carol-tablet
@@ -243,5 +245,107 @@ final class RelayBuilding {
         #expect(all.first?.contains("status:cancelled") == true, "first answer: \(all.first ?? "none")")
         #expect(all.last?.contains("status:ok") == true, "second answer: \(all.last ?? "none")")
         b.stopAll()
+    }
+}
+
+/// `sh -c SCRIPT` in `dir`, bounded; its exit status (nil when it had to be killed).
+func shell(_ script: String, in dir: URL, timeout: Duration = .seconds(120)) throws -> Int32? {
+    let code = try ChildProcess.run("/bin/sh", ["-c", "cd '\(dir.path)' && \(script)"], timeout: timeout)
+    return code < 0 ? nil : code
+}
+
+/// As board/mosquitto-building.conf: without TCP_NODELAY on the broker's side, Nagle's
+/// algorithm holds each small frame for the subscriber's delayed ack, 40 ms a round trip
+/// (docs/broker.md "Streams").
+let streamBroker = ["set_tcp_nodelay true"]
+
+/// Continuation streams (docs/relay.md §7): `baton stream` to alice's phone, which echoes.
+@Suite(.serialized) struct StreamTests {
+    let alice = "5a0000000001"
+
+    /// Random bytes in a file, and their SHA-256 as `sha256sum` prints it.
+    func randomFile(_ dir: URL, _ name: String, megabytes: Int) throws -> String {
+        #expect(try shell("head -c \(megabytes << 20) /dev/urandom > \(name)", in: dir) == 0)
+        return try sha256(dir.appendingPathComponent(name))
+    }
+
+    func sha256(_ file: URL) throws -> String {
+        let out = file.deletingLastPathComponent().appendingPathComponent(file.lastPathComponent + ".sha")
+        _ = try ChildProcess.run("/usr/bin/sha256sum", [file.path], stdout: out.path)
+        return String((try String(contentsOf: out, encoding: .utf8)).prefix(64))
+    }
+
+    @Test func tenMegabytesEachWayThroughASlowReaderArriveWhole() throws {
+        let broker = try MosquittoBroker(extraConfig: streamBroker)
+        let b = try RelayBuilding(name: "stream-10mb", brokers: [broker])
+        let sent = try randomFile(b.dir, "in.bin", megabytes: 10)
+        // The reader takes 16 KiB every 5 ms: slower than the stream could go, so the pipe
+        // fills, baton stream stops acking, and the device and the writer wait (§5.3).
+        try "import sys,time\nwhile True:\n    b=sys.stdin.buffer.read(16384)\n    if not b: break\n    sys.stdout.buffer.write(b)\n    time.sleep(0.005)\n"
+            .write(to: b.dir.appendingPathComponent("slow.py"), atomically: true, encoding: .utf8)
+        let status = try shell("'\(batonBinary.path)' stream \(alice) --broker mqtt://127.0.0.1:\(broker.port) < in.bin 2> err.txt | python3 slow.py > out.bin",
+                               in: b.dir)
+        let err = (try? String(contentsOf: b.dir.appendingPathComponent("err.txt"), encoding: .utf8)) ?? ""
+        #expect(status == 0, "baton stream failed: \(err)")
+        let received = try sha256(b.dir.appendingPathComponent("out.bin"))
+        let size = (try FileManager.default.attributesOfItem(atPath: b.dir.appendingPathComponent("out.bin").path)[.size] as? Int) ?? 0
+        #expect(size == 10 << 20, "\(size) bytes came back of \(10 << 20)")
+        #expect(received == sent, "the bytes that came back differ from the bytes sent")
+        var last: [String: Any]?
+        let stats = eventually(within: 5) { () -> [String: Any]? in
+            let s = json((try? broker.retained("baton/gateways/hall/stats"))?["baton/gateways/hall/stats"] ?? [])
+            last = (s?["relay"] as? [String: Any])?["streams"] as? [String: Any]
+            return last?["finished"] as? Int == 1 ? last : nil
+        }
+        #expect(stats != nil, "the hall never counted the stream as finished: \(last.map { "\($0)" } ?? "no stats")")
+        #expect(stats?["open"] as? Int == 0)
+        b.stopAll()
+    }
+
+    @Test func aBrokerRestartMidStreamLosesAndDuplicatesNothing() throws {
+        let broker = try MosquittoBroker(extraConfig: streamBroker)
+        let b = try RelayBuilding(name: "stream-restart", brokers: [broker])
+        let sent = try randomFile(b.dir, "in.bin", megabytes: 2)
+        // The writer feeds 64 KiB every 50 ms (about 1.6 s in all); the broker is restarted,
+        // with nothing kept, half a second in.
+        try "import sys,time\nf=open('in.bin','rb')\nwhile True:\n    b=f.read(65536)\n    if not b: break\n    sys.stdout.buffer.write(b); sys.stdout.flush()\n    time.sleep(0.05)\n"
+            .write(to: b.dir.appendingPathComponent("writer.py"), atomically: true, encoding: .utf8)
+        let run = try ChildProcess("/bin/sh", ["-c", "cd '\(b.dir.path)' && python3 writer.py | '\(batonBinary.path)' stream \(alice) --broker mqtt://127.0.0.1:\(broker.port) > out.bin 2> err.txt"])
+        let flowing = eventually(within: 10) { () -> Bool? in
+            let size = (try? FileManager.default.attributesOfItem(atPath: b.dir.appendingPathComponent("out.bin").path)[.size] as? Int) ?? 0
+            return size > 0 ? true : nil
+        }
+        #expect(flowing != nil, "nothing came back before the restart")
+        try broker.restart()
+        let status = run.wait(timeout: .seconds(60))
+        if status == nil { run.signal(SIGKILL) }
+        let err = (try? String(contentsOf: b.dir.appendingPathComponent("err.txt"), encoding: .utf8)) ?? ""
+        #expect(status == 0, "baton stream did not finish cleanly across the restart: \(err)")
+        #expect(try sha256(b.dir.appendingPathComponent("out.bin")) == sent,
+                "the bytes that came back across the restart differ from the bytes sent")
+        b.stopAll()
+    }
+
+    @Test func killingTheOwnerMidStreamGivesTheEndpointAnErrorFrame() throws {
+        let broker = try MosquittoBroker(extraConfig: streamBroker)
+        let b = try RelayBuilding(name: "stream-kill", brokers: [broker])
+        // A writer that never ends: 1 KiB every 10 ms.
+        try "import sys,time\nwhile True:\n    sys.stdout.buffer.write(b'x'*1024); sys.stdout.flush()\n    time.sleep(0.01)\n"
+            .write(to: b.dir.appendingPathComponent("endless.py"), atomically: true, encoding: .utf8)
+        let run = try ChildProcess("/bin/sh", ["-c", "cd '\(b.dir.path)' && python3 endless.py | ('\(batonBinary.path)' stream \(alice) --broker mqtt://127.0.0.1:\(broker.port) > out.bin 2> err.txt; echo $? > status.txt)"])
+        defer { run.signal(SIGKILL); _ = run.wait(timeout: .seconds(5)) }
+        let flowing = eventually(within: 10) { () -> Bool? in
+            let size = (try? FileManager.default.attributesOfItem(atPath: b.dir.appendingPathComponent("out.bin").path)[.size] as? Int) ?? 0
+            return size > 0 ? true : nil
+        }
+        #expect(flowing != nil, "the stream never flowed")
+        b.gateways[0].kill()  // the hall, alice's room
+        let status = eventually(within: 15) { () -> String? in
+            (try? String(contentsOf: b.dir.appendingPathComponent("status.txt"), encoding: .utf8))
+        }
+        let err = (try? String(contentsOf: b.dir.appendingPathComponent("err.txt"), encoding: .utf8)) ?? ""
+        #expect(status?.trimmingCharacters(in: .whitespacesAndNewlines) == "1", "baton stream went on after its gateway died: \(err)")
+        #expect(err.contains("gone") && err.contains("hall"), "the endpoint was not told: \(err)")
+        for g in b.gateways.dropFirst() { #expect(g.stop() == 0) }
     }
 }
