@@ -55,7 +55,7 @@ var targets: [Target] = [
 
     .testTarget(name: "BatonWireTests", dependencies: ["BatonWire"], exclude: ["Interop"]),
     .testTarget(name: "BatonHCITests", dependencies: ["BatonHCI", "BatonWire", "BatonSim"]),
-    .testTarget(name: "BatonCLITests", dependencies: ["BatonHCI", "BatonWire", "BatonSim", "baton"]),
+    .testTarget(name: "BatonCLITests", dependencies: ["BatonHCI", "BatonWire", "BatonSim", "BatonTestSupport", "baton"]),
     .testTarget(name: "BatonCoreTests", dependencies: ["BatonCore", "BatonWire"]),
     .testTarget(name: "BatonKeysTests", dependencies: ["BatonKeys", "BatonWire"], exclude: ["Interop"]),
     .testTarget(name: "BatonRelayTests", dependencies: ["BatonRelay", "BatonWire", "BatonHCI", "BatonMQTT", "BatonSim",

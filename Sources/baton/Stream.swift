@@ -1,0 +1,487 @@
+import ArgumentParser
+import BatonGateway
+import BatonMQTT
+import BatonRelay
+import BatonWire
+import Foundation
+import Glibc
+
+/// `baton stream DEVICE`: a continuation stream to a device, stdin to the device and the
+/// device's bytes to stdout (docs/relay.md §7). It is the endpoint of §7.1: an ordinary MQTT
+/// client, doing what an app on the continuing device would.
+struct StreamCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "stream",
+        abstract: "Open a continuation stream to a device: stdin goes to it, its bytes come to stdout.",
+        discussion: """
+            Exit status: 0 both directions closed cleanly (stdin reached its end, the device closed \
+            and everything was written); 1 the stream was refused or aborted (the reason on stderr: \
+            unreachable, busy, protocol, idle, gone, cancelled); 3 no gateway answered the open in \
+            time; 130 interrupted (the device is told: reset cancelled).
+            """)
+
+    @Argument(help: "The device id: 12 hex digits, as in <prefix>/activities/<device> (colons allowed).")
+    var device: String
+    @OptionGroup var options: BrokerOptions
+    @Option(name: .long, help: "Seconds to wait for a gateway to answer the open.")
+    var timeout: Double = 10
+    @Option(name: .long, help: "Frames in flight each way (1–1024): taken from the device before stdout takes them, and sent to it before it acknowledges them.")
+    var window = 16
+    @Option(name: .customLong("max-data"), help: "Bytes per frame each way (1–65535).")
+    var maxData = 1024
+
+    /// DEVICE as topics spell it: 12 lowercase hex digits.
+    var deviceText: String { device.lowercased().filter { $0 != ":" } }
+
+    func validate() throws {
+        guard deviceText.count == 12, deviceText.allSatisfy({ $0.isHexDigit }) else {
+            throw ValidationError("DEVICE must be 12 hex digits like 5a123456789a, got \"\(device)\"")
+        }
+        guard timeout > 0, timeout <= 3600 else { throw ValidationError("--timeout must be 0–3600 seconds") }
+        guard (1...1024).contains(window) else { throw ValidationError("--window must be 1–1024 frames, got \(window)") }
+        guard (1...65535).contains(maxData) else { throw ValidationError("--max-data must be 1–65535 bytes, got \(maxData)") }
+    }
+
+    func run() throws {
+        // §7.1: 16 random hex digits, unique enough among the streams of one building.
+        var random = SystemRandomNumberGenerator()
+        let id = String(format: "%016llx", UInt64.random(in: .min ... .max, using: &random))
+        let client = try options.client(id: "baton-stream-\(id)", reconnectMax: .seconds(2))
+        // Ctrl-C and SIGTERM become a byte on a pipe the loop polls, so the loop can still tell
+        // the device (reset cancelled); SIGPIPE is ignored, so a closed stdout is an error we report.
+        let stop = StopSignals()
+        var session = StreamSession(client: client, device: deviceText, id: id, prefix: options.prefix,
+                                    broker: options.broker, window: window, maxData: maxData,
+                                    timeout: timeout)
+        let status = session.run(stop: stop)
+        if status != 0 { throw ExitCode(status) }
+    }
+}
+
+/// One stream seen from its endpoint (docs/relay.md §7; frames: docs/protocol.md §5.3).
+///
+///   up    stdin → `StreamSender` → `<prefix>/streams/S/up`: read only while the device's
+///         window has room, kept until acknowledged, resent from the first unacknowledged
+///         frame (go-back-N) after `retry` without progress and after every reconnect;
+///   down  `<prefix>/streams/S/down` → `StreamReceiver` → stdout: taken in order only, into
+///         one slot per frame; acknowledged only once written to stdout, so a slow reader of
+///         stdout stops the acks and, through the window, the device (§5.3 backpressure).
+///
+/// Memory is allocated once: `window` × `maxData` bytes each way, plus one frame read from stdin.
+struct StreamSession: ~Copyable {
+    var client: MQTTClient
+    /// stdin towards the device: what we keep for resending is our own window × max data,
+    /// however large a window the device offers.
+    var up: StreamSender
+    /// The device's frames towards stdout.
+    var down = StreamReceiver()
+    let window: Int
+    let maxData: Int
+    let device: String
+    let id: String
+    let broker: String
+    let openTopic: String
+    let upTopic: String
+    let downTopic: String
+    /// `--timeout`: no open frame from a gateway by then, and the stream is given up.
+    let timeout: Duration
+    let timeoutSeconds: Double
+
+    /// Frames taken from the device and not yet written to stdout: frame n in slot n % window,
+    /// `maxData` bytes each, its length in `outputCounts`.
+    let output: UnsafeMutableRawBufferPointer
+    var outputCounts: [Int]
+    /// Bytes of frame `written` already on stdout.
+    var writtenOfFrame = 0
+    /// Frames written whole to stdout: what we may acknowledge.
+    var written: UInt32 = 0
+    /// The last ack we published: the device has at most `window` frames past it in flight.
+    var acked: UInt32 = 0
+    var ackedOnce = false
+    /// One read from stdin, at most `maxData` bytes.
+    let input: UnsafeMutableRawBufferPointer
+    var inputEnded = false
+
+    var openSentAt: ContinuousClock.Instant?
+    /// When the unacknowledged up frames are resent if no ack moves them on before.
+    var retryAt: ContinuousClock.Instant?
+    var everConnected = false
+    /// Device frames dropped because one before them was lost (the gateway resends them).
+    var gaps = 0
+
+    /// An open with no open frame back is published again after this: the broker may have
+    /// lost it (docs/relay.md §7.2).
+    static let openRetry = Duration.seconds(2)
+    /// `relay.stream-retry`'s default (docs/relay.md §7.3): the endpoint resends as the gateway does.
+    static let retry = Duration.seconds(1)
+    /// The most written to stdout per turn: a pipe that polls writable takes a page without
+    /// blocking (pipe(7): PIPE_BUF, 4096 on Linux), so no O_NONBLOCK is set on a descriptor
+    /// the shell shares with us.
+    static let writeChunk = 4096
+
+    init(client: consuming MQTTClient, device: String, id: String, prefix: String, broker: String,
+         window: Int, maxData: Int, timeout seconds: Double) {
+        self.client = client
+        up = StreamSender(capacity: window, maxData: maxData)
+        self.window = window
+        self.maxData = maxData
+        self.device = device
+        self.id = id
+        self.broker = broker
+        openTopic = "\(prefix)/stream/\(device)/\(id)"
+        upTopic = "\(prefix)/streams/\(id)/up"
+        downTopic = "\(prefix)/streams/\(id)/down"
+        timeout = .milliseconds(Int64(seconds * 1000))
+        timeoutSeconds = seconds
+        output = .allocate(byteCount: window * maxData, alignment: 8)
+        outputCounts = Array(repeating: 0, count: window)
+        input = .allocate(byteCount: maxData, alignment: 8)
+    }
+
+    deinit {
+        output.deallocate()
+        input.deallocate()
+    }
+
+    /// Runs the stream to its end; the exit status.
+    mutating func run(stop: borrowing StopSignals) -> Int32 {
+        let giveUp = ContinuousClock.now + timeout
+        client.start(now: .now)
+        var fds = [pollfd](repeating: pollfd(fd: -1, events: 0, revents: 0), count: 4)
+        while true {
+            let reading = !inputEnded && up.canSend
+            let writing = written != down.next
+            fds[0] = pollfd(fd: client.socket, events: Int16(POLLIN) | (client.wantsWrite ? Int16(POLLOUT) : 0), revents: 0)
+            fds[1] = pollfd(fd: stop.fd, events: Int16(POLLIN), revents: 0)
+            fds[2] = pollfd(fd: reading ? STDIN_FILENO : -1, events: Int16(POLLIN), revents: 0)
+            fds[3] = pollfd(fd: writing ? STDOUT_FILENO : -1, events: Int16(POLLOUT), revents: 0)
+            _ = Glibc.poll(&fds, 4, waitMilliseconds(giveUp: giveUp))
+            let now = ContinuousClock.now
+
+            if fds[1].revents != 0, stop.drain() {
+                send(Self.reset(.cancelled))
+                return end(130)
+            }
+            var events: [MQTTEvent] = []
+            client.poll(now: now, readable: fds[0].revents & Int16(POLLIN | POLLHUP | POLLERR) != 0,
+                        writable: fds[0].revents & Int16(POLLOUT) != 0) { events.append($0) }
+            for event in events {
+                if let status = handle(event, now: now) { return end(status) }
+            }
+            // Events may have narrowed the window since the poll (a smaller window in an ack).
+            if reading, up.canSend, fds[2].revents != 0, let status = readInput(now: now) { return end(status) }
+            if writing, fds[3].revents != 0, let status = writeOutput() { return end(status) }
+
+            if !up.opened {
+                if now >= giveUp {
+                    let why = everConnected
+                        ? "no gateway answered the open of stream \(id) to device \(device) within \(timeoutSeconds) s (is a gateway of this building running and connected to \(broker), and does it hear the device? docs/relay.md §7)"
+                        : "could not reach the broker \(broker) within \(timeoutSeconds) s"
+                    say(why)
+                    // A gateway that took the stream late frees its slot.
+                    send(Self.reset(.cancelled))
+                    return end(3)
+                }
+                if client.isConnected, let sent = openSentAt, now - sent >= Self.openRetry { publishOpen(now: now) }
+            }
+            if let at = retryAt, now >= at {
+                if up.inFlight > 0 {
+                    resendUp()
+                    retryAt = now + Self.retry
+                } else {
+                    retryAt = nil
+                }
+            }
+            // §5.3: both directions closed and every frame acknowledged, ours by the device
+            // and the device's by us, once written.
+            if up.closeEnd != nil, up.allAcknowledged, down.finished, written == down.next, acked == written {
+                return end(0)
+            }
+        }
+    }
+
+    /// Until the nearest thing due: the client's next deadline, the open's resend or give-up,
+    /// the retry. At most a second, so nothing depends on a deadline computed a turn ago.
+    func waitMilliseconds(giveUp: ContinuousClock.Instant) -> Int32 {
+        let now = ContinuousClock.now
+        var next = now + .seconds(1)
+        if let d = client.nextDeadline { next = min(next, d) }
+        if !up.opened {
+            next = min(next, giveUp)
+            if let sent = openSentAt { next = min(next, sent + Self.openRetry) }
+        }
+        if let r = retryAt { next = min(next, r) }
+        guard next > now else { return 0 }
+        let left = next - now
+        // Rounded up: waking a moment early would only spin a turn.
+        return Int32(left.components.seconds * 1000 + left.components.attoseconds / 1_000_000_000_000_000 + 1)
+    }
+
+    // MARK: - The broker
+
+    mutating func handle(_ event: MQTTEvent, now: ContinuousClock.Instant) -> Int32? {
+        switch event {
+        case .connected:
+            everConnected = true
+            // A clean session: subscriptions end with the connection (docs/broker.md). The
+            // broker handles one connection's packets in order, so the subscription is in
+            // place before anything we publish next.
+            do throws(MQTTError) { try client.subscribe(downTopic, qos: 1) } catch {
+                say("subscribing to \(downTopic): \(error)")
+                return nil  // the connection is going; the next .connected tries again
+            }
+            if !up.opened {
+                publishOpen(now: now)
+            } else {
+                // What the broker lost with the old connection: everything not acknowledged
+                // (go-back-N, §5.3), the close, and our last ack (the device may be waiting for it).
+                resendUp()
+                if ackedOnce { send(Self.ack(acked, window: window)) }
+                retryAt = up.inFlight > 0 ? now + Self.retry : nil
+            }
+        case .refused(let reason), .disconnected(let reason):
+            say(reason)
+        case .message(let m) where m.topic == downTopic:
+            return take(m.payload, now: now)
+        case .message:
+            break
+        }
+        return nil
+    }
+
+    mutating func publishOpen(now: ContinuousClock.Instant) {
+        let open = Self.message(.open) { w throws(WireError) in
+            try LinkMessage.encodeOpen(window: UInt16(window), maxData: UInt16(maxData), into: &w)
+        }
+        publish(openTopic, open)
+        openSentAt = now
+    }
+
+    /// One frame from the gateway (docs/relay.md §7.3).
+    mutating func take(_ payload: [UInt8], now: ContinuousClock.Instant) -> Int32? {
+        let m: LinkMessage
+        do {
+            // Our max data bounds a data frame: a larger one breaks our open (§5.3).
+            m = try payload.withUnsafeBytes { try LinkMessage.decode($0, payloadMax: maxData) }
+        } catch {
+            return breach("a malformed frame on \(downTopic): \(error)")
+        }
+        switch m.type {
+        case .open:
+            // A repeat (answering our repeated open) says the same again.
+            up.peerOpened(window: m.window, maxData: m.maxData)
+        case .data:
+            return payload.withUnsafeBytes { take(frame: m.number, bytes: UnsafeRawBufferPointer(rebasing: $0[m.body])) }
+        case .ack:
+            do throws(StreamViolation) {
+                if try up.acknowledge(next: m.number, window: m.window) {
+                    retryAt = up.inFlight > 0 ? now + Self.retry : nil
+                }
+            } catch {
+                return breach(error.description)
+            }
+        case .close:
+            do throws(StreamViolation) { try down.closed(end: m.number) } catch {
+                return breach(error.description)
+            }
+            // Everything up to the close is written: say so again, after the close, so the
+            // gateway's resent close gets its ack too.
+            if down.finished, written == down.next { acknowledge() }
+        case .reset:
+            let reason = StreamReason(rawValue: m.reason).map { "\($0.name)" } ?? "\(m.reason)"
+            say("\(reason): the device or its gateway reset the stream")
+            return 1
+        case .error:
+            let reason = StreamReason(rawValue: m.reason).map { "\($0.name)" } ?? "\(m.reason)"
+            let detail = payload.withUnsafeBytes { String(decoding: UnsafeRawBufferPointer(rebasing: $0[m.body]), as: UTF8.self) }
+            // UTF-8 (decode checked), but someone else's: no control characters reach the terminal.
+            let shown = String(detail.map { $0.unicodeScalars.contains { $0.properties.generalCategory == .control } ? "?" : $0 })
+            say("\(reason): \(shown)")
+            return 1
+        case .fetch, .payload, .fetchRefused, .continued:
+            return breach("a \(m.type) message is not a stream frame (docs/protocol.md §5.1)")
+        }
+        return nil
+    }
+
+    /// A data frame from the device: into its slot when it is the next one.
+    mutating func take(frame n: UInt32, bytes: UnsafeRawBufferPointer) -> Int32? {
+        // Distances are wrapping (§5.1's 32-bit numbers): below 2³¹ is at or after.
+        if let end = down.closeEnd, n &- end < 0x8000_0000 {
+            return breach("data frame \(n) after the close at frame \(end)")
+        }
+        // The device may have `window` frames past our last ack in flight, no more (§5.3).
+        let ahead = n &- acked
+        if ahead < 0x8000_0000, ahead >= UInt32(window) {
+            return breach("data frame \(n) beyond our window (acknowledged up to \(acked), window \(window))")
+        }
+        switch down.arrive(n) {
+        case .inOrder:
+            // Proof of room: acked ≤ written ≤ n and n - acked < window (checked above), so the
+            // frames held, written ..< n + 1, are at most `window`, each in its own slot; decode
+            // bounded the bytes by `maxData`.
+            let slot = Int(n % UInt32(window))
+            precondition(bytes.count <= maxData && n &- written < UInt32(window), "stdout slots overrun")
+            UnsafeMutableRawBufferPointer(rebasing: output[slot * maxData ..< slot * maxData + bytes.count])
+                .copyMemory(from: bytes)
+            outputCounts[slot] = bytes.count
+        case .duplicate:
+            // A resend: our ack was lost or is on its way. Say it again.
+            acknowledge()
+        case .gap:
+            gaps += 1
+        }
+        return nil
+    }
+
+    /// Up frames not acknowledged, from the first (go-back-N, §5.3), then the close if said.
+    mutating func resendUp() {
+        var n = up.unacked
+        while n != up.next {
+            let frame = up.frame(n)
+            let data = Self.message(.data, body: frame.count) { w throws(WireError) in
+                try LinkMessage.encodeData(frame: n, bytes: frame, into: &w)
+            }
+            send(data)
+            n &+= 1  // Proof: n runs from unacked up to next, and unacked ≤ next.
+        }
+        if let end = up.closeEnd { send(Self.close(end)) }
+    }
+
+    // MARK: - stdin and stdout
+
+    /// One read from stdin, as one data frame; its end, as the close.
+    mutating func readInput(now: ContinuousClock.Instant) -> Int32? {
+        let n = read(STDIN_FILENO, input.baseAddress, min(up.maxData, input.count))
+        if n < 0 {
+            if errno == EINTR || errno == EAGAIN { return nil }
+            let why = String(cString: strerror(errno))
+            say("reading stdin: \(why)")
+            send(Self.reset(.cancelled))
+            return 1
+        }
+        if n == 0 {
+            inputEnded = true
+            up.close()
+            if let end = up.closeEnd { send(Self.close(end)) }
+            return nil
+        }
+        let bytes = UnsafeRawBufferPointer(rebasing: input[..<n])
+        if up.inFlight == 0 { retryAt = now + Self.retry }
+        let number = up.push(bytes)
+        let data = Self.message(.data, body: n) { w throws(WireError) in
+            try LinkMessage.encodeData(frame: number, bytes: bytes, into: &w)
+        }
+        send(data)
+        return nil
+    }
+
+    /// Writes what stdout takes now, then acknowledges the frames written whole.
+    mutating func writeOutput() -> Int32? {
+        let before = written
+        while written != down.next {
+            let slot = Int(written % UInt32(window))
+            let start = slot * maxData + writtenOfFrame
+            let count = min(outputCounts[slot] - writtenOfFrame, Self.writeChunk)
+            let n = write(STDOUT_FILENO, output.baseAddress! + start, count)
+            if n < 0 {
+                if errno == EINTR { continue }
+                if errno == EAGAIN { break }
+                let why = String(cString: strerror(errno))
+                say("writing stdout: \(why)")
+                send(Self.reset(.cancelled))
+                return 1
+            }
+            writtenOfFrame += n
+            if writtenOfFrame == outputCounts[slot] {
+                writtenOfFrame = 0
+                written &+= 1  // Proof: written < down.next here.
+            }
+            // More only while stdout still takes it at once.
+            var p = pollfd(fd: STDOUT_FILENO, events: Int16(POLLOUT), revents: 0)
+            guard Glibc.poll(&p, 1, 0) == 1, p.revents & Int16(POLLOUT) != 0 else { break }
+        }
+        if written != before {
+            // Once per batch: acks are cumulative (§5.3).
+            acknowledge()
+        }
+        return nil
+    }
+
+    // MARK: - Frames out
+
+    /// Acknowledges the frames written to stdout: consumed, not merely arrived (§5.3), with
+    /// our whole window, since the frames held here are never more than it.
+    mutating func acknowledge() {
+        send(Self.ack(written, window: window))
+        acked = written
+        ackedOnce = true
+    }
+
+    /// A frame that breaks §5.3 ends the stream with error `protocol`, on both sides.
+    mutating func breach(_ detail: String) -> Int32 {
+        send(Self.error(.protocolError, detail: detail))
+        say("protocol: \(detail) (the gateway broke docs/protocol.md §5.3)")
+        return 1
+    }
+
+    /// On `…/S/up`, QoS 1. A frame the broker does not take now (we are between connections)
+    /// is not lost: the reconnect resends what is unacknowledged, our close and our last ack.
+    mutating func send(_ frame: [UInt8]) { publish(upTopic, frame) }
+
+    mutating func publish(_ topic: String, _ frame: [UInt8]) {
+        guard client.isConnected else { return }
+        frame.withUnsafeBytes { bytes in
+            do throws(MQTTError) { try client.publish(topic: topic, payload: bytes, qos: 1) } catch {
+                // The connection broke under the publish: .disconnected follows, then the resend.
+            }
+        }
+    }
+
+    mutating func end(_ status: Int32) -> Int32 {
+        if gaps > 0 {
+            say("frames from the device dropped after a lost one: \(gaps) (the gateway resent them)")
+        }
+        client.disconnect()
+        return status
+    }
+
+    func say(_ text: String) {
+        FileHandle.standardError.write(Data("baton stream: \(text)\n".utf8))
+    }
+
+    /// One frame's bytes (docs/protocol.md §5.1): measured, then written.
+    static func message(_ type: LinkMessageType, body: Int = 0,
+                        _ encode: (inout ByteWriter) throws(WireError) -> Void) -> [UInt8] {
+        var bytes = [UInt8](repeating: 0, count: LinkMessage.encodedCount(type, bodyCount: body))
+        bytes.withUnsafeMutableBytes { raw in
+            var w = ByteWriter(raw)
+            do { try encode(&w) } catch {
+                // Every argument is checked before: window, max data, detail length.
+                preconditionFailure("a \(type) frame did not fit its own length: \(error)")
+            }
+        }
+        return bytes
+    }
+
+    static func ack(_ next: UInt32, window: Int) -> [UInt8] {
+        message(.ack) { w throws(WireError) in try LinkMessage.encodeAck(next: next, window: UInt16(window), into: &w) }
+    }
+
+    static func close(_ end: UInt32) -> [UInt8] {
+        message(.close) { w throws(WireError) in try LinkMessage.encodeClose(end: end, into: &w) }
+    }
+
+    static func reset(_ reason: StreamReason) -> [UInt8] {
+        message(.reset) { w throws(WireError) in try LinkMessage.encodeReset(reason, into: &w) }
+    }
+
+    /// The detail cut to what §5.1 allows (100 bytes), at a character boundary.
+    static func error(_ reason: StreamReason, detail: String) -> [UInt8] {
+        var text = Substring(detail)
+        while text.utf8.count > LinkMessage.maxDetailBytes { text = text.dropLast() }
+        return message(.error, body: text.utf8.count) { w throws(WireError) in
+            try LinkMessage.encodeError(reason, detail: text, into: &w)
+        }
+    }
+}
