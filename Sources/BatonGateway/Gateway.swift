@@ -453,6 +453,9 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
             }
         } else if let id = topics.streamID(inTopic: message.topic, leaf: "gateway") {
             streams.carried(stream: id, by: String(decoding: message.payload, as: UTF8.self))
+        } else if message.topic.hasPrefix(topics.streamOpenRoot) || message.topic.hasPrefix(topics.streamsRoot) {
+            // Under the stream topics, but no stream id of docs/relay.md §7.1.
+            streams.dropped("stream-topic")
         } else if message.topic.hasPrefix(topics.sightingsRoot) {
             // Under the sightings but not `<gateway>/<12 hex digits>`.
             sightingDrops.count("sighting-topic")

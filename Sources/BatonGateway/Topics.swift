@@ -38,6 +38,8 @@ public struct Topics: Sendable, Equatable {
     public var streamOpenPattern: String { "\(prefix)/stream/+/+" }
     /// Who carries each stream: `<prefix>/streams/<stream>/gateway`, retained.
     public var streamCarrierPattern: String { "\(prefix)/streams/+/gateway" }
+    public var streamOpenRoot: String { "\(prefix)/stream/" }
+    public var streamsRoot: String { "\(prefix)/streams/" }
     public func stream(_ id: String) -> StreamTopics {
         let base = "\(prefix)/streams/\(id)/"
         return StreamTopics(up: base + "up", down: base + "down", gateway: base + "gateway")

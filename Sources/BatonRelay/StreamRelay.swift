@@ -129,7 +129,7 @@ public struct StreamRelay: ~Copyable {
             return
         }
         let message: LinkMessage
-        switch Self.decode(frame, payloadMax: 0) {
+        switch Self.decode(frame, payloadMax: config.streamMaxData) {
         case .success(let m): message = m
         case .failure(let error):
             drops.count(error)
@@ -209,6 +209,8 @@ public struct StreamRelay: ~Copyable {
                 if sent { _ = slot.up.arrive(message.number) } else { drops.count("stream-link-full") }
                 forwardCloseIfDue(s)
             } else if slot.up.arrive(message.number) == .duplicate {
+                // A resend (or a replay): dropped, and the device's ack said again.
+                drops.count("stream-duplicate")
                 republishDeviceAck(s, mqtt: &mqtt)
             } else {
                 drops.count("stream-gap")

@@ -58,7 +58,8 @@ final class RelayBuilding {
     var gateways: [GatewayProcess] = []
     let player: ScenarioPlayer
 
-    init(name: String, brokers: [MosquittoBroker]) throws {
+    /// `extra` is YAML appended to every gateway's config (a `relay:` section, say).
+    init(name: String, brokers: [MosquittoBroker], extra: String = "") throws {
         dir = try scratchDirectory(name)
         building = try SimulatedBuilding(scenario: relayScenario, in: dir)
         player = ScenarioPlayer(try Scenario.parse(yaml: relayScenario, file: "relay.yaml"))
@@ -67,7 +68,7 @@ final class RelayBuilding {
             try FileManager.default.createDirectory(at: gdir, withIntermediateDirectories: true)
             gateways.append(try GatewayProcess(
                 yaml: roomGatewayYAML(port: brokers[i % brokers.count].port, id: id, room: room,
-                                      socket: building.socket(id)), in: gdir))
+                                      socket: building.socket(id)) + "\n" + extra, in: gdir))
         }
         let watched = brokers[0]
         let settled = eventually(within: 20) { () -> Bool? in
@@ -261,7 +262,7 @@ let streamBroker = ["set_tcp_nodelay true"]
 
 /// Continuation streams (docs/relay.md §7): `baton stream` to alice's phone, which echoes.
 @Suite(.serialized) struct StreamTests {
-    let alice = "5a0000000001"
+    let alice = "5a0000000001", bob = "5a0000000002"
 
     /// Random bytes in a file, and their SHA-256 as `sha256sum` prints it.
     func randomFile(_ dir: URL, _ name: String, megabytes: Int) throws -> String {
@@ -347,5 +348,77 @@ let streamBroker = ["set_tcp_nodelay true"]
         #expect(status?.trimmingCharacters(in: .whitespacesAndNewlines) == "1", "baton stream went on after its gateway died: \(err)")
         #expect(err.contains("gone") && err.contains("hall"), "the endpoint was not told: \(err)")
         for g in b.gateways.dropFirst() { #expect(g.stop() == 0) }
+    }
+
+    /// Garbage on the stream topics is answered with an error frame or counted, and the
+    /// gateway goes on carrying the stream that was open. `relay.streams: 1` makes the
+    /// second open one too many.
+    @Test func garbageOnTheStreamTopicsIsAnsweredOrCountedAndTheStreamGoesOn() throws {
+        let broker = try MosquittoBroker(extraConfig: streamBroker)
+        let b = try RelayBuilding(name: "stream-garbage", brokers: [broker], extra: "relay:\n  streams: 1\n")
+        let downs = b.dir.appendingPathComponent("downs.txt")
+        let sub = try ChildProcess("/usr/bin/mosquitto_sub", ["-h", "127.0.0.1", "-p", "\(broker.port)", "-v",
+                                                              "-F", "%t %x", "-t", "baton/streams/+/down"],
+                                   stdout: downs.path)
+        defer { sub.signal(SIGKILL); _ = sub.wait(timeout: .seconds(5)) }
+        usleep(300_000)
+        // The one stream the hall may carry: a writer that keeps it open.
+        try "import sys,time\nwhile True:\n    sys.stdout.buffer.write(b'x'*1024); sys.stdout.flush()\n    time.sleep(0.02)\n"
+            .write(to: b.dir.appendingPathComponent("endless.py"), atomically: true, encoding: .utf8)
+        let run = try ChildProcess("/bin/sh", ["-c", "cd '\(b.dir.path)' && python3 endless.py | '\(batonBinary.path)' stream \(alice) --broker mqtt://127.0.0.1:\(broker.port) > out.bin 2> err.txt"])
+        defer { run.signal(SIGKILL); _ = run.wait(timeout: .seconds(5)) }
+        func size() -> Int {
+            (try? FileManager.default.attributesOfItem(atPath: b.dir.appendingPathComponent("out.bin").path)[.size] as? Int) ?? 0
+        }
+        #expect(eventually(within: 10) { size() > 0 ? true : nil } != nil, "the stream never flowed")
+
+        func publish(_ topic: String, hex: String) throws {
+            let file = b.dir.appendingPathComponent("frame.bin")
+            try Data(hex.split(separator: " ").map { UInt8($0, radix: 16)! }).write(to: file)
+            #expect(try ChildProcess.run("/usr/bin/mosquitto_pub", ["-h", "127.0.0.1", "-p", "\(broker.port)", "-q", "1",
+                                                                    "-t", topic, "-f", file.path]) == 0)
+        }
+        try publish("baton/stream/\(alice)/g1", hex: "68 65 6c 6c 6f")          // not a frame
+        try publish("baton/stream/\(alice)/g2", hex: "11 00 00 00 00 41")       // data, not open
+        try publish("baton/stream/5affffffffff/g3", hex: "10 08 00 00 04")      // nobody hears it
+        try publish("baton/stream/\(bob)/g4", hex: "10 08 00 00 04")            // no streams offered
+        try publish("baton/stream/\(alice)/g5", hex: "10 08 00 00 04")          // one too many
+        try publish("baton/stream/\(alice)/BAD", hex: "10 08 00 00 04")         // not a stream id
+        try publish("baton/streams/nosuch/up", hex: "11 00 00 00 00 41")        // nobody carries it
+
+        // Each refused open gets exactly one error frame (15 | reason | detail) on its down topic.
+        let expected = ["g1": "02", "g2": "02", "g3": "03", "g4": "03", "g5": "05"]
+        func errors() -> [String: [String]] {
+            let text = (try? String(contentsOf: downs, encoding: .utf8)) ?? ""
+            var result: [String: [String]] = [:]
+            for line in text.split(separator: "\n") {
+                let parts = line.split(separator: " ", maxSplits: 1)
+                guard parts.count == 2, parts[1].hasPrefix("15") else { continue }
+                let id = parts[0].split(separator: "/")[2]
+                result[String(id), default: []].append(String(parts[1].dropFirst(2).prefix(2)))
+            }
+            return result
+        }
+        _ = eventually(within: 10) { errors().count >= expected.count ? true : nil }
+        usleep(500_000)
+        let got = errors()
+        for (id, reason) in expected.sorted(by: { $0.key < $1.key }) {
+            #expect(got[id] == [reason], "stream \(id): error frames \(got[id] ?? [])")
+        }
+        #expect(got.keys.allSatisfy { expected[$0] != nil }, "error frames for streams nobody opened: \(got)")
+
+        var last: [String: Any]?
+        let drops = eventually(within: 5) { () -> [String: Any]? in
+            let s = json((try? broker.retained("baton/gateways/hall/stats"))?["baton/gateways/hall/stats"] ?? [])
+            last = ((s?["relay"] as? [String: Any])?["streams"] as? [String: Any])?["drops"] as? [String: Any]
+            return last?["stream-topic"] as? Int == 1 && last?["stream-not-open"] as? Int == 1 ? last : nil
+        }
+        #expect(drops != nil, "the hall did not count the bad topic and the open that was not one: \(last.map { "\($0)" } ?? "no stats")")
+
+        // The stream that was open goes on.
+        let before = size()
+        #expect(eventually(within: 10) { size() > before + 4096 ? true : nil } != nil, "the open stream stopped")
+        #expect(run.isRunning)
+        b.stopAll()
     }
 }
