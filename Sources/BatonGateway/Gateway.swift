@@ -100,9 +100,10 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         self.table = ActivityTable(config: config.table)
         self.apple = AppleDeviceTable(config: config.apple)
         self.clock = WallClock(unixMicrosecondsAtStart: unixMicroseconds, instantAtStart: now)
+        let topics = Topics(prefix: config.prefix, discoveryPrefix: config.discoveryPrefix, gatewayID: config.gatewayID)
         self.publisher = Publisher(
             mqtt: mqtt,
-            topics: Topics(prefix: config.prefix, discoveryPrefix: config.discoveryPrefix, gatewayID: config.gatewayID),
+            topics: topics,
             origin: .init(room: config.room, gatewayID: config.gatewayID), clock: clock, version: BatonVersion.current,
             discovery: config.discovery, appleAddresses: config.appleAddresses, orphanGrace: config.table.expiry,
             ownedCapacity: config.table.capacity + config.apple.capacity, log: log)
@@ -116,7 +117,8 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         self.sightingCheckInterval = min(rooms.sightingMinInterval, .milliseconds(250))
         self.nextSightingCheck = now
         let link = Self.deviceLink(config)
-        self.relay = FetchRelay(config: config.relay, link: link, gatewayID: config.gatewayID)
+        self.relay = FetchRelay(config: config.relay, link: link, gatewayID: config.gatewayID, room: config.room,
+                                continuedRoot: topics.continuedRoot)
         self.streams = StreamRelay(config: config.relay, link: link, gatewayID: config.gatewayID)
         self.pollFDs = []
         self.pollFDs.reserveCapacity(3 + config.relay.links + config.relay.streams)
@@ -726,6 +728,8 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         for status in FetchStatus.allCases { try w.key(status.name); try w.int(Int64(rc.answers[status.rawValue])) }
         try w.endObject()
         try w.key("answers_lost"); try w.int(Int64(rc.answersLost))
+        try w.key("continued"); try w.int(Int64(rc.continued))
+        try w.key("continued_told"); try w.int(Int64(rc.continuedTold))
         try w.key("drops"); try w.beginObject()
         for d in relay.drops.sorted { try w.key(d.reason); try w.int(Int64(d.count)) }
         try w.endObject()

@@ -64,6 +64,9 @@ public struct Topics: Sendable, Equatable {
             && id.utf8.allSatisfy { (0x61...0x7A).contains($0) || (0x30...0x39).contains($0) || $0 == 0x2D || $0 == 0x5F }
     }
 
+    /// Was-continued events: `<prefix>/continued/<device>` (docs/relay.md §3).
+    public var continuedRoot: String { "\(prefix)/continued/" }
+
     /// Payload fetch requests (docs/relay.md §1): any client, any device.
     public var fetchPattern: String { "\(prefix)/fetch/+" }
     public var fetchRoot: String { "\(prefix)/fetch/" }

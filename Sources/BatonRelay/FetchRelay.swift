@@ -81,10 +81,13 @@ public struct FetchRoute: Sendable, Equatable {
     /// properties too. Otherwise it came in the body (the v3.1.1 fallback) and the answer is a
     /// JSON envelope (docs/relay.md §3).
     public var usesProperties: Bool
+    /// The body's `continue`: where the requester continues the activity (docs/relay.md §3).
+    public var continuedAt: String?
 
-    public init(responseTopic: String, correlation: [UInt8] = [], format: FetchFormat = .cbor, usesProperties: Bool) {
+    public init(responseTopic: String, correlation: [UInt8] = [], format: FetchFormat = .cbor, usesProperties: Bool,
+                continuedAt: String? = nil) {
         self.responseTopic = responseTopic; self.correlation = correlation; self.format = format
-        self.usesProperties = usesProperties
+        self.usesProperties = usesProperties; self.continuedAt = continuedAt
     }
 }
 
@@ -120,7 +123,9 @@ public enum FetchIntake: Sendable, Equatable {
             if let topic = props.responseTopic, Self.isAnswerable(topic) {
                 let correlation = props.correlationData.map { Array($0.prefix(FetchRequest.maxCorrelation)) } ?? []
                 self = .request(FetchRoute(responseTopic: topic, correlation: correlation, format: body.format,
-                                           usesProperties: true), bodyError: nil)
+                                           usesProperties: true,
+                                           continuedAt: body.continuedAt.map { String(decoding: message.payload[$0], as: UTF8.self) }),
+                                bodyError: nil)
             } else if let route = Self.bodyRoute(body, message.payload) {
                 self = .request(route, bodyError: nil)
             } else {
@@ -143,7 +148,8 @@ public enum FetchIntake: Sendable, Equatable {
             }
             correlation = Array(out.prefix(n))
         }
-        return FetchRoute(responseTopic: topic, correlation: correlation, format: body.format, usesProperties: false)
+        return FetchRoute(responseTopic: topic, correlation: correlation, format: body.format, usesProperties: false,
+                          continuedAt: body.continuedAt.map { String(decoding: bytes[$0], as: UTF8.self) })
     }
 
     /// A v5 Response Topic may not hold wildcards (MQTT 5.0 §3.3.2.3.5); the broker checks,
@@ -174,6 +180,9 @@ public struct RelayCounters: Sendable, Equatable {
     public var linkFailures = 0
     /// Answers that could not be published (broker gone); the requester times out.
     public var answersLost = 0
+    /// Payloads sent to requesters that said `continue`, and `continued` messages delivered.
+    public var continued = 0
+    public var continuedTold = 0
     public init() {}
 }
 
@@ -183,6 +192,20 @@ public struct FetchRelay: ~Copyable {
     /// are answered `unreachable`.
     public let link: (any DeviceLink)?
     let gatewayID: String
+    let room: String
+    let continuedRoot: String?
+
+    /// A `continued` message owed to a device (docs/protocol.md §5.2), sent on its link as soon
+    /// as one is open; given up (and counted) after `fetchTimeout`.
+    struct Tell {
+        var device: UInt64
+        var sequence: UInt16
+        var at: String
+        var address: LinkAddress
+        var deadline: ContinuousClock.Instant
+    }
+    var tells: [Tell?]
+    public private(set) var tellCount = 0
 
     struct Pending {
         var device: UInt64
@@ -236,10 +259,16 @@ public struct FetchRelay: ~Copyable {
     /// The last link failure, for the log.
     public private(set) var lastLinkError: String?
 
-    public init(config: RelayConfig, link: (any DeviceLink)?, gatewayID: String) {
+    /// `continuedRoot` (`<prefix>/continued/`) and `room` are where and how the was-continued
+    /// event is published (docs/relay.md §3); without a root no event is published.
+    public init(config: RelayConfig, link: (any DeviceLink)?, gatewayID: String, room: String = "",
+                continuedRoot: String? = nil) {
         self.config = config
         self.link = link
         self.gatewayID = gatewayID
+        self.room = room
+        self.continuedRoot = continuedRoot
+        tells = Array(repeating: nil, count: config.fetches)
         pending = Array(repeating: nil, count: config.fetches)
         links = Array(repeating: nil, count: config.links)
         polled = []
@@ -286,7 +315,10 @@ public struct FetchRelay: ~Copyable {
             cache[hit]!.lastUsed = useCounter
             let entry = cache[hit]!
             let bytes = UnsafeRawBufferPointer(rebasing: cacheBytes[hit * config.payloadMax ..< hit * config.payloadMax + entry.count])
-            sendPayload(bytes, sequence: entry.sequence, device: target.device, route: route, mqtt: &mqtt)
+            if sendPayload(bytes, sequence: entry.sequence, device: target.device, route: route, mqtt: &mqtt),
+               let at = route.continuedAt {
+                continued(device: target.device, sequence: entry.sequence, at: at, address: target.link, now: now, mqtt: &mqtt)
+            }
             return
         }
         guard link != nil else {
@@ -341,7 +373,7 @@ public struct FetchRelay: ~Copyable {
             // cancelled): otherwise such a link would hold its slot for good.
             var best: Int?
             for (i, l) in links.enumerated() {
-                guard let l, !hasPending(l.device) else { continue }
+                guard let l, !hasWork(l.device) else { continue }
                 if best == nil || l.idleSince < links[best!]!.idleSince { best = i }
             }
             if let best { closeLink(best); slot = best }
@@ -361,7 +393,9 @@ public struct FetchRelay: ~Copyable {
 
     /// Sends a fetch on an open link that has none outstanding.
     mutating func ask(slot: Int, mqtt: inout MQTTClient) {
-        guard let l = links[slot], l.channel.state == .open, l.asked == nil else { return }
+        guard let l = links[slot], l.channel.state == .open else { return }
+        tell(slot: slot)
+        guard l.asked == nil else { return }
         // The newest sequence any waiting request heard: the device answers it or newer.
         var sequence: UInt16?
         for p in pending { if let p, p.device == l.device { sequence = sequence.map { Self.newer(p.sequence, $0) } ?? p.sequence } }
@@ -382,6 +416,7 @@ public struct FetchRelay: ~Copyable {
     }
 
     mutating func linkFailed(device: UInt64, _ error: LinkError, mqtt: inout MQTTClient) {
+        for i in tells.indices where tells[i]?.device == device { dropTell(i) }
         counters.linkFailures &+= 1
         lastLinkError = "\(ActivityBeacon.deviceIDText(device)): \(error)"
         // The receive buffer is relay.payload-max + 3 bytes, exactly the largest payload message
@@ -430,7 +465,7 @@ public struct FetchRelay: ~Copyable {
                 let device = l.device
                 closeLink(slot)
                 // A link closed with requests waiting failed them; closed idle, it just ends.
-                if hasPending(device) { linkFailed(device: device, error ?? .closed, mqtt: &mqtt) }
+                if hasWork(device) { linkFailed(device: device, error ?? .closed, mqtt: &mqtt) }
             case .connecting:
                 break
             }
@@ -468,7 +503,10 @@ public struct FetchRelay: ~Copyable {
                 let heard = pending[i]!.sequence
                 guard heard == sequence || Self.newer(sequence, heard) == sequence else { continue }
                 let route = take(i).route
-                sendPayload(body, sequence: sequence, device: device, route: route, mqtt: &mqtt)
+                if sendPayload(body, sequence: sequence, device: device, route: route, mqtt: &mqtt),
+                   let at = route.continuedAt {
+                    continued(device: device, sequence: sequence, at: at, address: l.address, now: now, mqtt: &mqtt)
+                }
             }
         case .fetchRefused:
             let sequence = UInt16(truncatingIfNeeded: message.number)
@@ -494,27 +532,29 @@ public struct FetchRelay: ~Copyable {
 
     /// The nearest deadline: a request's, or an idle link's close.
     public var nextDeadline: ContinuousClock.Instant? {
-        guard pendingCount > 0 || openLinks > 0 else { return nil }
+        guard pendingCount > 0 || openLinks > 0 || tellCount > 0 else { return nil }
         var next: ContinuousClock.Instant?
         func consider(_ d: ContinuousClock.Instant) { if next.map({ d < $0 }) ?? true { next = d } }
         for p in pending { if let p { consider(p.deadline) } }
-        for l in links { if let l, !hasPending(l.device) { consider(l.idleSince + config.linkIdle) } }
+        for t in tells { if let t { consider(t.deadline) } }
+        for l in links { if let l, !hasWork(l.device) { consider(l.idleSince + config.linkIdle) } }
         return next
     }
 
     /// Answers what timed out, closes idle links, and gives waiting requests a link.
     public mutating func tick(now: ContinuousClock.Instant, mqtt: inout MQTTClient) {
+        for i in tells.indices where tells[i].map({ $0.deadline <= now }) ?? false { dropTell(i) }
         for i in pending.indices {
             guard let p = pending[i], p.deadline <= now else { continue }
             answer(slot: i, .timeout, detail: "the device did not answer within relay.fetch-timeout (\(config.fetchTimeout))", mqtt: &mqtt)
             // The link let its last request time out (silent, or never opened): close it. A fetch
             // link carries one fetch at a time, so only a fresh link asks the device again, and
             // its slot may be what another device's request is waiting for.
-            if !hasPending(p.device), let s = links.firstIndex(where: { $0?.device == p.device }) { closeLink(s) }
+            if !hasWork(p.device), let s = links.firstIndex(where: { $0?.device == p.device }) { closeLink(s) }
         }
         for i in links.indices {
             guard let l = links[i] else { continue }
-            if !hasPending(l.device), l.idleSince + config.linkIdle <= now { closeLink(i) }
+            if !hasWork(l.device), l.idleSince + config.linkIdle <= now { closeLink(i) }
         }
         serveWaiting(now: now, mqtt: &mqtt)
     }
@@ -526,6 +566,72 @@ public struct FetchRelay: ~Copyable {
             guard let p = pending[i], !links.contains(where: { $0?.device == p.device }) else { continue }
             work(device: p.device, address: p.address, now: now, mqtt: &mqtt)
         }
+        for i in tells.indices {
+            guard let t = tells[i], !links.contains(where: { $0?.device == t.device }) else { continue }
+            work(device: t.device, address: t.address, now: now, mqtt: &mqtt)
+        }
+    }
+
+    // MARK: was-continued (docs/relay.md §3, protocol.md §5.2)
+
+    /// A payload went to a requester that continues the activity `at` somewhere: the event is
+    /// published for automations, and the device is told over its link.
+    mutating func continued(device: UInt64, sequence: UInt16, at: String, address: LinkAddress,
+                            now: ContinuousClock.Instant, mqtt: inout MQTTClient) {
+        counters.continued &+= 1
+        if let continuedRoot {
+            var w = JSONWriter(answerScratch)
+            do throws(WireError) {
+                try w.beginObject()
+                try w.key("device"); try w.string(ActivityBeacon.deviceIDText(device))
+                try w.key("seq"); try w.int(Int64(sequence))
+                try w.key("at"); try w.string(at)
+                try w.key("gateway"); try w.string(gatewayID)
+                try w.key("room"); try w.string(room)
+                try w.endObject()
+            } catch {
+                preconditionFailure("a continued event fits \(answerScratch.count) bytes")
+            }
+            // QoS 1, not retained: an event, for whoever listens now.
+            do throws(MQTTError) {
+                try mqtt.publish(topic: continuedRoot + ActivityBeacon.deviceIDText(device), payload: w.written, qos: 1,
+                                 retain: false, properties: MQTTProperties(contentType: "application/json"))
+            } catch {
+                counters.answersLost &+= 1
+            }
+        }
+        guard link != nil else { return }
+        guard let free = tells.firstIndex(where: { $0 == nil }) else { return drops.count("continued-full") }
+        tells[free] = Tell(device: device, sequence: sequence, at: at, address: address, deadline: now + config.fetchTimeout)
+        tellCount += 1
+        work(device: device, address: address, now: now, mqtt: &mqtt)
+    }
+
+    /// Sends every `continued` owed to the device of an open link.
+    mutating func tell(slot: Int) {
+        guard tellCount > 0, let l = links[slot], l.channel.state == .open else { return }
+        for i in tells.indices {
+            guard let t = tells[i], t.device == l.device else { continue }
+            var w = ByteWriter(sendScratch)
+            do throws(WireError) { try LinkMessage.encodeContinued(sequence: t.sequence, room: t.at, into: &w) } catch {
+                preconditionFailure("a continued message of 64 bytes fits 128")
+            }
+            do throws(LinkError) {
+                guard try l.channel.send(w.written) else { return }
+            } catch {
+                return
+            }
+            tells[i] = nil
+            tellCount -= 1
+            counters.continuedTold &+= 1
+        }
+    }
+
+    mutating func dropTell(_ i: Int) {
+        guard tells[i] != nil else { return }
+        tells[i] = nil
+        tellCount -= 1
+        drops.count("continued-undelivered")
     }
 
     // MARK: answers (docs/relay.md §3)
@@ -550,8 +656,11 @@ public struct FetchRelay: ~Copyable {
         return p
     }
 
+    /// The payload as the route asks for it; false when an error went instead (it cannot be
+    /// rendered, or does not fit).
+    @discardableResult
     mutating func sendPayload(_ payload: UnsafeRawBufferPointer, sequence: UInt16, device: UInt64, route: FetchRoute,
-                              mqtt: inout MQTTClient) {
+                              mqtt: inout MQTTClient) -> Bool {
         var w = JSONWriter(answerScratch)
         var body = payload
         var contentType = "application/cbor"
@@ -561,9 +670,10 @@ public struct FetchRelay: ~Copyable {
                 do throws(WireError) {
                     view = try ActivityPayload.validate(payload, limits: PayloadLimits(maxBytes: config.payloadMax))
                 } catch {
-                    return send(.badRequest, device: device,
-                                detail: "the payload cannot be rendered as JSON (sealed, or not a v1 payload: \(error)); ask for cbor",
-                                route: route, mqtt: &mqtt)
+                    send(.badRequest, device: device,
+                         detail: "the payload cannot be rendered as JSON (sealed, or not a v1 payload: \(error)); ask for cbor",
+                         route: route, mqtt: &mqtt)
+                    return false
                 }
                 if route.usesProperties {
                     try view.renderJSON(into: &w)
@@ -584,10 +694,12 @@ public struct FetchRelay: ~Copyable {
                 contentType = "application/json"
             }
         } catch {
-            return send(.tooLarge, device: device, detail: "the answer does not fit \(answerScratch.count) bytes",
-                        route: route, mqtt: &mqtt)
+            send(.tooLarge, device: device, detail: "the answer does not fit \(answerScratch.count) bytes",
+                 route: route, mqtt: &mqtt)
+            return false
         }
         publish(.ok, body, contentType: contentType, sequence: sequence, device: device, route: route, mqtt: &mqtt)
+        return true
     }
 
     /// An error answer: `{"status":"timeout","device":"5a…","gateway":"hall","detail":"…"}`,
@@ -672,7 +784,9 @@ public struct FetchRelay: ~Copyable {
             .copyMemory(from: bytes)
     }
 
-    func hasPending(_ device: UInt64) -> Bool { pending.contains { $0?.device == device } }
+    func hasWork(_ device: UInt64) -> Bool {
+        pending.contains { $0?.device == device } || tellCount > 0 && tells.contains { $0?.device == device }
+    }
 
     /// The later of two 16-bit sequences (RFC 1982, docs/protocol.md §2.3).
     static func newer(_ a: UInt16, _ b: UInt16) -> UInt16 { SerialOrder(a, comparedTo: b) == .newer ? a : b }

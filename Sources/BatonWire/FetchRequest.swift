@@ -1,5 +1,6 @@
 // The body of a fetch request (docs/relay.md §2): empty, or one flat strict JSON object
-// (RFC 8259) with any of `format`, `response_topic` and `correlation`, string values only:
+// (RFC 8259) with any of `format`, `response_topic`, `correlation` and `continue`, string
+// values only:
 //
 //   {"format":"json","response_topic":"kitchen/tv/answer","correlation":"0a1b2c3d"}
 //
@@ -30,6 +31,9 @@ extension Malformed {
     public static let fetchResponseTopic = Malformed("fetch-response-topic")
     /// `correlation` not an even number of hex digits, none, or over 128 of them (64 bytes).
     public static let fetchCorrelation = Malformed("fetch-correlation")
+    /// `continue` empty, over 64 bytes (it must fit the device's `continued` message,
+    /// docs/protocol.md §5.1), or not UTF-8.
+    public static let fetchContinue = Malformed("fetch-continue")
 }
 
 /// What a fetch answer carries (docs/relay.md §3).
@@ -48,10 +52,18 @@ public struct FetchRequest: Sendable, Equatable {
     public var responseTopic: Range<Int>?
     /// `correlation`: hex digits, the v3.1.1 fallback for the v5 Correlation Data property.
     public var correlationHex: Range<Int>?
+    /// `continue`: the requester continues the activity there ("Living room TV"): the device
+    /// is told and the event published (docs/relay.md §3). Absent: the fetch only looks.
+    public var continuedAt: Range<Int>?
 
-    public init(format: FetchFormat = .cbor, responseTopic: Range<Int>? = nil, correlationHex: Range<Int>? = nil) {
+    public init(format: FetchFormat = .cbor, responseTopic: Range<Int>? = nil, correlationHex: Range<Int>? = nil,
+                continuedAt: Range<Int>? = nil) {
         self.format = format; self.responseTopic = responseTopic; self.correlationHex = correlationHex
+        self.continuedAt = continuedAt
     }
+
+    /// The longest `continue`, in bytes: the `continued` message's room id (protocol.md §5.1).
+    public static let maxContinuedAt = 64
 
     /// Longest `response_topic` in bytes, and longest correlation in bytes (hex digits / 2).
     public static let maxResponseTopic = 256
@@ -106,7 +118,7 @@ private struct FetchRequestParser {
     var s: FlatJSONScanner
     init(_ bytes: UnsafeRawBufferPointer) { self.s = FlatJSONScanner(bytes, syntax: .fetchSyntax) }
 
-    private enum Field { case format, responseTopic, correlation }
+    private enum Field { case format, responseTopic, correlation, continuedAt }
 
     /// What was read so far: whole, checked values only.
     var request = FetchRequest()
@@ -129,11 +141,13 @@ private struct FetchRequestParser {
                 if s.equals(key, "format") { field = .format }
                 else if s.equals(key, "response_topic") { field = .responseTopic }
                 else if s.equals(key, "correlation") { field = .correlation }
+                else if s.equals(key, "continue") { field = .continuedAt }
                 else { throw .malformed(at: keyAt, .fetchUnknownKey) }
                 let seen = switch field {
                 case .format: seenFormat
                 case .responseTopic: request.responseTopic != nil
                 case .correlation: request.correlationHex != nil
+                case .continuedAt: request.continuedAt != nil
                 }
                 guard !seen else { throw .malformed(at: keyAt, .fetchDuplicateKey) }
                 s.skipWhitespace()
@@ -147,6 +161,8 @@ private struct FetchRequestParser {
                     request.responseTopic = try responseTopic()
                 case .correlation:
                     request.correlationHex = try correlation()
+                case .continuedAt:
+                    request.continuedAt = try continuedAt()
                 }
                 s.skipWhitespace()
                 let c = try s.peekByte()
@@ -204,6 +220,19 @@ private struct FetchRequestParser {
             throw .malformed(at: i, .fetchResponseTopic)
         }
         return topic
+    }
+
+    /// Where the activity is continued: 1 to 64 bytes of UTF-8 (the scanner refused control
+    /// characters and escapes), as the device's `continued` message carries it.
+    private mutating func continuedAt() throws(WireError) -> Range<Int> {
+        let at = s.offset
+        let text = try string(utf8: .fetchContinue)
+        guard !text.isEmpty else { throw .malformed(at: at, .fetchContinue) }
+        // Proof: text.count > 64, so lowerBound + 64 lies inside the text.
+        guard text.count <= FetchRequest.maxContinuedAt else {
+            throw .malformed(at: text.lowerBound &+ FetchRequest.maxContinuedAt, .fetchContinue)
+        }
+        return text
     }
 
     /// The v3.1.1 stand-in for MQTT 5.0 §3.3.2.3.6's Correlation Data: 1 to 64 bytes as 2 to

@@ -24,6 +24,9 @@ struct FetchCommand: ParsableCommand {
     var cbor = false
     @Option(name: .long, help: "Seconds to wait for the answer (gateways answer within relay.fetch-timeout, 5 s by default).")
     var timeout: Double = 10
+    @Option(name: .customLong("continue"),
+            help: "Say the activity is continued here (a room or device name, 1–64 bytes): the device is told, and the event is published.")
+    var continuedAt: String?
 
     func run() throws {
         let deviceText = device.lowercased().filter { $0 != ":" }
@@ -40,7 +43,16 @@ struct FetchCommand: ParsableCommand {
         let responseTopic = "\(prefix)/answers/baton-fetch-\(tag)"
         let correlation = (0..<8).map { _ in UInt8.random(in: 0...255, using: &random) }
         let correlationHex = correlation.map { String(format: "%02x", $0) }.joined()
-        let body = #"{"format":"\#(cbor ? "cbor" : "json")","response_topic":"\#(responseTopic)","correlation":"\#(correlationHex)"}"#
+        var body = #"{"format":"\#(cbor ? "cbor" : "json")","response_topic":"\#(responseTopic)","correlation":"\#(correlationHex)""#
+        if let continuedAt {
+            // The body allows no escapes (docs/relay.md §2): refuse what would need one.
+            guard (1...64).contains(continuedAt.utf8.count),
+                  !continuedAt.unicodeScalars.contains(where: { $0 == "\"" || $0 == "\\" || $0.value < 0x20 }) else {
+                throw ValidationError("--continue must be 1–64 bytes without quotes, backslashes or control characters")
+            }
+            body += #","continue":"\#(continuedAt)""#
+        }
+        body += "}"
 
         client.start(now: .now)
         let deadline = ContinuousClock.now + .milliseconds(Int64(timeout * 1000))

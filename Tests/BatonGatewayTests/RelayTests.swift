@@ -143,6 +143,47 @@ final class RelayBuilding {
         b.stopAll()
     }
 
+    /// Handoff's userActivityWasContinued: a fetch that says where it continues the activity
+    /// tells the device over its link and publishes the event; a fetch that only looks does not.
+    @Test func aFetchThatContinuesTellsTheDeviceAndPublishesTheEvent() throws {
+        let broker = try MosquittoBroker()
+        let b = try RelayBuilding(name: "fetch-continue", brokers: [broker])
+        let events = b.dir.appendingPathComponent("continued.txt")
+        let sub = try ChildProcess("/usr/bin/mosquitto_sub", ["-h", "127.0.0.1", "-p", "\(broker.port)", "-v",
+                                                              "-t", "baton/continued/+"], stdout: events.path)
+        defer { sub.signal(SIGKILL); _ = sub.wait(timeout: .seconds(5)) }
+        usleep(300_000)
+        let url = "mqtt://127.0.0.1:\(broker.port)"
+        let look = try batonFetch([alice, "--broker", url], in: b.dir)
+        #expect(look.status == 0, "\(look.err)")
+        let take = try batonFetch([alice, "--broker", url, "--continue", "Living room TV"], in: b.dir)
+        #expect(take.status == 0, "\(take.err)")
+
+        // The device heard `continued(seq, "Living room TV")` on its link (the simulator's line).
+        let told = eventually(within: 10) { () -> [[String: Any]]? in
+            let lines = b.building.lines.filter { $0["event"] as? String == "continued" }
+            return lines.isEmpty ? nil : lines
+        }
+        #expect(told?.count == 1, "the device was told \(told?.count ?? 0) times: \(told ?? [])")
+        #expect(told?.first?["device"] as? String == alice)
+        #expect(told?.first?["room"] as? String == "Living room TV")
+        #expect(told?.first?["sequence"] as? Int == Int(b.player.sequence(device: 0)))
+
+        // And automations saw the event, once.
+        let seen = eventually(within: 5) { () -> [String]? in
+            let text = (try? String(contentsOf: events, encoding: .utf8)) ?? ""
+            let lines = text.split(separator: "\n").map(String.init)
+            return lines.isEmpty ? nil : lines
+        }
+        #expect(seen?.count == 1, "events: \(seen ?? [])")
+        let event = seen?.first.flatMap { json(Array($0.split(separator: " ", maxSplits: 1).last!.utf8)) }
+        #expect(seen?.first?.hasPrefix("baton/continued/\(alice) ") == true)
+        #expect(event?["at"] as? String == "Living room TV" && event?["gateway"] as? String == "hall"
+                && event?["room"] as? String == "Hall" && event?["seq"] as? Int == Int(b.player.sequence(device: 0)),
+                "event: \(event.map { "\($0)" } ?? "none")")
+        b.stopAll()
+    }
+
     /// Requests published by hand, answers collected by hand: each request gets exactly one
     /// answer from the three gateways, and garbage is answered or counted.
     @Test func everyRequestGetsExactlyOneAnswer() throws {

@@ -67,6 +67,22 @@ struct FetchRequestTests {
         #expect(r.format == .cbor && r.responseTopic == nil)
     }
 
+    @Test func continueSaysWhereTheActivityIsContinued() throws {
+        let text = #"{"continue":"Living room TV"}"#
+        let r = try decode(text)
+        #expect(r.continuedAt == 13 ..< 27)
+        #expect(string(r.continuedAt, of: text) == "Living room TV")
+        #expect(try decode("{}").continuedAt == nil, "absent: the fetch only looks")
+        // 1…64 bytes of UTF-8: the device's `continued` message carries it (protocol.md §5.1).
+        let sixtyFour = String(repeating: "é", count: 32)
+        #expect(string(try decode(#"{"continue":"\#(sixtyFour)"}"#).continuedAt, of: #"{"continue":"\#(sixtyFour)"}"#) == sixtyFour)
+        #expect(refusal(#"{"continue":"\#(sixtyFour)a"}"#) == .malformed(at: 13 + 64, .fetchContinue))
+        #expect(refusal(#"{"continue":""}"#) == .malformed(at: 12, .fetchContinue))
+        #expect(refusal([UInt8](#"{"continue":""#.utf8) + [0xC3, 0x28] + [UInt8](#""}"#.utf8)) == .malformed(at: 13, .fetchContinue))
+        #expect(refusal(#"{"continue":"a","continue":"b"}"#) == .malformed(at: 16, .fetchDuplicateKey))
+        #expect(refusal(#"{"continue":1}"#) == .malformed(at: 12, .fetchType))
+    }
+
     @Test func allThreeInAnyOrderWithWhitespace() throws {
         let text = "\n{ \"correlation\" : \"00FF\" ,\t\"format\":\"json\",\r\n\"response_topic\": \"büro/tv\" }\n"
         let r = try decode(text)
@@ -271,8 +287,8 @@ struct FetchRequestTests {
     @Test func reasonNamesAreTheStatsKeys() {
         // A refused request is answered `bad-request` with this name, or dropped and counted under it.
         let names = [Malformed.fetchSyntax, .fetchUnknownKey, .fetchDuplicateKey, .fetchType, .fetchFormat,
-                     .fetchResponseTopic, .fetchCorrelation].map(\.description)
+                     .fetchResponseTopic, .fetchCorrelation, .fetchContinue].map(\.description)
         #expect(names == ["fetch-syntax", "fetch-unknown-key", "fetch-duplicate-key", "fetch-type", "fetch-format",
-                          "fetch-response-topic", "fetch-correlation"])
+                          "fetch-response-topic", "fetch-correlation", "fetch-continue"])
     }
 }

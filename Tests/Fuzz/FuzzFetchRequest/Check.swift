@@ -10,7 +10,7 @@
 //     or control character in them: a response topic of 1…256 bytes, well-formed UTF-8 (checked
 //     by the standard library's decoder) without `+` or `#`; a correlation of 2…128 hex digits,
 //     an even count, whose `correlationBytes` are half as many bytes that print back as the same
-//     digits (ignoring case);
+//     digits (ignoring case); a continue of 1…64 bytes of well-formed UTF-8;
 //   * the canonical body written from what decoded (`{"format":…,"response_topic":…,
 //     "correlation":…}`, no spaces) decodes to the same values;
 //   * every cut of an accepted object before its closing `}` (just after the `{`, half way,
@@ -50,6 +50,11 @@ func check(_ bytes: UnsafeRawBufferPointer) {
         let count = correlation.withUnsafeBytes { h in out.withUnsafeMutableBytes { FetchRequest.correlationBytes(h, into: $0) } }
         invariant(count * 2 == correlation.count, "\(count) bytes from \(correlation.count) digits")
         invariant(Array(hex(out[..<count]).utf8) == correlation.map(lowercased), "\(hex(out[..<count])) from \(hex(correlation))")
+    }
+
+    if let place = request.continuedAt.map({ strings(bytes, $0) }) {
+        invariant((1 ... FetchRequest.maxContinuedAt).contains(place.count), "a continue of \(place.count) bytes")
+        invariant(String(validating: place, as: UTF8.self) != nil, "a continue that is not UTF-8: \(hex(place))")
     }
 
     let canonical = canonicalBody(request.format, topic: topic, correlation: correlation)
