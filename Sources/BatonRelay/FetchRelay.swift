@@ -206,6 +206,8 @@ public struct FetchRelay: ~Copyable {
     }
     var tells: [Tell?]
     public private(set) var tellCount = 0
+    /// A link is draining into `received` (see `poll`).
+    var draining = false
 
     struct Pending {
         var device: UInt64
@@ -227,16 +229,22 @@ public struct FetchRelay: ~Copyable {
         var asked: UInt16?
         /// Closed when idle past this (no pending request for its device).
         var idleSince: ContinuousClock.Instant
-        init(channel: consuming LinkChannel, device: UInt64, address: LinkAddress, now: ContinuousClock.Instant) {
+        /// Which link this is, among every link the relay opened.
+        let serial: UInt64
+        init(channel: consuming LinkChannel, device: UInt64, address: LinkAddress, now: ContinuousClock.Instant,
+             serial: UInt64) {
             self.channel = channel; self.device = device; self.address = address; self.idleSince = now
+            self.serial = serial
         }
     }
     var links: [LinkSlot?]
     /// Slot and link of each descriptor handed out by `pollDescriptors`, in order. The link's
-    /// identity, not just its descriptor number: a request handled between poll() and
-    /// `poll(fds:)` may close a link and open another that gets the same number, and the old
-    /// one's readiness must not be read as the new one's.
-    var polled: [(slot: Int, link: ObjectIdentifier)]
+    /// serial, not its descriptor number or address: a request handled between poll() and
+    /// `poll(fds:)` may close a link and open another in the same slot that gets the same
+    /// number and even the same object address, and the old one's readiness must not be read
+    /// as the new one's.
+    var polled: [(slot: Int, serial: UInt64)]
+    var serials: UInt64 = 0
 
     struct CacheEntry {
         var device: UInt64
@@ -382,7 +390,8 @@ public struct FetchRelay: ~Copyable {
         guard let slot, let link else { return }
         do throws(LinkError) {
             let channel = try link.connect(to: address)
-            links[slot] = LinkSlot(channel: channel, device: device, address: address, now: now)
+            serials &+= 1  // Proof: 2⁶⁴ links are never opened.
+            links[slot] = LinkSlot(channel: channel, device: device, address: address, now: now, serial: serials)
             openLinks += 1
             counters.linkOpens &+= 1
             ask(slot: slot, mqtt: &mqtt)
@@ -442,7 +451,7 @@ public struct FetchRelay: ~Copyable {
             var events = Int16(POLLIN)
             if l.channel.wantsWrite { events |= Int16(POLLOUT) }
             fds.append(pollfd(fd: l.channel.fd, events: events, revents: 0))
-            polled.append((i, ObjectIdentifier(l)))
+            polled.append((i, l.serial))
         }
     }
 
@@ -450,13 +459,17 @@ public struct FetchRelay: ~Copyable {
     public mutating func poll(fds: ArraySlice<pollfd>, now: ContinuousClock.Instant, mqtt: inout MQTTClient) {
         for (k, fd) in zip(polled.indices, fds) where fd.revents != 0 {
             let slot = polled[k].slot
-            guard let l = links[slot], ObjectIdentifier(l) == polled[k].link, l.channel.fd == fd.fd else { continue }
+            guard let l = links[slot], l.serial == polled[k].serial else { continue }
             let wasOpen = l.channel.state == .open
             let readable = fd.revents & Int16(POLLIN | POLLHUP | POLLERR) != 0
             let writable = fd.revents & Int16(POLLOUT) != 0
+            // The channel is in use while it drains (touching it again would break Swift's
+            // exclusive access): what a message decides for a link waits until it returns.
+            draining = true
             l.channel.poll(readable: readable, writable: writable, buffer: receive) { sdu in
                 received(sdu, slot: slot, now: now, mqtt: &mqtt)
             }
+            draining = false
             guard let l = links[slot] else { continue }
             switch l.channel.state {
             case .open:
@@ -604,7 +617,9 @@ public struct FetchRelay: ~Copyable {
         guard let free = tells.firstIndex(where: { $0 == nil }) else { return drops.count("continued-full") }
         tells[free] = Tell(device: device, sequence: sequence, at: at, address: address, deadline: now + config.fetchTimeout)
         tellCount += 1
-        work(device: device, address: address, now: now, mqtt: &mqtt)
+        // From a payload that came over the link (`draining`), the link is open: `poll` asks
+        // it once the drain returns, and that sends the message.
+        if !draining { work(device: device, address: address, now: now, mqtt: &mqtt) }
     }
 
     /// Sends every `continued` owed to the device of an open link.

@@ -69,13 +69,23 @@ public struct StreamRelay: ~Copyable {
         /// The device hung up after both closes (§5.3): what is left is the endpoint's acks of
         /// the device's last frames, which the gateway still resends.
         var deviceDone = false
+        /// True while `poll` drains the channel into `fromDevice`. The channel is in use then
+        /// (Swift's exclusive access: touching it again traps), so what a device frame decides
+        /// for it waits until the drain returns: the error frame to send, and the hang-up.
+        var draining = false
+        var lastWords: [UInt8]?
+        var hangUpAfterDrain = false
         var lastProgress: ContinuousClock.Instant
         var lastActivity: ContinuousClock.Instant
 
+        /// Which stream this is, among every stream the relay opened.
+        let serial: UInt64
+
         init(id: String, device: UInt64, topics: StreamTopics, channel: consuming LinkChannel, window: UInt16,
-             maxData: UInt16, keep: Int, keepMaxData: Int, now: ContinuousClock.Instant) {
-            self.id = id; self.device = device; self.topics = topics; self.channel = channel
-            down = StreamSender(capacity: keep, maxData: keepMaxData)
+             maxData: UInt16, frames: UnsafeMutableRawBufferPointer, keep: Int, keepMaxData: Int,
+             now: ContinuousClock.Instant, serial: UInt64) {
+            self.id = id; self.device = device; self.topics = topics; self.channel = channel; self.serial = serial
+            down = StreamSender(storage: frames, capacity: keep, maxData: keepMaxData)
             down.peerOpened(window: window, maxData: maxData)
             up = StreamReceiver()
             endpointWindow = window; endpointMaxData = maxData
@@ -83,9 +93,16 @@ public struct StreamRelay: ~Copyable {
         }
     }
     var slots: [Slot?]
-    var polled: [(slot: Int, stream: ObjectIdentifier)]
+    /// Slot and stream serial of each descriptor handed out by `pollDescriptors` (as in
+    /// FetchRelay: a stream that ended and another that opened in its slot within one turn
+    /// may share a descriptor number and an object address, never a serial).
+    var polled: [(slot: Int, serial: UInt64)]
+    var serials: UInt64 = 0
     let receive: UnsafeMutableRawBufferPointer
     let frameScratch: UnsafeMutableRawBufferPointer
+    /// Every slot's kept frames (window × max data each), taken once at start
+    /// (docs/config.md `relay`): a stream opening allocates no frame buffer.
+    let frames: UnsafeMutableRawBufferPointer
 
     /// Every stream of the building and the gateway carrying it (`<prefix>/streams/+/gateway`),
     /// so the first online gateway can tell the endpoints of a gateway that died. Bounded.
@@ -103,15 +120,19 @@ public struct StreamRelay: ~Copyable {
         slots = Array(repeating: nil, count: config.streams)
         polled = []
         polled.reserveCapacity(config.streams)
-        // A data message: type, frame number, up to max data bytes (docs/protocol.md §5.1).
-        receive = .allocate(byteCount: config.streamMaxData + 5, alignment: 8)
+        // The largest link message of a stream (docs/protocol.md §5.1): a data message (type,
+        // frame number, max data bytes) or an error with the longest detail (type, reason, 100
+        // bytes), whichever is larger; open, ack, close and reset are shorter than the error.
+        receive = .allocate(byteCount: max(config.streamMaxData + 5, 2 + LinkMessage.maxDetailBytes), alignment: 8)
         frameScratch = .allocate(byteCount: config.streamMaxData + 128, alignment: 8)
+        frames = .allocate(byteCount: max(1, config.streams * config.streamWindow * config.streamMaxData), alignment: 8)
         directoryCapacity = config.streams * 8
     }
 
     deinit {
         receive.deallocate()
         frameScratch.deallocate()
+        frames.deallocate()
     }
 
     /// A frame or open dropped without a stream to end, by reason (stats `streams.drops`).
@@ -152,8 +173,11 @@ public struct StreamRelay: ~Copyable {
         }
         let window = min(message.window, UInt16(clamping: config.streamWindow))
         let maxData = min(message.maxData, UInt16(clamping: config.streamMaxData))
+        serials &+= 1  // Proof: 2⁶⁴ streams are never opened.
+        let keep = config.streamWindow * config.streamMaxData
         slots[free] = Slot(id: id, device: target.address, topics: topics, channel: channel, window: window,
-                           maxData: maxData, keep: config.streamWindow, keepMaxData: config.streamMaxData, now: now)
+                           maxData: maxData, frames: UnsafeMutableRawBufferPointer(rebasing: frames[free * keep ..< (free + 1) * keep]),
+                           keep: config.streamWindow, keepMaxData: config.streamMaxData, now: now, serial: serials)
         openCount += 1
         counters.opened &+= 1
         do throws(MQTTError) {
@@ -278,20 +302,30 @@ public struct StreamRelay: ~Copyable {
             var events = Int16(POLLIN)
             if slot.channel.wantsWrite { events |= Int16(POLLOUT) }
             fds.append(pollfd(fd: slot.channel.fd, events: events, revents: 0))
-            polled.append((i, ObjectIdentifier(slot)))
+            polled.append((i, slot.serial))
         }
     }
 
     public mutating func poll(fds: ArraySlice<pollfd>, now: ContinuousClock.Instant, mqtt: inout MQTTClient) {
         for (k, fd) in zip(polled.indices, fds) where fd.revents != 0 {
             let s = polled[k].slot
-            guard let slot = slots[s], ObjectIdentifier(slot) == polled[k].stream, slot.channel.fd == fd.fd else { continue }
+            guard let slot = slots[s], slot.serial == polled[k].serial else { continue }
             let readable = fd.revents & Int16(POLLIN | POLLHUP | POLLERR) != 0
             let writable = fd.revents & Int16(POLLOUT) != 0
+            slot.draining = true
             slot.channel.poll(readable: readable, writable: writable, buffer: receive) { sdu in
                 fromDevice(s, sdu, now: now, mqtt: &mqtt)
             }
-            guard let slot = slots[s], ObjectIdentifier(slot) == polled[k].stream else { continue }
+            slot.draining = false
+            if slot.hangUpAfterDrain {
+                // The stream ended on one of the device's frames (its slot is free already).
+                if let words = slot.lastWords {
+                    words.withUnsafeBytes { b in do throws(LinkError) { _ = try slot.channel.send(b) } catch {} }
+                }
+                slot.channel.close()
+                continue
+            }
+            guard let slot = slots[s], slot.serial == polled[k].serial else { continue }
             switch slot.channel.state {
             case .open:
                 sendOpenIfReady(s)
@@ -375,12 +409,13 @@ public struct StreamRelay: ~Copyable {
                         mqtt: inout MQTTClient) -> Bool {
         guard let slot = slots[s] else { return false }
         if toEndpoint { publishError(reason, detail, to: slot.topics.down, mqtt: &mqtt) }
-        if toDevice, slot.channel.state == .open {
+        // A draining channel is open (it drains only while open) and is not touched now.
+        if toDevice, slot.draining || slot.channel.state == .open {
             var w = ByteWriter(frameScratch)
             do throws(WireError) { try LinkMessage.encodeError(reason, detail: Self.cut(detail, 100), into: &w) } catch {
                 preconditionFailure("an error frame of 100 bytes of detail fits")
             }
-            _ = sendToDevice(s, w.written)
+            if slot.draining { slot.lastWords = Array(w.written) } else { _ = sendToDevice(s, w.written) }
         }
         end(s, clean: false, mqtt: &mqtt)
         return false
@@ -389,7 +424,7 @@ public struct StreamRelay: ~Copyable {
     mutating func end(_ s: Int, clean: Bool, mqtt: inout MQTTClient) {
         guard let slot = slots[s] else { return }
         if clean { counters.finished &+= 1 } else { counters.aborted &+= 1 }
-        slot.channel.close()
+        if slot.draining { slot.hangUpAfterDrain = true } else { slot.channel.close() }
         slots[s] = nil
         openCount -= 1
         do throws(MQTTError) { try mqtt.unsubscribe(slot.topics.up) } catch {}

@@ -19,6 +19,8 @@ public struct StreamSender: ~Copyable {
     public let capacity: Int
     public let capacityMaxData: Int
     let storage: UnsafeMutableRawBufferPointer
+    /// False for storage lent by the owner of many senders (the gateway's, taken at start).
+    let ownsStorage: Bool
     var counts: [Int]
 
     /// The peer's window and max data (its open, then its acks), within the capacity.
@@ -39,12 +41,27 @@ public struct StreamSender: ~Copyable {
         self.capacity = capacity
         self.capacityMaxData = maxData
         storage = .allocate(byteCount: capacity * maxData, alignment: 8)
+        ownsStorage = true
         counts = Array(repeating: 0, count: capacity)
         window = 0
         self.maxData = 0
     }
 
-    deinit { storage.deallocate() }
+    /// Keeps its frames in `storage` (at least capacity × maxData bytes), which the caller owns
+    /// and keeps alive longer than this sender.
+    public init(storage: UnsafeMutableRawBufferPointer, capacity: Int, maxData: Int) {
+        precondition(capacity > 0 && maxData > 0, "a stream keeps at least one frame of one byte")
+        precondition(storage.count >= capacity * maxData, "the lent storage holds capacity × maxData bytes")
+        self.capacity = capacity
+        self.capacityMaxData = maxData
+        self.storage = storage
+        ownsStorage = false
+        counts = Array(repeating: 0, count: capacity)
+        window = 0
+        self.maxData = 0
+    }
+
+    deinit { if ownsStorage { storage.deallocate() } }
 
     /// The peer's open: how much it takes. Clamped to what this side keeps.
     public mutating func peerOpened(window: UInt16, maxData: UInt16) {

@@ -24,96 +24,7 @@ import BatonWire
 import BatonTestSupport
 import BatonRelay
 
-// MARK: - The devices, played by the test
-
-/// The far ends of the relay's links. Each `connect` makes a socketpair; the device's end is
-/// non-blocking and close-on-exec (tests in parallel spawn brokers: a child holding a copy of
-/// a descriptor would keep a link open), and hangs up with shutdown() at the end.
-private final class Devices {
-    struct End {
-        let address: UInt64
-        let fd: Int32
-        /// Every record the relay sent on this link, in order.
-        var received: [[UInt8]] = []
-        /// The relay closed its end (EOF), or the test hung up this one.
-        var closed = false
-    }
-    private(set) var ends: [End] = []
-    /// `connect` throws this for an address, as a device out of range makes a link fail.
-    var refuse: [UInt64: LinkError] = [:]
-
-    deinit {
-        for e in ends {
-            shutdown(e.fd, Int32(SHUT_RDWR))
-            close(e.fd)
-        }
-    }
-
-    func connect(_ device: LinkAddress) throws(LinkError) -> LinkChannel {
-        if let error = refuse[device.address] { throw error }
-        var pair: [Int32] = [-1, -1]
-        let type = Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_CLOEXEC.rawValue)
-        guard socketpair(AF_UNIX, type, 0, &pair) == 0 else { throw .os(Errno(errno, call: "socketpair")) }
-        _ = fcntl(pair[1], F_SETFL, fcntl(pair[1], F_GETFL) | O_NONBLOCK)
-        ends.append(End(address: device.address, fd: pair[1]))
-        // The channel makes its end non-blocking itself (LinkChannel.init).
-        return LinkChannel(fd: pair[0], handshake: .none, sendMTU: 65_535)
-    }
-
-    /// Reads whatever the relay sent on every open link; never blocks.
-    func pump() {
-        var buffer = [UInt8](repeating: 0, count: 70_000)
-        for i in ends.indices where !ends[i].closed {
-            while true {
-                let n = buffer.withUnsafeMutableBytes { recv(ends[i].fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
-                if n > 0 {
-                    ends[i].received.append(Array(buffer[..<n]))
-                } else {
-                    if n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK) { ends[i].closed = true }
-                    break
-                }
-            }
-        }
-    }
-
-    /// The descriptors to wake the loop for: a record from the relay, or its hang-up.
-    var pollDescriptors: [pollfd] {
-        ends.filter { !$0.closed }.map { pollfd(fd: $0.fd, events: Int16(POLLIN), revents: 0) }
-    }
-
-    /// Every record the relay sent to `device`, over all its links.
-    func received(_ device: LinkAddress) -> [[UInt8]] {
-        ends.filter { $0.address == device.address }.flatMap(\.received)
-    }
-
-    /// Links the relay opened to `device`.
-    func links(_ device: LinkAddress) -> Int { ends.count(where: { $0.address == device.address }) }
-
-    /// The device's newest link has been closed by the relay.
-    func isClosed(_ device: LinkAddress) -> Bool {
-        ends.last { $0.address == device.address }?.closed ?? false
-    }
-
-    /// The device writes one link message on its newest link.
-    func send(_ device: LinkAddress, _ message: [UInt8]) throws {
-        let end = try #require(ends.last { $0.address == device.address }, "the relay opened no link to \(device)")
-        let n = message.withUnsafeBytes { Glibc.send(end.fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
-        try #require(n == message.count, "the device's send: \(String(cString: strerror(errno)))")
-    }
-
-    /// The device hangs up its newest link.
-    func hangUp(_ device: LinkAddress) throws {
-        let i = try #require(ends.lastIndex { $0.address == device.address })
-        shutdown(ends[i].fd, Int32(SHUT_RDWR))
-        ends[i].closed = true
-    }
-}
-
-private struct TestLink: DeviceLink {
-    let devices: Devices
-    func connect(to device: LinkAddress) throws(LinkError) -> LinkChannel { try devices.connect(device) }
-    var description: String { "test socketpair" }
-}
+// The devices, played by the test: `Devices` and `TestLink` in RelayHarness.swift.
 
 // MARK: - The rig: broker, gateway client, requester, relay, one poll loop
 
@@ -194,7 +105,7 @@ private final class Rig {
             if done() { return true }
             let now = ContinuousClock.now
             if now >= end { return false }
-            var fds = [Self.descriptor(gateway), Self.descriptor(requester)]
+            var fds = [pollDescriptor(gateway), pollDescriptor(requester)]
             relay.pollDescriptors(into: &fds)
             let relayEnd = fds.count
             fds += devices.pollDescriptors
@@ -205,8 +116,8 @@ private final class Rig {
             let timeout = wake <= now ? 0 : Int32((wake - now) / .milliseconds(1)) + 1
             while Glibc.poll(&fds, nfds_t(fds.count), timeout) < 0 && errno == EINTR {}
             let after = ContinuousClock.now
-            gateway.poll(now: after, readable: Self.readable(fds[0]), writable: Self.writable(fds[0])) { _ in }
-            requester.poll(now: after, readable: Self.readable(fds[1]), writable: Self.writable(fds[1])) {
+            gateway.poll(now: after, readable: isReadable(fds[0]), writable: isWritable(fds[0])) { _ in }
+            requester.poll(now: after, readable: isReadable(fds[1]), writable: isWritable(fds[1])) {
                 if case .message(let m) = $0 { messages.append(m) }
             }
             relay.poll(fds: fds[2 ..< relayEnd], now: after, mqtt: &gateway)
@@ -241,12 +152,6 @@ private final class Rig {
         try #require(got, "the device got \(devices.received(device.link).count) fetch message(s), not \(count)",
                      sourceLocation: sourceLocation)
     }
-
-    private static func descriptor(_ c: borrowing MQTTClient) -> pollfd {
-        pollfd(fd: c.socket, events: Int16(POLLIN) | (c.wantsWrite ? Int16(POLLOUT) : 0), revents: 0)
-    }
-    private static func readable(_ p: pollfd) -> Bool { p.revents & Int16(POLLIN | POLLERR | POLLHUP) != 0 }
-    private static func writable(_ p: pollfd) -> Bool { p.revents & Int16(POLLOUT) != 0 }
 }
 
 // MARK: - Reading answers as a requester does (docs/relay.md §3)

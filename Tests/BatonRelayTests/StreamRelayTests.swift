@@ -1,0 +1,850 @@
+// Continuation streams through the gateway that carries them (docs/relay.md §7), against a
+// real mosquitto (BatonTestSupport.MosquittoBroker), an endpoint and a device that the test
+// plays byte for byte (docs/protocol.md §5.1, §5.3, §5.4).
+//
+//   endpoint (MQTT client) --…/S/up-->   gateway client + StreamRelay --link--> device (the test)
+//   endpoint               <--…/S/down--                               <--link--
+//
+// The gateway's part of the loop is played as Gateway.swift plays it: an open on
+// `baton/stream/<device>/S` goes to `open` (the test decides the target or the refusal, as the
+// ownership rules would), `…/S/up` to `fromEndpoint`, `…/S/gateway` to `carried`; then the
+// relay's links are polled and its timer ticks. The device's end of each link is a socketpair
+// (RelayHarness.swift).
+//
+// The relay's clock is the test's: `now` moves only when a test says `advance`, so a retry or
+// an idle timeout happens exactly when the test moves time past it, however slow the machine.
+// Waits for the broker and the links are bounded with generous limits; after what a test
+// waits for arrives, the loop runs a bounded extra moment (`settle`) in which a stray frame
+// would arrive, and then every frame on the endpoint's `…/S/down` and on the device's link is
+// compared exactly.
+
+import Foundation
+import Glibc
+import Testing
+import BatonMQTT
+import BatonWire
+import BatonTestSupport
+import BatonRelay
+
+// MARK: - Frames as the spec writes them
+
+/// The bytes of a frame written in hex as docs/protocol.md §5.1 writes them ("11 01000000 62":
+/// data, frame 1, the byte 0x62); spaces are for the reader.
+private func frame(_ hex: String) -> [UInt8] {
+    let digits = Array(hex.filter { !$0.isWhitespace })
+    precondition(digits.count % 2 == 0, "an odd number of hex digits: \(hex)")
+    return stride(from: 0, to: digits.count, by: 2).map { UInt8(String(digits[$0 ... $0 + 1]), radix: 16)! }
+}
+
+private func utf8(_ text: String) -> [UInt8] { Array(text.utf8) }
+
+private func hexText(_ bytes: [UInt8]) -> String { bytes.map { String(format: "%02x", $0) }.joined() }
+
+/// An error frame (§5.1 `15`): reason `reason` (§5.4), then a detail of at most 100 bytes of
+/// UTF-8 that says `text`.
+private func expectError(_ f: [UInt8]?, _ reason: StreamReason, saying text: String,
+                         sourceLocation: SourceLocation = #_sourceLocation) {
+    guard let f, f.count >= 2 else {
+        Issue.record("expected error \(reason.name), got \(f.map(hexText) ?? "nothing")", sourceLocation: sourceLocation)
+        return
+    }
+    #expect(Array(f.prefix(2)) == [0x15, reason.rawValue], "error \(reason.name): \(hexText(f))", sourceLocation: sourceLocation)
+    let detail = String(decoding: f.dropFirst(2), as: UTF8.self)
+    #expect(f.count - 2 <= 100, "a detail of at most 100 bytes (§5.1)", sourceLocation: sourceLocation)
+    #expect(detail.contains(text), "detail: \(detail)", sourceLocation: sourceLocation)
+}
+
+// MARK: - The rig: broker, gateway client, endpoint, relay, one poll loop
+
+private let gatewayID = "hall"
+
+/// A device as the gateway resolved it from its beacon: the activities topic's 12 hex digits
+/// and its link address.
+private struct Device {
+    let hex: String
+    let link: LinkAddress
+}
+
+private let reader = Device(hex: "5a0000000001", link: LinkAddress(address: 0xC0_FF_EE_00_00_01, addressType: 1, psm: 0x0080))
+private let tablet = Device(hex: "5a0000000002", link: LinkAddress(address: 0xC0_FF_EE_00_00_02, addressType: 1, psm: 0x0080))
+private let badge = Device(hex: "5a0000000003", link: LinkAddress(address: 0xC0_FF_EE_00_00_03, addressType: 0, psm: 0x00C1))
+private let known = [reader, tablet, badge]
+
+/// docs/relay.md §7.1 under the prefix `baton`.
+private func topics(_ id: String) -> StreamTopics {
+    StreamTopics(up: "baton/streams/\(id)/up", down: "baton/streams/\(id)/down", gateway: "baton/streams/\(id)/gateway")
+}
+
+private final class Rig {
+    let broker: MosquittoBroker
+    let devices = Devices()
+    var relay: StreamRelay
+    var gateway: MQTTClient
+    var endpoint: MQTTClient
+    /// The relay's time: moves only by `advance`.
+    private(set) var now: ContinuousClock.Instant
+    /// What the gateway's ownership rules say about the next opens (docs/relay.md §7.2):
+    /// nil, the device is this gateway's to reach.
+    var refusal: String?
+    /// Everything the endpoint received on `baton/streams/+/down`, in order.
+    private(set) var downMessages: [MQTTMessage] = []
+    /// What the endpoint saw on each stream's `…/gateway`, in order ("" = cleared).
+    private(set) var carriers: [String: [String]] = [:]
+    /// Probes that came back (a subscription is in place once a message published after it
+    /// comes back: there is no SUBACK event).
+    private var probes: Set<String> = []
+    private(set) var gatewayConnects = 0
+    private(set) var endpointConnects = 0
+
+    init(_ config: RelayConfig = RelayConfig()) throws {
+        broker = try MosquittoBroker()
+        relay = StreamRelay(config: config, link: TestLink(devices: devices), gatewayID: gatewayID)
+        // A quick reconnect after the broker restart of the reconnect test.
+        gateway = try MQTTClient(config: MQTTConfig(port: broker.port, clientID: gatewayID, protocolVersion: .v5,
+                                                    reconnectMin: .milliseconds(50), reconnectMax: .milliseconds(500)))
+        endpoint = try MQTTClient(config: MQTTConfig(port: broker.port, clientID: "endpoint", protocolVersion: .v5,
+                                                     reconnectMin: .milliseconds(50), reconnectMax: .milliseconds(500)))
+        now = .now
+        gateway.start(now: .now)
+        endpoint.start(now: .now)
+        try subscribe()
+    }
+
+    deinit {
+        gateway.disconnect()
+        endpoint.disconnect()
+    }
+
+    /// Both clients connected and subscribed as a gateway and an endpoint are (the session is
+    /// clean: again after every reconnect).
+    func subscribe(sourceLocation: SourceLocation = #_sourceLocation) throws {
+        try #require(run { gateway.isConnected && endpoint.isConnected }, "the clients did not connect to mosquitto",
+                     sourceLocation: sourceLocation)
+        probes.removeAll()
+        try gateway.subscribe("baton/stream/+/+", qos: 1)
+        try gateway.subscribe("baton/streams/+/gateway", qos: 1)
+        try gateway.subscribe("probe/gateway", qos: 1)
+        try endpoint.subscribe("baton/streams/+/down", qos: 1)
+        try endpoint.subscribe("baton/streams/+/gateway", qos: 1)
+        try endpoint.subscribe("probe/endpoint", qos: 1)
+        try utf8("probe").withUnsafeBytes {
+            try gateway.publish(topic: "probe/gateway", payload: $0, qos: 1)
+            try endpoint.publish(topic: "probe/endpoint", payload: $0, qos: 1)
+        }
+        try #require(run { probes.count == 2 }, "the subscriptions did not take effect", sourceLocation: sourceLocation)
+    }
+
+    /// The relay's clock moves on; the next turn of the loop ticks at the new time.
+    func advance(_ d: Duration) { now += d }
+
+    // MARK: the endpoint
+
+    /// The endpoint publishes its open (docs/relay.md §7.2 step 1).
+    func open(_ id: String, _ device: Device, _ bytes: [UInt8]) throws {
+        try publish("baton/stream/\(device.hex)/\(id)", bytes)
+    }
+
+    /// The endpoint publishes frames on `…/S/up`, in order.
+    func up(_ id: String, _ frames: [UInt8]...) throws {
+        for f in frames { try publish(topics(id).up, f) }
+    }
+
+    private func publish(_ topic: String, _ payload: [UInt8]) throws {
+        try payload.withUnsafeBytes { try endpoint.publish(topic: topic, payload: $0, qos: 1) }
+    }
+
+    /// Every frame the endpoint received on `…/S/down`, in order.
+    func down(_ id: String) -> [[UInt8]] { downMessages.filter { $0.topic == topics(id).down }.map(\.payload) }
+
+    /// The retained `…/S/gateway` of every stream, as a fresh subscriber reads them.
+    func retainedCarriers() throws -> [String: String] {
+        try broker.retained("baton/streams/+/gateway").mapValues { String(decoding: $0, as: UTF8.self) }
+    }
+
+    // MARK: the device
+
+    /// Every link message the relay sent the device, over all its links.
+    func toDevice(_ d: Device) -> [[UInt8]] { devices.received(d.link) }
+
+    func fromDevice(_ d: Device, _ messages: [UInt8]...) throws {
+        for m in messages { try devices.send(d.link, m) }
+    }
+
+    // MARK: the loop
+
+    /// The gateway's loop in miniature; returns whether `done()` held within `limit`.
+    @discardableResult
+    func run(limit: Duration = .seconds(10), until done: () -> Bool) -> Bool {
+        let end = ContinuousClock.now + limit
+        while true {
+            devices.pump()
+            if done() { return true }
+            let wall = ContinuousClock.now
+            if wall >= end { return false }
+            var fds = [pollDescriptor(gateway), pollDescriptor(endpoint)]
+            relay.pollDescriptors(into: &fds)
+            let relayEnd = fds.count
+            fds += devices.pollDescriptors
+            // The relay's deadlines are on the test's clock, not the wall clock: it ticks every
+            // turn, and a turn is at most 100 ms.
+            var wake = min(end, wall + .milliseconds(100))
+            for deadline in [gateway.nextDeadline, endpoint.nextDeadline] {
+                if let deadline, deadline < wake { wake = deadline }
+            }
+            let timeout = wake <= wall ? 0 : Int32((wake - wall) / .milliseconds(1)) + 1
+            while Glibc.poll(&fds, nfds_t(fds.count), timeout) < 0 && errno == EINTR {}
+            let after = ContinuousClock.now
+            var events: [MQTTEvent] = []
+            gateway.poll(now: after, readable: isReadable(fds[0]), writable: isWritable(fds[0])) { events.append($0) }
+            endpoint.poll(now: after, readable: isReadable(fds[1]), writable: isWritable(fds[1])) { endpointEvent($0) }
+            // As Gateway.swift: the broker's messages, then the links, then the timer.
+            for e in events { gatewayEvent(e) }
+            relay.poll(fds: fds[2 ..< relayEnd], now: now, mqtt: &gateway)
+            relay.tick(now: now, mqtt: &gateway)
+        }
+    }
+
+    private func gatewayEvent(_ event: MQTTEvent) {
+        switch event {
+        case .connected:
+            gatewayConnects += 1
+        case .message(let m):
+            let level = m.topic.split(separator: "/", omittingEmptySubsequences: false).map(String.init)
+            if m.topic == "probe/gateway" {
+                probes.insert(m.topic)
+            } else if level.count == 4, level[1] == "stream" {
+                let target = known.first { $0.hex == level[2] }?.link
+                relay.open(id: level[3], topics: topics(level[3]), frame: m.payload, target: refusal == nil ? target : nil,
+                           refusal: refusal, now: now, mqtt: &gateway)
+            } else if level.count == 4, level[1] == "streams", level[3] == "up" {
+                if !relay.fromEndpoint(id: level[2], m.payload, now: now, mqtt: &gateway) { relay.dropped("stream-unknown") }
+            } else if level.count == 4, level[1] == "streams", level[3] == "gateway" {
+                relay.carried(stream: level[2], by: String(decoding: m.payload, as: UTF8.self))
+            }
+        default:
+            break
+        }
+    }
+
+    private func endpointEvent(_ event: MQTTEvent) {
+        switch event {
+        case .connected:
+            endpointConnects += 1
+        case .message(let m):
+            let level = m.topic.split(separator: "/", omittingEmptySubsequences: false).map(String.init)
+            if m.topic == "probe/endpoint" {
+                probes.insert(m.topic)
+            } else if level.count == 4, level[3] == "down" {
+                downMessages.append(m)
+            } else if level.count == 4, level[3] == "gateway" {
+                carriers[level[2], default: []].append(String(decoding: m.payload, as: UTF8.self))
+            }
+        default:
+            break
+        }
+    }
+
+    // MARK: waiting
+
+    func waitDown(_ id: String, _ count: Int, sourceLocation: SourceLocation = #_sourceLocation) throws {
+        try #require(run { down(id).count >= count },
+                     "the endpoint got \(down(id).count) frame(s) on \(topics(id).down), not \(count): \(down(id).map(hexText))",
+                     sourceLocation: sourceLocation)
+    }
+
+    func waitDevice(_ d: Device, _ count: Int, sourceLocation: SourceLocation = #_sourceLocation) throws {
+        try #require(run { toDevice(d).count >= count },
+                     "the device got \(toDevice(d).count) link message(s), not \(count): \(toDevice(d).map(hexText))",
+                     sourceLocation: sourceLocation)
+    }
+
+    /// Runs until the relay has closed the device's newest link (the device reads EOF).
+    func waitLinkClosed(_ d: Device, sourceLocation: SourceLocation = #_sourceLocation) throws {
+        try #require(run { devices.isClosed(d.link) }, "the relay did not close the link to \(d.hex)",
+                     sourceLocation: sourceLocation)
+    }
+
+    /// A bounded moment of the loop with nothing to wait for: a stray frame would come now.
+    func settle() { run(limit: .milliseconds(300)) { false } }
+
+    /// Drops counted under `reason` (stats `relay.streams.drops`).
+    func drops(_ reason: String) -> Int { relay.drops.sorted.first { $0.reason == reason }?.count ?? 0 }
+
+    /// Links the relay holds open (its descriptors to poll).
+    var relayLinks: Int {
+        var fds: [pollfd] = []
+        relay.pollDescriptors(into: &fds)
+        return fds.count
+    }
+
+    /// docs/relay.md §7.2: the endpoint's open reaches the device as `toDevice`; the device
+    /// answers `deviceOpen`, which reaches the endpoint. Afterwards the endpoint's `…/S/up` is
+    /// subscribed (the open on `…/S/down` was published after the subscription).
+    func openStream(_ id: String, _ device: Device, endpointOpen: [UInt8] = frame("10 0800 0004"),
+                    deviceOpen: [UInt8] = frame("10 0800 0004"), sourceLocation: SourceLocation = #_sourceLocation) throws {
+        let (sent, told) = (toDevice(device).count, down(id).count)
+        try open(id, device, endpointOpen)
+        try waitDevice(device, sent + 1, sourceLocation: sourceLocation)
+        try fromDevice(device, deviceOpen)
+        try waitDown(id, told + 1, sourceLocation: sourceLocation)
+    }
+}
+
+private func refused(_ relay: borrowing StreamRelay, _ reason: StreamReason) -> Int {
+    relay.counters.refused[Int(reason.rawValue)]
+}
+
+// MARK: - Tests
+
+@Suite("Continuation streams through the carrying gateway (docs/relay.md §7)")
+struct StreamRelayTests {
+
+    // MARK: §7.2 opening
+
+    @Test("§7.2: the device is told open(min(We, Wg), min(Me, Mg)); …/S/gateway says who carries it; the device's open reaches the endpoint with its max data clamped to Mg",
+          arguments: [("10 0200 0002", "10 0200 0002"),   // window 2, max data 512: as it is
+                      ("10 0200 0008", "10 0200 0002")])  // max data 2048: the gateway keeps 512
+    func open(deviceOpen: String, endpointSees: String) throws {
+        let rig = try Rig(RelayConfig(streamWindow: 4, streamMaxData: 512))
+        try rig.open("s1", reader, frame("10 0800 0004"))  // window 8, max data 1024
+        try rig.waitDevice(reader, 1)
+        #expect(rig.toDevice(reader) == [frame("10 0400 0002")], "open: window 4, max data 512")
+        #expect(rig.devices.links(reader.link) == 1)
+        #expect(try rig.retainedCarriers() == ["baton/streams/s1/gateway": "hall"])
+
+        try rig.fromDevice(reader, frame(deviceOpen))
+        try rig.waitDown("s1", 1)
+        rig.settle()
+        #expect(rig.down("s1") == [frame(endpointSees)])
+        #expect(rig.downMessages.allSatisfy { $0.qos == 1 && !$0.retained }, "§7.1: QoS 1, not retained")
+        #expect(rig.carriers["s1"] == ["hall"])
+        #expect(rig.toDevice(reader).count == 1)
+        #expect(rig.relay.openCount == 1)
+        #expect(rig.relay.counters.opened == 1)
+    }
+
+    // MARK: §7.3 flowing
+
+    @Test("§7.3 endpoint → device: in order only; a duplicate gets the device's last ack again; a frame after a gap is dropped and counted")
+    func upInOrderOnly() throws {
+        let rig = try Rig()
+        try rig.openStream("s1", reader)
+        try rig.up("s1", frame("11 00000000 61"), frame("11 01000000 62"))
+        try rig.waitDevice(reader, 3)
+        #expect(rig.toDevice(reader) == [frame("10 0800 0004"), frame("11 00000000 61"), frame("11 01000000 62")])
+        try rig.fromDevice(reader, frame("12 02000000 0800"))  // ack: frames 0 and 1 consumed, window 8
+        try rig.waitDown("s1", 2)
+        #expect(rig.down("s1") == [frame("10 0800 0004"), frame("12 02000000 0800")], "the device's ack, as it is")
+
+        // A resend of frame 0 (the endpoint did not see the ack in time).
+        try rig.up("s1", frame("11 00000000 61"))
+        try rig.waitDown("s1", 3)
+        rig.settle()
+        #expect(rig.down("s1") == [frame("10 0800 0004"), frame("12 02000000 0800"), frame("12 02000000 0800")])
+        #expect(rig.toDevice(reader).count == 3, "the duplicate does not reach the device")
+        #expect(rig.drops("stream-duplicate") == 1)
+
+        // Frame 3 while 2 is expected (2 was lost with the broker).
+        try rig.up("s1", frame("11 03000000 64"))
+        try #require(rig.run { rig.drops("stream-gap") == 1 })
+        rig.settle()
+        #expect(rig.toDevice(reader).count == 3, "dropped: not on the link")
+        #expect(rig.down("s1").count == 3, "and nothing said to the endpoint: it resends from the gap")
+
+        // The endpoint goes back to 2: both arrive, in order.
+        try rig.up("s1", frame("11 02000000 63"), frame("11 03000000 64"))
+        try rig.waitDevice(reader, 5)
+        rig.settle()
+        #expect(Array(rig.toDevice(reader).dropFirst(3)) == [frame("11 02000000 63"), frame("11 03000000 64")])
+        #expect(rig.relay.openCount == 1)
+        #expect(rig.relay.drops.total == 2)
+    }
+
+    @Test("§7.3 device → endpoint: every frame kept until acknowledged; no ack for relay.stream-retry: go-back-N from the first unacknowledged; acks go on to the device")
+    func downKeptAndResent() throws {
+        let rig = try Rig(RelayConfig(streamRetry: .milliseconds(200)))
+        try rig.openStream("s1", reader)
+        let open = frame("10 0800 0004")
+        let d0 = frame("11 00000000 41"), d1 = frame("11 01000000 4242"), d2 = frame("11 02000000 434343")
+        try rig.fromDevice(reader, d0, d1, d2)
+        try rig.waitDown("s1", 4)
+        rig.settle()
+        #expect(rig.down("s1") == [open, d0, d1, d2], "once each: the relay's clock has not moved")
+
+        rig.advance(.milliseconds(200))
+        try rig.waitDown("s1", 7)
+        rig.settle()
+        #expect(rig.down("s1") == [open, d0, d1, d2, d0, d1, d2])
+        #expect(rig.relay.counters.resent == 3)
+
+        // The endpoint has frame 0: the ack goes on to the device; the next retry starts at 1.
+        try rig.up("s1", frame("12 01000000 0800"))
+        try rig.waitDevice(reader, 2)
+        #expect(rig.toDevice(reader) == [open, frame("12 01000000 0800")])
+        rig.advance(.milliseconds(200))
+        try rig.waitDown("s1", 9)
+        rig.settle()
+        #expect(Array(rig.down("s1").dropFirst(7)) == [d1, d2])
+        #expect(rig.relay.counters.resent == 5)
+
+        // Everything acknowledged: nothing more is resent, however long the endpoint is quiet.
+        try rig.up("s1", frame("12 03000000 0800"))
+        try rig.waitDevice(reader, 3)
+        #expect(rig.toDevice(reader).last == frame("12 03000000 0800"))
+        rig.advance(.seconds(1))
+        rig.settle()
+        #expect(rig.down("s1").count == 9)
+        #expect(rig.relay.counters.resent == 5)
+        #expect(rig.relay.counters.framesDown == 3)
+    }
+
+    @Test("§5.3: the device keeps the endpoint's window; one frame beyond it is error protocol to both ends, and the stream ends")
+    func deviceBeyondWindow() throws {
+        let rig = try Rig()
+        try rig.openStream("s1", reader, endpointOpen: frame("10 0200 0004"))  // window 2
+        #expect(rig.toDevice(reader) == [frame("10 0200 0004")])
+        let d = (0 ..< 5).map { frame("11 0\($0)000000 7\($0)") }
+        try rig.fromDevice(reader, d[0], d[1])
+        try rig.waitDown("s1", 3)
+        // The endpoint consumed both: the window slides by two.
+        try rig.up("s1", frame("12 02000000 0200"))
+        try rig.waitDevice(reader, 2)
+        try rig.fromDevice(reader, d[2], d[3], d[4])
+        try rig.waitDown("s1", 6)
+        try rig.waitLinkClosed(reader)
+        rig.settle()
+
+        let down = rig.down("s1")
+        #expect(Array(down.prefix(5)) == [frame("10 0800 0004"), d[0], d[1], d[2], d[3]])
+        #expect(down.count == 6)
+        expectError(down.last, .protocolError, saying: "frame 4 outside the window")
+        let toDevice = rig.toDevice(reader)
+        #expect(Array(toDevice.prefix(2)) == [frame("10 0200 0004"), frame("12 02000000 0200")])
+        #expect(toDevice.count == 3)
+        expectError(toDevice.last, .protocolError, saying: "frame 4 outside the window")
+        #expect(rig.relay.openCount == 0)
+        #expect(rig.relay.counters.aborted == 1)
+        #expect(try rig.retainedCarriers().isEmpty)
+    }
+
+    @Test("§5.3: a device frame that breaks §5.3 is error protocol to both ends, and the stream ends",
+          arguments: [(["11 01000000 61"], "frame 1 outside the window"),                 // frame 1 before 0
+                      (["13 02000000"], "closed at 2 after sending 0 frames"),           // close says more than sent
+                      (["13 00000000", "11 00000000 61"], "frame 0 outside the window"), // data after its close
+                      (["11 00000000"], "malformed")])                                   // data without bytes
+    func deviceBreaksProtocol(frames: [String], detail: String) throws {
+        let rig = try Rig()
+        try rig.openStream("s1", reader)
+        for f in frames { try rig.fromDevice(reader, frame(f)) }
+        try rig.waitLinkClosed(reader)
+        rig.settle()
+        let down = rig.down("s1")
+        #expect(down.count == frames.count + 1, "the open, the frames published before the bad one, the error")
+        expectError(down.last, .protocolError, saying: detail)
+        #expect(rig.toDevice(reader).count == 2)
+        expectError(rig.toDevice(reader).last, .protocolError, saying: detail)
+        #expect(rig.relay.counters.aborted == 1)
+        #expect(rig.relay.openCount == 0)
+        #expect(try rig.retainedCarriers().isEmpty)
+    }
+
+    @Test("§5.3: an endpoint frame that breaks §5.3 is error protocol to both ends, and the stream ends",
+          arguments: [(["12 05000000 0800"], "an ack for frame 5"),                        // ack for frames never sent
+                      (["13 01000000", "11 01000000 61"], "after its close"),             // data after its close
+                      (["13 01000000", "13 02000000"], "close at 2 after close at 1"),     // two different closes
+                      (["12 0000"], "malformed")])                                         // a cut ack
+    func endpointBreaksProtocol(frames: [String], detail: String) throws {
+        let rig = try Rig()
+        try rig.openStream("s1", reader)
+        try rig.up("s1", frame("11 00000000 61"))
+        try rig.waitDevice(reader, 2)
+        for f in frames { try rig.up("s1", frame(f)) }
+        try rig.waitLinkClosed(reader)
+        try rig.waitDown("s1", 2)
+        rig.settle()
+        #expect(rig.down("s1").count == 2)
+        expectError(rig.down("s1").last, .protocolError, saying: detail)
+        expectError(rig.toDevice(reader).last, .protocolError, saying: detail)
+        #expect(rig.relay.counters.aborted == 1)
+        #expect(rig.relay.openCount == 0)
+    }
+
+    @Test("relay.stream-max-data 1: the device's acks and an error with 100 bytes of detail still reach the endpoint")
+    func smallestMaxData() throws {
+        let rig = try Rig(RelayConfig(streamMaxData: 1))
+        try rig.openStream("s1", reader, endpointOpen: frame("10 0800 0004"), deviceOpen: frame("10 0800 0100"))
+        #expect(rig.toDevice(reader) == [frame("10 0800 0100")], "max data 1")
+        try rig.up("s1", frame("11 00000000 61"))
+        try rig.waitDevice(reader, 2)
+        try rig.fromDevice(reader, frame("12 01000000 0800"))
+        try rig.waitDown("s1", 2)
+        #expect(rig.down("s1").last == frame("12 01000000 0800"))
+        let error = frame("15 06") + utf8(String(repeating: "x", count: 100))
+        try rig.fromDevice(reader, error)
+        try rig.waitDown("s1", 3)
+        try rig.waitLinkClosed(reader)
+        rig.settle()
+        #expect(rig.down("s1") == [frame("10 0800 0100"), frame("12 01000000 0800"), error])
+    }
+
+    // MARK: §7.3 ending
+
+    @Test("§7.3 ending: both closes said and acknowledged: the link is hung up, …/S/gateway cleared, the slot free")
+    func cleanEnd() throws {
+        let rig = try Rig()
+        try rig.openStream("s1", reader)
+        try rig.up("s1", frame("11 00000000 71"), frame("13 01000000"))  // data 0, close at 1
+        try rig.waitDevice(reader, 3)
+        #expect(rig.toDevice(reader) == [frame("10 0800 0004"), frame("11 00000000 71"), frame("13 01000000")])
+
+        try rig.fromDevice(reader, frame("12 01000000 0800"), frame("11 00000000 72"), frame("13 01000000"))
+        try rig.waitDown("s1", 4)
+        #expect(rig.down("s1") == [frame("10 0800 0004"), frame("12 01000000 0800"), frame("11 00000000 72"),
+                                   frame("13 01000000")])
+        #expect(rig.relay.openCount == 1, "the endpoint has not acknowledged the device's frame and close yet")
+
+        try rig.up("s1", frame("12 01000000 0800"))
+        try rig.waitLinkClosed(reader)
+        rig.settle()
+        #expect(rig.toDevice(reader).last == frame("12 01000000 0800"), "the endpoint's ack reaches the device before the hang-up")
+        #expect(rig.toDevice(reader).count == 4)
+        #expect(rig.down("s1").count == 4)
+        #expect(rig.relay.counters.finished == 1)
+        #expect(rig.relay.counters.aborted == 0)
+        #expect(rig.relay.openCount == 0)
+        #expect(rig.relay.nextDeadline == nil, "nothing left to wake up for")
+        #expect(rig.carriers["s1"] == ["hall", ""])
+        #expect(try rig.retainedCarriers().isEmpty, "…/S/gateway cleared")
+    }
+
+    @Test("§7.3 ending: the device's ack is the last word: the stream ends on it")
+    func cleanEndOnDeviceAck() throws {
+        let rig = try Rig()
+        try rig.openStream("s1", reader)
+        try rig.fromDevice(reader, frame("11 00000000 72"), frame("13 01000000"))
+        try rig.waitDown("s1", 3)
+        try rig.up("s1", frame("12 01000000 0800"), frame("11 00000000 71"), frame("13 01000000"))
+        try rig.waitDevice(reader, 4)
+        #expect(rig.toDevice(reader) == [frame("10 0800 0004"), frame("12 01000000 0800"), frame("11 00000000 71"),
+                                         frame("13 01000000")])
+        #expect(rig.relay.openCount == 1, "the device has not acknowledged the endpoint's frame and close yet")
+
+        try rig.fromDevice(reader, frame("12 01000000 0800"))
+        try rig.waitDown("s1", 4)
+        try rig.waitLinkClosed(reader)
+        rig.settle()
+        #expect(rig.down("s1") == [frame("10 0800 0004"), frame("11 00000000 72"), frame("13 01000000"),
+                                   frame("12 01000000 0800")])
+        #expect(rig.toDevice(reader).count == 4)
+        #expect(rig.relay.counters.finished == 1)
+        #expect(rig.relay.counters.aborted == 0)
+        #expect(rig.relay.openCount == 0)
+        #expect(try rig.retainedCarriers().isEmpty)
+    }
+
+    @Test("§7.3 ending: a device that hangs up once both closes are said: its frames are still resent until the endpoint acknowledges them; then finished")
+    func deviceHangsUpAfterBothCloses() throws {
+        let rig = try Rig(RelayConfig(streamRetry: .milliseconds(200)))
+        try rig.openStream("s1", reader)
+        try rig.up("s1", frame("13 00000000"))  // the endpoint sends nothing: close at 0
+        try rig.waitDevice(reader, 2)
+        #expect(rig.toDevice(reader).last == frame("13 00000000"))
+        try rig.waitDown("s1", 2)  // ack 0, said for a device that acknowledged nothing (closeAckRule)
+        try rig.fromDevice(reader, frame("11 00000000 72"), frame("13 01000000"))
+        try rig.waitDown("s1", 4)
+        try rig.devices.hangUp(reader.link)
+        try #require(rig.run { rig.relayLinks == 0 }, "the relay saw the hang-up")
+        rig.settle()
+        #expect(rig.down("s1").count == 4, "no error: a hang-up after both closes is the device's end")
+        #expect(rig.relay.openCount == 1)
+
+        rig.advance(.milliseconds(200))
+        try rig.waitDown("s1", 6)
+        #expect(Array(rig.down("s1").suffix(2)) == [frame("11 00000000 72"), frame("13 01000000")], "resent, close included")
+        try rig.up("s1", frame("12 01000000 0800"))
+        try #require(rig.run { rig.relay.openCount == 0 })
+        rig.settle()
+        #expect(rig.down("s1").count == 6)
+        #expect(rig.relay.counters.finished == 1)
+        #expect(rig.relay.counters.aborted == 0)
+        #expect(try rig.retainedCarriers().isEmpty)
+    }
+
+    @Test("§7.3 ending: an endpoint's close whose frames the device already acknowledged gets that ack again (ack 0 for an empty direction)")
+    func closeAckRule() throws {
+        let rig = try Rig()
+        try rig.openStream("s1", reader)
+        try rig.up("s1", frame("11 00000000 61"), frame("11 01000000 62"))
+        try rig.waitDevice(reader, 3)
+        try rig.fromDevice(reader, frame("12 02000000 0800"))
+        try rig.waitDown("s1", 2)
+        try rig.up("s1", frame("13 02000000"))
+        try rig.waitDevice(reader, 4)
+        try rig.waitDown("s1", 3)
+        rig.settle()
+        #expect(rig.toDevice(reader).last == frame("13 02000000"))
+        #expect(rig.down("s1") == [frame("10 0800 0004"), frame("12 02000000 0800"), frame("12 02000000 0800")],
+                "the ack after the close tells the endpoint its close arrived")
+        // The endpoint resends its close (it missed that ack): said again, the link sees one close.
+        try rig.up("s1", frame("13 02000000"))
+        try rig.waitDown("s1", 4)
+        rig.settle()
+        #expect(rig.down("s1").last == frame("12 02000000 0800"))
+        #expect(rig.toDevice(reader).count == 4)
+
+        // An empty direction: the endpoint closes at 0 before the device acknowledged anything.
+        try rig.openStream("s2", tablet, deviceOpen: frame("10 0300 0004"))
+        try rig.up("s2", frame("13 00000000"))
+        try rig.waitDevice(tablet, 2)
+        try rig.waitDown("s2", 2)
+        rig.settle()
+        #expect(rig.toDevice(tablet) == [frame("10 0800 0004"), frame("13 00000000")])
+        #expect(rig.down("s2") == [frame("10 0300 0004"), frame("12 00000000 0300")], "ack 0 with the device's window")
+    }
+
+    // MARK: §7.3 aborting
+
+    @Test("§7.3 aborting: the endpoint's reset goes to the device and the stream ends")
+    func endpointReset() throws {
+        let rig = try Rig()
+        try rig.openStream("s1", reader)
+        try rig.up("s1", frame("14 01"))  // reset: cancelled
+        try rig.waitDevice(reader, 2)
+        try rig.waitLinkClosed(reader)
+        rig.settle()
+        #expect(rig.toDevice(reader) == [frame("10 0800 0004"), frame("14 01")])
+        #expect(rig.down("s1") == [frame("10 0800 0004")])
+        #expect(rig.relay.counters.aborted == 1)
+        #expect(rig.relay.openCount == 0)
+        #expect(try rig.retainedCarriers().isEmpty)
+    }
+
+    @Test("§7.3 aborting: the device's error goes to the endpoint as it is, and the stream ends")
+    func deviceError() throws {
+        let rig = try Rig()
+        try rig.openStream("s1", reader)
+        let error = frame("15 06") + utf8("the article was closed")
+        try rig.fromDevice(reader, error)
+        try rig.waitDown("s1", 2)
+        try rig.waitLinkClosed(reader)
+        rig.settle()
+        #expect(rig.down("s1") == [frame("10 0800 0004"), error])
+        #expect(rig.toDevice(reader) == [frame("10 0800 0004")])
+        #expect(rig.relay.counters.aborted == 1)
+        #expect(rig.relay.openCount == 0)
+        #expect(try rig.retainedCarriers().isEmpty)
+    }
+
+    @Test("§7.3 aborting: the link drops mid-stream: error unreachable to the endpoint")
+    func linkDrops() throws {
+        let rig = try Rig()
+        try rig.openStream("s1", reader)
+        try rig.up("s1", frame("11 00000000 61"))
+        try rig.waitDevice(reader, 2)
+        try rig.devices.hangUp(reader.link)
+        try rig.waitDown("s1", 2)
+        rig.settle()
+        let down = rig.down("s1")
+        #expect(down.count == 2)
+        expectError(down.last, .unreachable, saying: "the link to the device dropped")
+        #expect(rig.relay.counters.aborted == 1)
+        #expect(rig.relay.openCount == 0)
+        #expect(try rig.retainedCarriers().isEmpty)
+    }
+
+    @Test("§7.3 aborting: nothing moved for relay.stream-idle: error idle both ways")
+    func idle() throws {
+        let rig = try Rig(RelayConfig(streamIdle: .milliseconds(300)))
+        try rig.openStream("s1", reader)
+        rig.advance(.milliseconds(200))
+        try rig.up("s1", frame("11 00000000 61"))  // something moves at 200 ms
+        try rig.waitDevice(reader, 2)
+        rig.advance(.milliseconds(200))            // 400 ms: 200 ms after the last frame
+        rig.settle()
+        #expect(rig.down("s1").count == 1, "not idle yet")
+        #expect(rig.relay.openCount == 1)
+
+        rig.advance(.milliseconds(100))            // 500 ms: 300 ms after the last frame
+        try rig.waitDown("s1", 2)
+        try rig.waitLinkClosed(reader)
+        rig.settle()
+        #expect(rig.down("s1").count == 2)
+        expectError(rig.down("s1").last, .idle, saying: "relay.stream-idle")
+        #expect(rig.toDevice(reader).count == 3)
+        expectError(rig.toDevice(reader).last, .idle, saying: "relay.stream-idle")
+        #expect(rig.relay.counters.aborted == 1)
+        #expect(rig.relay.openCount == 0)
+        #expect(try rig.retainedCarriers().isEmpty)
+    }
+
+    @Test("§7.3 aborting: the gateway stops: error gone to the endpoint and the device")
+    func stop() throws {
+        let rig = try Rig()
+        try rig.openStream("s1", reader)
+        rig.relay.stop(mqtt: &rig.gateway)
+        #expect(rig.relay.openCount == 0)
+        try rig.waitDown("s1", 2)
+        try rig.waitLinkClosed(reader)
+        rig.settle()
+        #expect(rig.down("s1").count == 2)
+        expectError(rig.down("s1").last, .gone, saying: "the gateway is stopping")
+        #expect(rig.toDevice(reader).count == 2)
+        expectError(rig.toDevice(reader).last, .gone, saying: "the gateway is stopping")
+        #expect(try rig.retainedCarriers().isEmpty)
+    }
+
+    // MARK: §7.2 refusals
+
+    @Test("Capacity: relay.streams + 1 is refused busy; a slot freed takes the next open")
+    func streamsPlusOne() throws {
+        let rig = try Rig(RelayConfig(streams: 2))
+        try rig.openStream("s1", reader)
+        try rig.openStream("s2", tablet)
+        try rig.open("s3", badge, frame("10 0800 0004"))
+        try rig.waitDown("s3", 1)
+        rig.settle()
+        #expect(rig.down("s3").count == 1)
+        expectError(rig.down("s3").first, .busy, saying: "relay.streams")
+        #expect(rig.devices.links(badge.link) == 0)
+        #expect(refused(rig.relay, .busy) == 1)
+        #expect(rig.relay.openCount == 2)
+        #expect(try rig.retainedCarriers() == ["baton/streams/s1/gateway": "hall", "baton/streams/s2/gateway": "hall"])
+
+        try rig.up("s1", frame("14 01"))
+        try rig.waitLinkClosed(reader)
+        try rig.openStream("s3", badge)
+        #expect(rig.toDevice(badge) == [frame("10 0800 0004")])
+        #expect(rig.down("s3").last == frame("10 0800 0004"))
+        #expect(rig.relay.openCount == 2)
+    }
+
+    @Test("§7.2: an open the gateway must refuse: error unreachable with the reason as its detail; no link")
+    func refusal() throws {
+        let rig = try Rig()
+        rig.refusal = "the activity does not offer continuation streams"
+        try rig.open("s1", reader, frame("10 0800 0004"))
+        try rig.waitDown("s1", 1)
+        rig.settle()
+        #expect(rig.down("s1") == [frame("15 03") + utf8("the activity does not offer continuation streams")])
+        #expect(rig.devices.links(reader.link) == 0)
+        #expect(refused(rig.relay, .unreachable) == 1)
+        #expect(rig.relay.openCount == 0)
+        #expect(try rig.retainedCarriers().isEmpty)
+    }
+
+    @Test("§7.3 garbage: an open that is not an open frame is refused with error protocol and counted",
+          arguments: [("68656c6c6f", "unsupported", "malformed"),        // "hello": type 0x68
+                      ("11 00000000 61", "stream-not-open", "must be open"), // a data frame
+                      ("10 0000 0004", "link-window", "malformed")])         // window 0
+    func malformedOpen(open: String, drop: String, detail: String) throws {
+        let rig = try Rig()
+        try rig.open("s1", reader, frame(open))
+        try rig.waitDown("s1", 1)
+        rig.settle()
+        #expect(rig.down("s1").count == 1)
+        expectError(rig.down("s1").first, .protocolError, saying: detail)
+        #expect(rig.drops(drop) == 1)
+        #expect(refused(rig.relay, .protocolError) == 1)
+        #expect(rig.devices.links(reader.link) == 0)
+        #expect(rig.relay.openCount == 0)
+    }
+
+    @Test("§7.2: an open the endpoint repeats gets the device's open again, on the same link")
+    func repeatedOpen() throws {
+        let rig = try Rig()
+        try rig.openStream("s1", reader, deviceOpen: frame("10 0400 0001"))
+        try rig.open("s1", reader, frame("10 0800 0004"))
+        try rig.waitDown("s1", 2)
+        rig.settle()
+        #expect(rig.down("s1") == [frame("10 0400 0001"), frame("10 0400 0001")])
+        #expect(rig.devices.links(reader.link) == 1, "no second link")
+        #expect(rig.toDevice(reader) == [frame("10 0800 0004")], "the device is not asked again")
+        #expect(rig.relay.counters.opened == 1)
+        #expect(rig.relay.openCount == 1)
+    }
+
+    // MARK: §7.3 a broker restart
+
+    @Test("§7.3: after a reconnect the device's open, its last ack and every unacknowledged frame are published again, …/S/gateway too")
+    func reconnect() throws {
+        let rig = try Rig()
+        try rig.openStream("s1", reader)
+        try rig.up("s1", frame("11 00000000 61"))
+        try rig.waitDevice(reader, 2)
+        try rig.fromDevice(reader, frame("12 01000000 0800"), frame("11 00000000 41"), frame("11 01000000 42"))
+        try rig.waitDown("s1", 4)
+        try rig.up("s1", frame("12 01000000 0800"))  // the endpoint has frame 0, not yet 1
+        try rig.waitDevice(reader, 3)
+
+        // mosquitto restarts without persistence: no session, nothing retained.
+        try rig.broker.restart()
+        try #require(rig.run { rig.gatewayConnects == 2 && rig.endpointConnects == 2 }, "both clients reconnect")
+        try rig.subscribe()
+        #expect(try rig.retainedCarriers().isEmpty, "the new broker retains nothing")
+        // Gateway.swift calls this on `.connected`; here after the endpoint subscribed again, so
+        // what it publishes has someone to reach.
+        let before = rig.down("s1").count
+        rig.relay.reconnected(now: rig.now, mqtt: &rig.gateway)
+        try rig.waitDown("s1", before + 3)
+        rig.settle()
+        #expect(Array(rig.down("s1").dropFirst(before)) == [frame("10 0800 0004"), frame("12 01000000 0800"),
+                                                             frame("11 01000000 42")])
+        #expect(try rig.retainedCarriers() == ["baton/streams/s1/gateway": "hall"])
+        #expect(rig.relay.counters.resent == 1)
+
+        // …/S/up is subscribed again: the stream goes on.
+        try rig.up("s1", frame("11 01000000 62"))
+        try rig.waitDevice(reader, 4)
+        #expect(rig.toDevice(reader).last == frame("11 01000000 62"))
+    }
+
+    // MARK: §7.3 a gateway that dies
+
+    @Test("§7.3: a gateway goes offline: its streams' endpoints get error gone and their …/gateway is cleared; this gateway's own are untouched")
+    func gatewayOffline() throws {
+        let rig = try Rig()
+        try rig.openStream("h1", reader)
+        // kitchen's streams, as its retained messages say.
+        try rig.broker.publish(topic: "baton/streams/k1/gateway", payload: utf8("kitchen"), retain: true)
+        try rig.broker.publish(topic: "baton/streams/k2/gateway", payload: utf8("kitchen"), retain: true)
+        try #require(rig.run { rig.relay.directory == ["h1": "hall", "k1": "kitchen", "k2": "kitchen"] },
+                     "directory: \(rig.relay.directory)")
+        // A stale entry naming kitchen for a stream this gateway carries now.
+        rig.relay.carried(stream: "h1", by: "kitchen")
+
+        rig.relay.gatewayWentOffline("kitchen", downTopic: { topics($0).down }, gatewayTopic: { topics($0).gateway },
+                                     mqtt: &rig.gateway)
+        try rig.waitDown("k1", 1)
+        try rig.waitDown("k2", 1)
+        rig.settle()
+        for id in ["k1", "k2"] {
+            #expect(rig.down(id) == [frame("15 06") + utf8("gateway kitchen went offline")])
+        }
+        #expect(try rig.retainedCarriers() == ["baton/streams/h1/gateway": "hall"])
+        #expect(rig.relay.counters.goneForOthers == 2)
+        #expect(rig.relay.directory["k1"] == nil && rig.relay.directory["k2"] == nil)
+        // h1 goes on.
+        #expect(rig.down("h1") == [frame("10 0800 0004")])
+        #expect(rig.relay.openCount == 1)
+        #expect(!rig.devices.isClosed(reader.link))
+    }
+
+    @Test("Capacity: the directory of carried streams (relay.streams × 8) + 1 is dropped and counted")
+    func directoryPlusOne() {
+        var relay = StreamRelay(config: RelayConfig(streams: 1), link: nil, gatewayID: gatewayID)
+        #expect(relay.directoryCapacity == 8)
+        for i in 0 ..< 8 { relay.carried(stream: "k\(i)", by: "kitchen") }
+        relay.carried(stream: "k8", by: "kitchen")
+        #expect(relay.directory.count == 8)
+        #expect(relay.directory["k8"] == nil)
+        #expect(relay.drops.sorted.map(\.reason) == ["stream-directory-full"])
+        // A stream already known moves without room; an ended one frees its entry.
+        relay.carried(stream: "k0", by: "study")
+        #expect(relay.directory["k0"] == "study")
+        relay.carried(stream: "k1", by: "")
+        relay.carried(stream: "k8", by: "kitchen")
+        #expect(relay.directory["k8"] == "kitchen")
+        #expect(relay.directory.count == 8)
+        #expect(relay.drops.total == 1)
+    }
+}
