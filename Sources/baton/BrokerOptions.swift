@@ -12,6 +12,8 @@ struct BrokerOptions: ParsableArguments {
     var username: String?
     @Option(name: .long, help: "Broker password.")
     var password: String?
+    @Option(name: .customLong("ca-file"), help: "The CA certificate (PEM) for an mqtts:// broker with a private CA; default: the system's CAs.")
+    var caFile: String?
 
     /// A client for `--broker` with this client id; `ValidationError`s name the flag.
     func client(id: String, reconnectMax: Duration) throws -> MQTTClient {
@@ -19,7 +21,8 @@ struct BrokerOptions: ParsableArguments {
         do throws(MQTTError) { url = try MQTTURL(parsing: broker) } catch {
             throw ValidationError("--broker: \(error)")
         }
-        var config = MQTTConfig(host: url.host, port: url.port, tls: url.tls ? MQTTTLS() : nil,
+        if caFile != nil, !url.tls { throw ValidationError("--ca-file is for an mqtts:// broker; --broker is \(broker)") }
+        var config = MQTTConfig(host: url.host, port: url.port, tls: url.tls ? MQTTTLS(caFile: caFile) : nil,
                                 clientID: id, username: username, password: password)
         config.reconnectMax = reconnectMax
         do throws(MQTTError) { return try MQTTClient(config: config) } catch {

@@ -85,9 +85,26 @@ import Testing
         #expect(!(try read("baton/activities/\(forged)", as: ha).text.contains("Vault")), "a reader forged an activity")
         let denial = broker.log.split(separator: "\n").first { $0.contains("Denied PUBLISH") && $0.contains(forged) }
         #expect(denial != nil, "the broker did not log the denial")
+        // Home Assistant may ask for a payload and hear the answer (the ACL lets it write
+        // baton/fetch/…, the gateway write baton/answers/…): a capture gives no link, so the
+        // hall answers `unreachable`, and it does answer (docs/relay.md §3).
+        let device = try #require(capture.lastBeacons.keys.sorted().first)
+        let out = dir.appendingPathComponent("fetch.out").path, err = dir.appendingPathComponent("fetch.err").path
+        let fetched = try ChildProcess.run(batonBinary.path, [
+            "fetch", String(device, radix: 16).leftPadded(to: 12), "--broker", "mqtts://127.0.0.1:\(broker.port)",
+            "--ca-file", certs.ca, "--username", ha.0, "--password", ha.1,
+        ], stdout: out, stderr: err, timeout: .seconds(20))
+        let said = (try? String(contentsOfFile: err, encoding: .utf8)) ?? ""
+        #expect(fetched == 1 && said.contains("unreachable") && said.contains("gateway hall"),
+                "a fetch through the locked broker: exit \(fetched), \(said)")
         // The password never reaches the log or the stats.
         #expect(!gateway.log.contains("hall-secret"))
         #expect(!(try read("baton/gateways/hall/stats", as: ha).text.contains("hall-secret")))
         #expect(gateway.stop() == 0)
     }
+}
+
+extension String {
+    /// Zeros in front up to `width` characters (a device id's 12 hex digits).
+    func leftPadded(to width: Int) -> String { String(repeating: "0", count: max(0, width - count)) + self }
 }
