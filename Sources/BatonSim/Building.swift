@@ -9,6 +9,7 @@
 // controller while that controller is scanning. Beside each room's controller socket is its
 // link socket (DeviceLinks.swift), served in the same poll loop.
 import BatonHCI
+import BatonKeys
 import BatonWire
 import Glibc
 
@@ -69,6 +70,8 @@ public final class ScenarioPlayer {
         var link: Bool
         /// The sequence the current activity began at: a fetch for an older one is refused.
         var activityStart: UInt16 = 1
+        /// A keyed group's sealer (docs/security.md §5): payloads leave sealed.
+        var sealer: SealedEnvelope?
     }
 
     var devices: [Device] = []
@@ -129,6 +132,16 @@ public final class ScenarioPlayer {
             if d.webURL { flags.insert(.hasWebURL) }
             add(id: d.id, name: d.name, type: d.type, flags: flags, index: i, room: 0, title: d.title ?? d.name,
                 webURL: d.webURL, payloadBytes: d.payloadBytes, link: d.link)
+            if let text = d.groupSecret {
+                // Proof: Scenario.parse checked the text and derivation only fails if libcrypto does.
+                guard let secret = try? GroupSecret(text: text), let keys = try? GroupKeys.derive(secret: secret),
+                      let sealer = try? SealedEnvelope(key: keys.payloadKey) else {
+                    preconditionFailure("a checked group secret derives its keys")
+                }
+                devices[i].sealer = sealer
+                devices[i].beacon.groupHash = keys.groupHash
+                devices[i].data = Self.advertisement(devices[i].beacon, companyID: scenario.companyID)
+            }
             let (x, y) = position(d.place)
             devices[i].x = x
             devices[i].y = y

@@ -8,6 +8,7 @@
 // pending answer: a slot builds its next SDU when the socket can take it, so a gateway that
 // stops reading stops the device (the socket says EAGAIN) without the simulator growing.
 import BatonHCI
+import BatonKeys
 import BatonWire
 import Glibc
 
@@ -600,7 +601,17 @@ final class DeviceLinkServer {
             return send(i, count: 4) { w throws(WireError) in try LinkMessage.encodeFetchRefused(sequence: asked, .notCurrent, into: &w) }
         }
         let sequence = player.sequence(device: d)
-        let payload = player.payload(device: d, sequence: sequence)
+        var payload = player.payload(device: d, sequence: sequence)
+        if let sealer = player.devices[d].sealer, !payload.isEmpty {
+            // A keyed group's device seals for (its id, the sequence): gateways relay ciphertext
+            // (docs/security.md §5.2).
+            var sealed = [UInt8](repeating: 0, count: SealedEnvelope.sealedLength(plaintextCount: payload.count))
+            let context = PayloadContext(deviceID: player.devices[d].id, sequence: sequence)
+            let n = payload.withUnsafeBytes { p in
+                sealed.withUnsafeMutableBytes { out in try? sealer.sealPayload(p, for: context, into: out) }
+            }
+            payload = n.map { Array(sealed[..<$0]) } ?? []
+        }
         guard !payload.isEmpty else {
             return send(i, count: 4) { w throws(WireError) in try LinkMessage.encodeFetchRefused(sequence: asked, .refused, into: &w) }
         }

@@ -3,6 +3,7 @@
 // way: Yams composes nodes that keep their line numbers, the reader walks them against the
 // keys below, and every problem becomes a `ScenarioError` with file, line and key. The whole
 // file is checked before anything is refused, so one run shows every mistake.
+import BatonKeys
 import BatonWire
 import Glibc
 import Yams
@@ -94,13 +95,16 @@ public struct Scenario: Sendable, Equatable {
         public var payloadBytes: Int?
         /// Whether the device offers a device link (docs/protocol.md §5); false: beacon PSM 0.
         public var link: Bool
+        /// The group secret in its text form (docs/security.md §1): the device's beacons carry
+        /// the group's hash and its payloads go out sealed (§5). nil: an open group.
+        public var groupSecret: String?
 
         public init(id: UInt64, name: String, type: String, streams: Bool = false, webURL: Bool = false,
                     place: Place, script: [Step] = [], title: String? = nil, payloadBytes: Int? = nil,
-                    link: Bool = true) {
+                    link: Bool = true, groupSecret: String? = nil) {
             self.id = id; self.name = name; self.type = type; self.streams = streams; self.webURL = webURL
             self.place = place; self.script = script
-            self.title = title; self.payloadBytes = payloadBytes; self.link = link
+            self.title = title; self.payloadBytes = payloadBytes; self.link = link; self.groupSecret = groupSecret
         }
     }
 
@@ -205,7 +209,8 @@ extension Scenario {
         ("", ["seed", "speed", "duration", "rate", "company-id", "radio", "rooms", "devices", "crowd"]),
         ("radio", ["in-room", "per-room", "heard-down-to", "noise", "loss", "link-latency"]),
         ("rooms", ["id", "name", "x", "y", "noise", "loss"]),
-        ("devices", ["id", "name", "type", "streams", "web-url", "at", "script", "title", "payload-bytes", "link"]),
+        ("devices", ["id", "name", "type", "streams", "web-url", "at", "script", "title", "payload-bytes", "link",
+                     "group-secret"]),
         ("script", ["at", "walk", "save", "become-current", "invalidate", "silent", "resume"]),
         ("place", ["between", "x", "y"]),
         ("crowd", ["count", "first-id", "wander", "type", "title", "payload-bytes", "link"]),
@@ -441,6 +446,13 @@ struct ScenarioReader {
             if let n = m["script"] { device.script = readScript(n, end: end) }
             if let n = m["title"], let t = name(n, expected: "the activity's title") { device.title = t }
             if let n = m["link"], let b = bool(n) { device.link = b }
+            if let n = m["group-secret"], let t = name(n, expected: "a group secret like BATON-GROUP-V1:…") {
+                do throws(KeyTextError) {
+                    device.groupSecret = try GroupSecret(text: t).text
+                } catch {
+                    report(n.value, n.key, "\(error)")
+                }
+            }
             if let n = m["payload-bytes"], let v = integer(n, Scenario.payloadBytesRange) {
                 var types = [device.type]
                 for step in device.script { if case .becomeCurrent(let t) = step.action { types.append(t) } }

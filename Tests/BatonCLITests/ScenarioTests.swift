@@ -149,6 +149,8 @@ func parseError(_ yaml: String) -> ScenarioError? {
         (minimal + "\n    payload-bytes: 65536", 6, "devices[0].payload-bytes", "must be between 64 and 65535"),
         (minimal + "\n    payload-bytes: 68", 6, "devices[0].payload-bytes", "must be at least 69 for this device"),
         (minimal + "\n    link: maybe", 6, "devices[0].link", "expected true or false"),
+        (minimal + "\n    group-secret: BATON-GROUP-V1:AAAQEAYEAUDAOCAJBIFQYDIOB4QM", 6, "devices[0].group-secret",
+         "checksum does not match"),
         (minimal + "\n    title: \"\"", 6, "devices[0].title", "1 to 100 bytes"),
         (minimal + "\n    type: reader", 6, "devices[0].type", "reverse DNS"),
         ("radio:\n  link-latency: -1\n" + minimal, 2, "radio.link-latency", "between 0 and 60"),
