@@ -26,7 +26,8 @@ var targets: [Target] = [
     .target(name: "BatonWire", swiftSettings: wireSettings),
     .target(name: "BatonHCI", dependencies: ["BatonWire", "CBlueZ"], swiftSettings: wireSettings),
     // Scenarios are YAML like the gateway's config (docs/simulator.md "Scenarios").
-    .target(name: "BatonSim", dependencies: ["BatonWire", "BatonHCI", .product(name: "Yams", package: "Yams")],
+    // BatonKeys: simulated devices of a keyed group seal their payloads as real ones do.
+    .target(name: "BatonSim", dependencies: ["BatonWire", "BatonHCI", "BatonKeys", .product(name: "Yams", package: "Yams")],
             swiftSettings: wireSettings),
     .target(name: "BatonCore", dependencies: ["BatonWire"], swiftSettings: wireSettings),
     .target(name: "BatonKeys", dependencies: ["BatonWire", "CCrypto"], swiftSettings: wireSettings),
@@ -45,7 +46,7 @@ var targets: [Target] = [
     .executableTarget(
         name: "baton",
         dependencies: [
-            "BatonWire", "BatonHCI", "BatonSim", "BatonCore", "BatonMQTT", "BatonRelay", "BatonGateway",
+            "BatonWire", "BatonHCI", "BatonSim", "BatonCore", "BatonMQTT", "BatonRelay", "BatonGateway", "BatonKeys",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Logging", package: "swift-log"),
         ]),
@@ -62,7 +63,7 @@ var targets: [Target] = [
                                                         "BatonTestSupport"]),
     .testTarget(name: "BatonMQTTTests", dependencies: ["BatonMQTT", "BatonTestSupport"]),
     .testTarget(name: "BatonGatewayTests",
-                dependencies: ["BatonGateway", "BatonCore", "BatonMQTT", "BatonRelay", "BatonHCI", "BatonWire", "BatonSim",
+                dependencies: ["BatonGateway", "BatonCore", "BatonMQTT", "BatonRelay", "BatonHCI", "BatonWire", "BatonSim", "BatonKeys",
                                "BatonTestSupport", "baton"]),
 ]
 

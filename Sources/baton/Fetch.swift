@@ -1,5 +1,7 @@
 import ArgumentParser
+import BatonKeys
 import BatonMQTT
+import BatonWire
 import Foundation
 import Glibc
 
@@ -27,6 +29,8 @@ struct FetchCommand: ParsableCommand {
     @Option(name: .customLong("continue"),
             help: "Say the activity is continued here (a room or device name, 1–64 bytes): the device is told, and the event is published.")
     var continuedAt: String?
+    @Option(name: .long, help: "A file holding the group secret (BATON-GROUP-V1:…): open a sealed payload (docs/security.md §5).")
+    var key: String?
 
     func run() throws {
         let deviceText = device.lowercased().filter { $0 != ":" }
@@ -34,6 +38,19 @@ struct FetchCommand: ParsableCommand {
             throw ValidationError("DEVICE must be 12 hex digits like 5a123456789a, got \"\(device)\"")
         }
         guard timeout > 0, timeout <= 3600 else { throw ValidationError("--timeout must be 0–3600 seconds") }
+        // The payload key comes from the group secret; gateways never hold it (docs/security.md §6).
+        let opener: SealedEnvelope?
+        if let key {
+            do {
+                opener = try SealedEnvelope(key: GroupKeys.derive(secret: GroupSecret.load(path: key)).payloadKey)
+            } catch {
+                throw ValidationError("--key \(key): \(error)")
+            }
+        } else {
+            opener = nil
+        }
+        // Sealed bytes cannot be rendered by a gateway: ask for them as they are.
+        let format = cbor || opener != nil ? "cbor" : "json"
         var random = SystemRandomNumberGenerator()
         let tag = String(UInt64.random(in: .min ... .max, using: &random), radix: 16)
         var client = try options.client(id: "baton-fetch-\(getpid())-\(tag)", reconnectMax: .seconds(1))
@@ -43,7 +60,7 @@ struct FetchCommand: ParsableCommand {
         let responseTopic = "\(prefix)/answers/baton-fetch-\(tag)"
         let correlation = (0..<8).map { _ in UInt8.random(in: 0...255, using: &random) }
         let correlationHex = correlation.map { String(format: "%02x", $0) }.joined()
-        var body = #"{"format":"\#(cbor ? "cbor" : "json")","response_topic":"\#(responseTopic)","correlation":"\#(correlationHex)""#
+        var body = #"{"format":"\#(format)","response_topic":"\#(responseTopic)","correlation":"\#(correlationHex)""#
         if let continuedAt {
             // The body allows no escapes (docs/relay.md §2): refuse what would need one.
             guard (1...64).contains(continuedAt.utf8.count),
@@ -84,7 +101,8 @@ struct FetchCommand: ParsableCommand {
                 case .refused(let reason), .disconnected(let reason):
                     FileHandle.standardError.write(Data("baton fetch: \(reason)\n".utf8))
                 case .message(let m) where m.topic == responseTopic:
-                    if let code = try answer(m, correlation: correlation, correlationHex: correlationHex) {
+                    if let code = try answer(m, correlation: correlation, correlationHex: correlationHex,
+                                             device: UInt64(deviceText, radix: 16)!, opener: opener) {
                         client.disconnect()
                         if code != 0 { throw ExitCode(code) }
                         return
@@ -100,16 +118,19 @@ struct FetchCommand: ParsableCommand {
     }
 
     /// Prints an answer meant for us and returns the exit status; nil for someone else's.
-    func answer(_ m: MQTTMessage, correlation: [UInt8], correlationHex: String) throws -> Int32? {
+    func answer(_ m: MQTTMessage, correlation: [UInt8], correlationHex: String, device: UInt64,
+                opener: SealedEnvelope?) throws -> Int32? {
         let status: String
         var payload: Data
         var detail = ""
         var gateway = "?"
+        var sequence: UInt16?
         if let user = m.properties.userProperties.first(where: { $0.name == "status" }) {
             // An MQTT v5 answer: status and correlation in properties (docs/relay.md §3).
             guard m.properties.correlationData == correlation else { return nil }
             status = user.value
             gateway = m.properties.userProperties.first { $0.name == "gateway" }?.value ?? "?"
+            sequence = m.properties.userProperties.first { $0.name == "seq" }.flatMap { UInt16($0.value) }
             payload = Data(m.payload)
             if status != "ok", let o = try? JSONSerialization.jsonObject(with: payload) as? [String: Any] {
                 detail = o["detail"] as? String ?? ""
@@ -121,7 +142,8 @@ struct FetchCommand: ParsableCommand {
             status = o["status"] as? String ?? "?"
             gateway = o["gateway"] as? String ?? "?"
             detail = o["detail"] as? String ?? ""
-            if cbor {
+            sequence = (o["seq"] as? Int).flatMap { UInt16(exactly: $0) }
+            if cbor || opener != nil {
                 payload = Data(base64Encoded: o["cbor"] as? String ?? "") ?? Data()
             } else {
                 payload = (try? JSONSerialization.data(withJSONObject: o["payload"] ?? NSNull(), options: [.sortedKeys])) ?? Data()
@@ -131,8 +153,51 @@ struct FetchCommand: ParsableCommand {
             FileHandle.standardError.write(Data("baton fetch: \(status): \(detail) (gateway \(gateway))\n".utf8))
             return 1
         }
+        if let opener {
+            guard let sequence, let plain = Self.open(payload, opener, device: device, sequence: sequence) else {
+                FileHandle.standardError.write(Data("baton fetch: the payload did not open with this key (another group's key, or not sealed, or altered on the way)\n".utf8))
+                return 1
+            }
+            payload = cbor ? plain : Self.rendered(plain) ?? Data()
+            if payload.isEmpty {
+                FileHandle.standardError.write(Data("baton fetch: the opened payload is not an activity payload v1 (docs/payload.md)\n".utf8))
+                return 1
+            }
+        }
         if !cbor { payload.append(UInt8(ascii: "\n")) }
         FileHandle.standardOutput.write(payload)
         return 0
+    }
+
+    /// The plaintext of an envelope sealed for (device, sequence), or nil (docs/security.md §5.3).
+    static func open(_ envelope: Data, _ opener: SealedEnvelope, device: UInt64, sequence: UInt16) -> Data? {
+        let sealed = [UInt8](envelope)
+        guard sealed.count >= SealedEnvelope.overhead else { return nil }
+        var out = [UInt8](repeating: 0, count: sealed.count)
+        let n = sealed.withUnsafeBytes { e in
+            out.withUnsafeMutableBytes { o in
+                try? opener.openPayload(e, for: PayloadContext(deviceID: device, sequence: sequence), into: o)
+            }
+        }
+        return n.map { Data(out[..<$0]) }
+    }
+
+    /// A payload rendered as JSON (docs/payload.md §4), as a gateway would, or nil.
+    static func rendered(_ plain: Data) -> Data? {
+        let bytes = [UInt8](plain)
+        var scratch = [UInt8](repeating: 0, count: bytes.count * 6 + 1024)
+        let count: Int? = bytes.withUnsafeBytes { p in
+            scratch.withUnsafeMutableBytes { s in
+                var w = JSONWriter(s)
+                do throws(WireError) {
+                    let view = try ActivityPayload.validate(p, limits: PayloadLimits(maxBytes: max(p.count, 1)))
+                    try view.renderJSON(into: &w)
+                    return w.count
+                } catch {
+                    return nil
+                }
+            }
+        }
+        return count.map { Data(scratch[..<$0]) }
     }
 }

@@ -1,6 +1,7 @@
 // Continuing in another room (docs/relay.md): three rooms' gateways on the simulator, a real
 // mosquitto (or two, bridged), and fetches asked the way a user's app would — `baton fetch`,
 // or `mosquitto_pub`/`mosquitto_sub` with MQTT v5 properties or the v3.1.1 body.
+import BatonKeys
 import BatonSim
 import BatonTestSupport
 import Foundation
@@ -37,7 +38,16 @@ let relayScenario = """
         type: com.example.mail.compose
         link: false
         at: office
+      - id: 5a0000000004
+        name: dave-phone
+        type: com.example.notes.edit
+        title: Dave's secret plan
+        group-secret: \(daveSecret)
+        at: kitchen
     """
+
+/// Dave's group (docs/security.md §8.1's vector): his payloads leave his phone sealed.
+let daveSecret = "BATON-GROUP-V1:AAAQEAYEAUDAOCAJBIFQYDIOB4QL"
 
 /// `baton fetch` as a child process: exit status, stdout bytes, stderr text.
 func batonFetch(_ arguments: [String], in dir: URL) throws -> (status: Int32?, out: [UInt8], err: String) {
@@ -140,6 +150,48 @@ final class RelayBuilding {
         let cbor = try batonFetch([alice, "--cbor", "--broker", "mqtt://127.0.0.1:\(floor2.port)"], in: b.dir)
         #expect(cbor.status == 0, "baton fetch across the bridge failed: \(cbor.err)")
         #expect(cbor.out == b.alicePayload)
+        b.stopAll()
+    }
+
+    /// docs/security.md §5: a keyed group's payload crosses the building sealed. Gateways and
+    /// the broker carry ciphertext; only `baton fetch --key` with the group secret opens it.
+    @Test func aSealedPayloadCrossesTheBuildingAsCiphertext() throws {
+        let broker = try MosquittoBroker()
+        let b = try RelayBuilding(name: "fetch-sealed", brokers: [broker])
+        let everything = b.dir.appendingPathComponent("everything.bin")
+        let sub = try ChildProcess("/usr/bin/mosquitto_sub", ["-h", "127.0.0.1", "-p", "\(broker.port)", "-v", "-t", "#"],
+                                   stdout: everything.path)
+        defer { sub.signal(SIGKILL); _ = sub.wait(timeout: .seconds(5)) }
+        usleep(300_000)
+        let url = "mqtt://127.0.0.1:\(broker.port)"
+        let dave = "5a0000000004"
+        let plain = b.player.payload(device: 3, sequence: b.player.sequence(device: 3))
+        try "\(daveSecret)\n".write(to: b.dir.appendingPathComponent("dave.key"), atomically: true, encoding: .utf8)
+        let other = GroupSecret(bytes: Array(repeating: 0x42, count: GroupSecret.byteCount)).text
+        try "\(other)\n".write(to: b.dir.appendingPathComponent("other.key"), atomically: true, encoding: .utf8)
+
+        // Without the key: the envelope (version, nonce, ciphertext, tag), not the payload.
+        let sealed = try batonFetch([dave, "--cbor", "--broker", url], in: b.dir)
+        #expect(sealed.status == 0, "\(sealed.err)")
+        #expect(sealed.out.count == plain.count + 29 && sealed.out != plain && sealed.out.first == 0x01)
+        let asJSON = try batonFetch([dave, "--broker", url], in: b.dir)
+        #expect(asJSON.status == 1 && asJSON.err.contains("bad-request") && asJSON.err.contains("sealed"), "\(asJSON.err)")
+
+        // With the group secret: exactly what the phone saved.
+        let opened = try batonFetch([dave, "--cbor", "--key", b.dir.appendingPathComponent("dave.key").path, "--broker", url], in: b.dir)
+        #expect(opened.status == 0, "\(opened.err)")
+        #expect(opened.out == plain, "the opened payload differs from the phone's")
+        let rendered = try batonFetch([dave, "--key", b.dir.appendingPathComponent("dave.key").path, "--broker", url], in: b.dir)
+        #expect(json(rendered.out)?["title"] as? String == "Dave's secret plan", "\(rendered.err)")
+        let wrong = try batonFetch([dave, "--key", b.dir.appendingPathComponent("other.key").path, "--broker", url], in: b.dir)
+        #expect(wrong.status == 1 && wrong.err.contains("did not open"), "\(wrong.err)")
+
+        // Nothing on the broker ever held the plaintext.
+        usleep(500_000)
+        let seen = (try? Data(contentsOf: everything)).map { [UInt8]($0) } ?? []
+        #expect(seen.count > 0)
+        #expect(!contains(seen, Array("secret plan".utf8)), "the title crossed the broker in the clear")
+        #expect(!contains(seen, Array(plain.prefix(48))), "the payload's bytes crossed the broker in the clear")
         b.stopAll()
     }
 
@@ -464,4 +516,13 @@ let streamBroker = ["set_tcp_nodelay true"]
         #expect(run.isRunning)
         b.stopAll()
     }
+}
+
+/// Whether `needle` occurs in `haystack` as a run of bytes.
+func contains(_ haystack: [UInt8], _ needle: [UInt8]) -> Bool {
+    guard !needle.isEmpty, haystack.count >= needle.count else { return false }
+    for i in 0 ... haystack.count - needle.count where haystack[i] == needle[0] {
+        if Array(haystack[i ..< i + needle.count]) == needle { return true }
+    }
+    return false
 }
