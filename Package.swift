@@ -27,7 +27,10 @@ var targets: [Target] = [
     .target(name: "BatonHCI", dependencies: ["BatonWire", "CBlueZ"], swiftSettings: wireSettings),
     // Scenarios are YAML like the gateway's config (docs/simulator.md "Scenarios").
     // BatonKeys: simulated devices of a keyed group seal their payloads as real ones do.
-    .target(name: "BatonSim", dependencies: ["BatonWire", "BatonHCI", "BatonKeys", .product(name: "Yams", package: "Yams")],
+    // The two YAML files Baton reads (the config, scenarios) share their error shape and helpers.
+    .target(name: "BatonYAML", dependencies: [.product(name: "Yams", package: "Yams")], swiftSettings: wireSettings),
+    .target(name: "BatonSim", dependencies: ["BatonWire", "BatonHCI", "BatonKeys", "BatonYAML",
+                                             .product(name: "Yams", package: "Yams")],
             swiftSettings: wireSettings),
     .target(name: "BatonCore", dependencies: ["BatonWire"], swiftSettings: wireSettings),
     .target(name: "BatonKeys", dependencies: ["BatonWire", "CCrypto"], swiftSettings: wireSettings),
@@ -39,7 +42,7 @@ var targets: [Target] = [
     // The config file is YAML (docs/config.md): what a Home Assistant user already writes, and
     // Yams gives every node its line, so a typo is reported with file, line and key.
     .target(name: "BatonGateway",
-            dependencies: ["BatonWire", "BatonHCI", "BatonCore", "BatonMQTT", "BatonRelay",
+            dependencies: ["BatonWire", "BatonHCI", "BatonCore", "BatonMQTT", "BatonRelay", "BatonYAML",
                            .product(name: "Logging", package: "swift-log"),
                            .product(name: "Yams", package: "Yams")],
             swiftSettings: wireSettings),

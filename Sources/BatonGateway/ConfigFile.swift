@@ -8,6 +8,7 @@
 import Glibc
 import Logging
 import Yams
+import BatonYAML
 import BatonCore
 import BatonMQTT
 import BatonWire
@@ -72,31 +73,7 @@ enum ConfigSchema {
 
     /// The known key within a small edit distance (a typo, `_` for `-`, another case), if any.
     static func closest(to name: String, among candidates: [String]) -> String? {
-        let typed = Array(name.lowercased())
-        let allowed = typed.count <= 4 ? 1 : 2
-        var best: (key: String, distance: Int)? = nil
-        for candidate in candidates {
-            let d = editDistance(typed, Array(candidate))
-            if d <= allowed, d < (best?.distance ?? .max) { best = (candidate, d) }
-        }
-        return best?.key
-    }
-
-    /// Levenshtein distance (insert, delete, substitute; each costs 1).
-    static func editDistance(_ a: [Character], _ b: [Character]) -> Int {
-        if a.isEmpty { return b.count }
-        if b.isEmpty { return a.count }
-        var previous = Array(0...b.count)
-        var current = [Int](repeating: 0, count: b.count + 1)
-        for i in 1...a.count {
-            current[0] = i
-            for j in 1...b.count {
-                let substitution = previous[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)
-                current[j] = min(substitution, previous[j] + 1, current[j - 1] + 1)
-            }
-            swap(&previous, &current)
-        }
-        return previous[b.count]
+        YAMLText.closest(to: name, among: candidates, shortName: 4)
     }
 }
 
@@ -131,7 +108,7 @@ extension GatewayConfig {
         do {
             root = try Yams.compose(yaml: text)
         } catch let error as YamlError {
-            throw syntaxError(error, file: file, text: text)
+            throw YAMLFileError.syntax(error, file: file, text: text)
         } catch {
             throw ConfigError(file: file, line: nil, key: "", message: "not readable as YAML: \(error)")
         }
@@ -139,33 +116,10 @@ extension GatewayConfig {
         var reader = ConfigFileReader(file: file)
         if let root { reader.read(root, into: &config) }
         // File order; problems found by later cross-checks slot in by line.
-        let errors = reader.errors.enumerated()
-            .sorted { ($0.element.line ?? .max, $0.offset) < ($1.element.line ?? .max, $1.offset) }
-            .map(\.element)
-        if var first = errors.first {
-            first.others = Array(errors.dropFirst())
-            throw first
-        }
+        try YAMLFileError.throwFirst(reader.errors)
         return config
     }
 
-    static func syntaxError(_ error: YamlError, file: String, text: String) -> ConfigError {
-        switch error {
-        case .scanner(let context, let problem, let mark, _),
-             .parser(let context, let problem, let mark, _),
-             .composer(let context, let problem, let mark, _):
-            var message = "YAML syntax: \(problem)"
-            if let context { message += " (\(context.text) on line \(context.mark.line))" }
-            let lines = text.split(separator: "\n", omittingEmptySubsequences: false)
-            if mark.line >= 1, mark.line <= lines.count,
-               lines[mark.line - 1].prefix(while: { $0 == " " || $0 == "\t" }).contains("\t") {
-                message += "; indent with spaces, YAML does not allow tabs"
-            }
-            return ConfigError(file: file, line: mark.line, key: "", message: message)
-        default:
-            return ConfigError(file: file, line: nil, key: "", message: "not readable as YAML: \(error)")
-        }
-    }
 }
 
 /// The line (from 1) holding the first byte that is not UTF-8.
@@ -477,7 +431,7 @@ struct ConfigFileReader {
     struct Section {
         var entries: [String: ConfigEntry] = [:]
         subscript(name: String) -> ConfigEntry? {
-            guard let e = entries[name], !isNull(e.value) else { return nil }
+            guard let e = entries[name], !YAMLText.isNull(e.value) else { return nil }
             return e
         }
     }
@@ -490,7 +444,7 @@ struct ConfigFileReader {
     /// Checks a mapping's keys against the schema: an unknown key or a key given twice is
     /// reported and left out. nil when `node` is not a mapping (reported).
     mutating func section(_ node: Node, path: String) -> Section? {
-        if isNull(node) { return Section() }
+        if YAMLText.isNull(node) { return Section() }
         guard case .mapping(let mapping) = node else {
             if path.isEmpty {
                 report(node, "", "expected sections like \"broker:\" at the top of the file, got \(describe(node))")
@@ -610,7 +564,7 @@ struct ConfigFileReader {
 
     /// The value of the choice written, in any letter case (choices are lowercase).
     mutating func choice<T>(_ e: ConfigEntry, _ choices: [(text: String, value: T)]) -> T? {
-        let names = listed(choices.map(\.text))
+        let names = YAMLText.listed(choices.map(\.text))
         guard let t = text(e, expected: "one of " + names) else { return nil }
         guard let c = choices.first(where: { $0.text == t.lowercased() }) else {
             report(e.value, e.key, "expected \(names), got \(quoted(t))")
@@ -666,24 +620,12 @@ func readPasswordFile(_ path: String) throws(ConfigValueError) -> String {
 
 // MARK: - Value syntax
 
-/// YAML's null (`~`, `null`, or nothing after the colon); a quoted "null" is text.
-func isNull(_ node: Node) -> Bool {
-    guard case .scalar(let s) = node, s.style == .plain || s.style == .any else { return false }
-    return ["", "~", "null", "Null", "NULL"].contains(s.string)
-}
-
 func describe(_ node: Node) -> String {
     switch node {
     case .scalar(let s): quoted(s.string)
     case .sequence: "a list"
     case .mapping: "a section of keys"
     }
-}
-
-/// `a, b or c`.
-func listed(_ choices: [String]) -> String {
-    guard let last = choices.last, choices.count > 1 else { return choices.first ?? "" }
-    return choices.dropLast().joined(separator: ", ") + " or " + last
 }
 
 func hexDigits(_ n: Int) -> String {

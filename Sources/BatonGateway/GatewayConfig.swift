@@ -5,6 +5,7 @@
 public import BatonCore
 public import BatonMQTT
 public import BatonRelay
+public import BatonYAML
 import BatonWire
 
 /// Where advertising reports come from (`radio.source`, `--radio`).
@@ -75,42 +76,8 @@ public struct GatewayConfig: Sendable, Equatable {
     }
 }
 
-/// A config problem, said the way a user fixes it: file, line, key, what was expected.
-public struct ConfigError: Error, Sendable, Equatable, CustomStringConvertible {
-    public var file: String
-    public var line: Int?
-    /// The dotted key (`broker.keepalive`), the flag (`--broker`), or empty for a problem with
-    /// the file as a whole (unreadable, not YAML, an unknown top-level key).
-    public var key: String
-    public var message: String
-    /// The file's other problems, in file order. The whole file is checked, so one run shows
-    /// every mistake instead of one per restart.
-    public var others: [ConfigError] = []
-
-    public init(file: String, line: Int?, key: String, message: String, others: [ConfigError] = []) {
-        self.file = file; self.line = line; self.key = key; self.message = message; self.others = others
-    }
-
-    /// This problem and the others, in file order.
-    public var all: [ConfigError] {
-        var first = self
-        first.others = []
-        return [first] + others
-    }
-
-    /// `FILE:LINE: KEY: MESSAGE`, one line per problem.
-    public var description: String {
-        var text = ""
-        for (i, e) in all.enumerated() {
-            if i > 0 { text += "\n" }
-            text += e.file
-            if let line = e.line { text += ":\(line)" }
-            if !e.key.isEmpty { text += ": \(e.key)" }
-            text += ": \(e.message)"
-        }
-        return text
-    }
-}
+/// A config problem, said the way a user fixes it: `FILE:LINE: KEY: MESSAGE` (BatonYAML).
+public typealias ConfigError = YAMLFileError
 
 /// A value that does not parse (a radio source, a duration…); the caller adds where it came
 /// from (file and line, or the flag) to make a `ConfigError`.

@@ -7,6 +7,7 @@ import BatonKeys
 import BatonWire
 import Glibc
 import Yams
+public import BatonYAML
 
 public struct Scenario: Sendable, Equatable {
     /// The one seed every random choice comes from: same seed, same scenario, same reports.
@@ -164,39 +165,8 @@ public struct Scenario: Sendable, Equatable {
     public static let maxLinkLatency = 60.0
 }
 
-/// A problem with a scenario file: `FILE:LINE: KEY: MESSAGE`.
-public struct ScenarioError: Error, Sendable, Equatable, CustomStringConvertible {
-    public var file: String
-    public var line: Int?
-    /// The key path (`devices[0].script[1].walk`), or empty for the file as a whole.
-    public var key: String
-    public var message: String
-    /// The file's other problems, in file order.
-    public var others: [ScenarioError] = []
-
-    public init(file: String, line: Int?, key: String, message: String, others: [ScenarioError] = []) {
-        self.file = file; self.line = line; self.key = key; self.message = message; self.others = others
-    }
-
-    /// This problem and the others, in file order.
-    public var all: [ScenarioError] {
-        var first = self
-        first.others = []
-        return [first] + others
-    }
-
-    public var description: String {
-        var text = ""
-        for (i, e) in all.enumerated() {
-            if i > 0 { text += "\n" }
-            text += e.file
-            if let line = e.line { text += ":\(line)" }
-            if !e.key.isEmpty { text += ": \(e.key)" }
-            text += ": \(e.message)"
-        }
-        return text
-    }
-}
+/// A problem with a scenario file: `FILE:LINE: KEY: MESSAGE` (BatonYAML).
+public typealias ScenarioError = YAMLFileError
 
 // MARK: - Loading
 
@@ -253,39 +223,15 @@ extension Scenario {
         do {
             root = try Yams.compose(yaml: text)
         } catch let error as YamlError {
-            throw syntaxError(error, file: file, text: text)
+            throw YAMLFileError.syntax(error, file: file, text: text)
         } catch {
             throw ScenarioError(file: file, line: nil, key: "", message: "not readable as YAML: \(error)")
         }
         var reader = ScenarioReader(file: file)
         let scenario = reader.read(root)
-        let errors = reader.errors.enumerated()
-            .sorted { ($0.element.line ?? .max, $0.offset) < ($1.element.line ?? .max, $1.offset) }
-            .map(\.element)
-        if var first = errors.first {
-            first.others = Array(errors.dropFirst())
-            throw first
-        }
+        try YAMLFileError.throwFirst(reader.errors)
         guard let scenario else { preconditionFailure("a scenario read without errors") }
         return scenario
-    }
-
-    static func syntaxError(_ error: YamlError, file: String, text: String) -> ScenarioError {
-        switch error {
-        case .scanner(let context, let problem, let mark, _),
-             .parser(let context, let problem, let mark, _),
-             .composer(let context, let problem, let mark, _):
-            var message = "YAML syntax: \(problem)"
-            if let context { message += " (\(context.text) on line \(context.mark.line))" }
-            let lines = text.split(separator: "\n", omittingEmptySubsequences: false)
-            if mark.line >= 1, mark.line <= lines.count,
-               lines[mark.line - 1].prefix(while: { $0 == " " || $0 == "\t" }).contains("\t") {
-                message += "; indent with spaces, YAML does not allow tabs"
-            }
-            return ScenarioError(file: file, line: mark.line, key: "", message: message)
-        default:
-            return ScenarioError(file: file, line: nil, key: "", message: "not readable as YAML: \(error)")
-        }
     }
 
     static func keys(of section: String) -> [String] {
@@ -474,8 +420,8 @@ struct ScenarioReader {
             guard let m = mapping(item, path: path, section: "script") else { continue }
             let given = actions.filter { m.entries[$0] != nil }
             guard given.count == 1, let name = given.first, let a = m.entries[name] else {
-                let message = given.isEmpty ? "a step needs one of " + listed(actions)
-                                            : "one action per step, got " + listed(given) + ": write a step for each"
+                let message = given.isEmpty ? "a step needs one of " + YAMLText.listed(actions)
+                                            : "one action per step, got " + YAMLText.listed(given) + ": write a step for each"
                 report(item, path, message)
                 continue
             }
@@ -629,7 +575,7 @@ struct ScenarioReader {
         if let best = closest(to: id, among: roomIDs) {
             message += " (did you mean \(quoted(best))?)"
         } else if !roomIDs.isEmpty {
-            message += "; the rooms are " + listed(roomIDs.map(quoted))
+            message += "; the rooms are " + YAMLText.listed(roomIDs.map(quoted))
         }
         report(node, key, message)
         return nil
@@ -643,7 +589,7 @@ struct ScenarioReader {
         let node: Node
         var entries: [String: ScenarioEntry] = [:]
         subscript(name: String) -> ScenarioEntry? {
-            guard let e = entries[name], !isNull(e.value) else { return nil }
+            guard let e = entries[name], !YAMLText.isNull(e.value) else { return nil }
             return e
         }
     }
@@ -686,7 +632,7 @@ struct ScenarioReader {
             return other.isEmpty ? "\(quoted(lower)) belongs at the top of the file, not indented"
                                  : "\(quoted(lower)) is a key of \(other)"
         }
-        return "the keys here are " + listed(Scenario.keys(of: section).map(quoted))
+        return "the keys here are " + YAMLText.listed(Scenario.keys(of: section).map(quoted))
     }
 
     mutating func list(_ e: ScenarioEntry, expected: String) -> [Node]? {
@@ -811,12 +757,6 @@ struct ScenarioReader {
 
 // MARK: - Small helpers
 
-/// YAML's null (`~`, `null`, or nothing after the colon); a quoted "null" is text.
-func isNull(_ node: Node) -> Bool {
-    guard case .scalar(let s) = node, s.style == .plain || s.style == .any else { return false }
-    return ["", "~", "null", "Null", "NULL"].contains(s.string)
-}
-
 func describe(_ node: Node) -> String {
     switch node {
     case .scalar(let s): quoted(s.string)
@@ -826,12 +766,6 @@ func describe(_ node: Node) -> String {
 }
 
 func quoted(_ s: String) -> String { "\"" + s + "\"" }
-
-/// `a, b or c`.
-func listed(_ items: [String]) -> String {
-    guard let last = items.last, items.count > 1 else { return items.first ?? "" }
-    return items.dropLast().joined(separator: ", ") + " or " + last
-}
 
 /// `60` rather than `60.0`, and `0.5` as is.
 func formatNumber(_ v: Double) -> String {
@@ -843,29 +777,5 @@ public func hex12(_ v: UInt64) -> String { ActivityBeacon.deviceIDText(v) }
 
 /// The known name within a small edit distance (a typo, `_` for `-`, another case), if any.
 func closest(to name: String, among candidates: [String]) -> String? {
-    let typed = Array(name.lowercased())
-    let allowed = typed.count <= 3 ? 1 : 2
-    var best: (key: String, distance: Int)? = nil
-    for candidate in candidates {
-        let d = editDistance(typed, Array(candidate))
-        if d <= allowed, d < (best?.distance ?? .max) { best = (candidate, d) }
-    }
-    return best?.key
-}
-
-/// Levenshtein distance (insert, delete, substitute; each costs 1).
-func editDistance(_ a: [Character], _ b: [Character]) -> Int {
-    if a.isEmpty { return b.count }
-    if b.isEmpty { return a.count }
-    var previous = Array(0...b.count)
-    var current = [Int](repeating: 0, count: b.count + 1)
-    for i in 1...a.count {
-        current[0] = i
-        for j in 1...b.count {
-            let substitution = previous[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)
-            current[j] = min(substitution, previous[j] + 1, current[j - 1] + 1)
-        }
-        swap(&previous, &current)
-    }
-    return previous[b.count]
+    YAMLText.closest(to: name, among: candidates, shortName: 3)
 }
