@@ -57,11 +57,11 @@ var targets: [Target] = [
     // Starts a real mosquitto on 127.0.0.1 and a free port for the tests that need a broker.
     .target(name: "BatonTestSupport", path: "Tests/BatonTestSupport"),
 
-    .testTarget(name: "BatonWireTests", dependencies: ["BatonWire"], exclude: ["Interop"]),
+    .testTarget(name: "BatonWireTests", dependencies: ["BatonWire", "BatonTestSupport"], exclude: ["Interop"]),
     .testTarget(name: "BatonHCITests", dependencies: ["BatonHCI", "BatonWire", "BatonSim"]),
     .testTarget(name: "BatonCLITests", dependencies: ["BatonHCI", "BatonWire", "BatonSim", "BatonTestSupport", "baton"]),
-    .testTarget(name: "BatonCoreTests", dependencies: ["BatonCore", "BatonWire"]),
-    .testTarget(name: "BatonKeysTests", dependencies: ["BatonKeys", "BatonWire"], exclude: ["Interop"]),
+    .testTarget(name: "BatonCoreTests", dependencies: ["BatonCore", "BatonWire", "BatonTestSupport"]),
+    .testTarget(name: "BatonKeysTests", dependencies: ["BatonKeys", "BatonWire", "BatonTestSupport"], exclude: ["Interop"]),
     .testTarget(name: "BatonRelayTests", dependencies: ["BatonRelay", "BatonWire", "BatonHCI", "BatonMQTT", "BatonSim",
                                                         "BatonTestSupport"]),
     .testTarget(name: "BatonMQTTTests", dependencies: ["BatonMQTT", "BatonTestSupport"]),

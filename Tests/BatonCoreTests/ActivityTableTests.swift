@@ -1,5 +1,6 @@
 // The activity table: docs/table.md, over beacons as docs/protocol.md §2 defines them.
 // Time is injected: every instant is `t0` plus the seconds a test names.
+import BatonTestSupport
 import Testing
 import BatonWire
 import BatonCore

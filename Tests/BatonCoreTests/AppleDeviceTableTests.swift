@@ -1,5 +1,6 @@
 // Apple devices from their Continuity frames: docs/table.md "Apple devices", over the layouts
 // of docs/protocol.md §4. Every frame is a whole advertisement as heard on air, in hex.
+import BatonTestSupport
 import Testing
 import BatonWire
 import BatonCore

@@ -1,4 +1,5 @@
 // Beacon tags (docs/security.md §4) and rotating device ids (§3).
+import BatonTestSupport
 import Testing
 @testable import BatonKeys
 import BatonWire

@@ -1,4 +1,5 @@
 // Sealed envelopes: docs/security.md §5.
+import BatonTestSupport
 import Testing
 @testable import BatonKeys
 

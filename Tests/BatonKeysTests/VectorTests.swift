@@ -2,6 +2,7 @@
 // Interop/vectors.py, which recomputes every vector with Python's `cryptography` (and
 // pycryptodome when present); `independentImplementationsAgree` runs it.
 import Foundation
+import BatonTestSupport
 import Testing
 @testable import BatonKeys
 import BatonWire

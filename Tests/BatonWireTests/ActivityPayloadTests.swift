@@ -1,6 +1,7 @@
 // The activity payload: docs/payload.md. Vectors are the payload bytes in hex; "§" numbers
 // are docs/payload.md's sections, "RFC 8949 §" the CBOR spec's.
 import Foundation
+import BatonTestSupport
 import Testing
 @testable import BatonWire
 

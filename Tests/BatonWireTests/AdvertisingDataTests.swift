@@ -1,4 +1,5 @@
 // AD structures: Core 5.4, Vol 3, Part C, §11.
+import BatonTestSupport
 import Testing
 @testable import BatonWire
 

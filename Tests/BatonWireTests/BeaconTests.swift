@@ -1,4 +1,5 @@
 // Activity beacon v1: docs/protocol.md §2. Vectors are the bytes on air, in hex.
+import BatonTestSupport
 import Testing
 @testable import BatonWire
 

@@ -1,5 +1,6 @@
 // Low-level deterministic CBOR (RFC 8949): heads, shortest floats, UTF-8, bytewise order.
 // Vectors marked "App. A" are RFC 8949 Appendix A's examples, byte for byte.
+import BatonTestSupport
 import Testing
 @testable import BatonWire
 

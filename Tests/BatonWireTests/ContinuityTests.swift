@@ -1,4 +1,5 @@
 // Apple Continuity: docs/protocol.md §4. Frames are the manufacturer value after 4C 00.
+import BatonTestSupport
 import Testing
 @testable import BatonWire
 

@@ -1,5 +1,6 @@
 // Link messages: docs/protocol.md §5.1–§5.4. Each message is written as the SDU on the link,
 // in hex: the type byte, the fixed part, the tail.
+import BatonTestSupport
 import Testing
 import BatonWire
 
