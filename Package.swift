@@ -74,11 +74,11 @@ var targets: [Target] = [
 // given as arguments (tests use that); scripts/fuzz builds them with -sanitize=fuzzer and
 // -DBATON_LIBFUZZER, and their main hands control to libFuzzer's driver.
 let fuzzTargets = ["FuzzAD", "FuzzBeacon", "FuzzContinuity", "FuzzPayload", "FuzzH4", "FuzzHCIEvent", "FuzzCapture", "FuzzSighting",
-                   "FuzzLinkMessage", "FuzzFetchRequest"]
+                   "FuzzLinkMessage", "FuzzFetchRequest", "FuzzSealed"]
 targets.append(.target(name: "FuzzSupport", path: "Tests/Fuzz/FuzzSupport"))
 for name in fuzzTargets {
     targets.append(.executableTarget(
-        name: name, dependencies: ["BatonWire", "BatonHCI", "FuzzSupport"], path: "Tests/Fuzz/\(name)"))
+        name: name, dependencies: ["BatonWire", "BatonHCI", "BatonKeys", "FuzzSupport"], path: "Tests/Fuzz/\(name)"))
 }
 
 var dependencies: [Package.Dependency] = [
