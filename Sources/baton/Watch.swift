@@ -43,6 +43,8 @@ struct WatchCommand: ParsableCommand {
                     do throws(MQTTError) {
                         try client.subscribe("\(prefix)/activities/+", qos: 1)
                         try client.subscribe("\(prefix)/gateways/+/status", qos: 1)
+                        // Was-continued events (docs/relay.md §3): not retained, news only.
+                        try client.subscribe("\(prefix)/continued/+", qos: 1)
                     } catch {
                         throw ValidationError("subscribe: \(error)")
                     }
@@ -103,6 +105,10 @@ struct WatchView {
             } else {
                 changed("\(device) \(a.state) in \(a.room) (gateway \(a.gateway), seq \(a.seq), type \(a.type))")
             }
+        } else if rest.count == 2, rest[0] == "continued" {
+            guard let o = try? JSONSerialization.jsonObject(with: Data(m.payload)) as? [String: Any] else { return }
+            let at = o["at"] as? String ?? "?", room = o["room"] as? String ?? "?"
+            changed("\(rest[1]) continued at \(at) (from \(room), seq \(o["seq"] as? Int ?? 0))")
         } else if rest.count == 3, rest[0] == "gateways", rest[2] == "status" {
             gateways[rest[1]] = String(decoding: m.payload, as: UTF8.self)
             changed("gateway \(rest[1]) \(gateways[rest[1]]!)")

@@ -204,7 +204,11 @@ final class RelayBuilding {
         let sub = try ChildProcess("/usr/bin/mosquitto_sub", ["-h", "127.0.0.1", "-p", "\(broker.port)", "-v",
                                                               "-t", "baton/continued/+"], stdout: events.path)
         defer { sub.signal(SIGKILL); _ = sub.wait(timeout: .seconds(5)) }
-        usleep(300_000)
+        let watchOut = b.dir.appendingPathComponent("watch.txt")
+        let watch = try ChildProcess(batonBinary.path, ["watch", "--lines", "--broker", "mqtt://127.0.0.1:\(broker.port)"],
+                                     stdout: watchOut.path)
+        defer { watch.signal(SIGKILL); _ = watch.wait(timeout: .seconds(5)) }
+        usleep(500_000)
         let url = "mqtt://127.0.0.1:\(broker.port)"
         // First over the link (the continued message follows the payload on it), then a fetch
         // that only looks (from the cache): one continuation in all.
@@ -235,6 +239,12 @@ final class RelayBuilding {
         #expect(event?["at"] as? String == "Living room TV" && event?["gateway"] as? String == "hall"
                 && event?["room"] as? String == "Hall" && event?["seq"] as? Int == Int(b.player.sequence(device: 0)),
                 "event: \(event.map { "\($0)" } ?? "none")")
+        // `baton watch --lines` says it in words (docs/mqtt.md §8).
+        let said = eventually(within: 5) { () -> String? in
+            let text = (try? String(contentsOf: watchOut, encoding: .utf8)) ?? ""
+            return text.contains("\(alice) continued at Living room TV (from Hall") ? text : nil
+        }
+        #expect(said != nil, "baton watch: \((try? String(contentsOf: watchOut, encoding: .utf8)) ?? "")")
         b.stopAll()
     }
 
