@@ -42,7 +42,7 @@ var targets: [Target] = [
     // The config file is YAML (docs/config.md): what a Home Assistant user already writes, and
     // Yams gives every node its line, so a typo is reported with file, line and key.
     .target(name: "BatonGateway",
-            dependencies: ["BatonWire", "BatonHCI", "BatonCore", "BatonMQTT", "BatonRelay", "BatonYAML",
+            dependencies: ["BatonWire", "BatonHCI", "BatonCore", "BatonMQTT", "BatonRelay", "BatonYAML", "BatonKeys",
                            .product(name: "Logging", package: "swift-log"),
                            .product(name: "Yams", package: "Yams")],
             swiftSettings: wireSettings),

@@ -11,6 +11,7 @@ import Yams
 import BatonYAML
 import BatonCore
 import BatonMQTT
+import BatonKeys
 import BatonWire
 
 /// Every key the file may hold, section by section, in the order docs/config.md lists them.
@@ -18,7 +19,7 @@ import BatonWire
 /// against it, so a key cannot be added without its documentation.
 enum ConfigSchema {
     static let sections: [(path: String, keys: [String])] = [
-        ("", ["gateway", "broker", "topics", "radio", "table", "apple", "rooms", "relay", "status", "log"]),
+        ("", ["gateway", "broker", "topics", "radio", "table", "apple", "rooms", "relay", "security", "status", "log"]),
         ("gateway", ["id", "room"]),
         ("broker", ["url", "client-id", "username", "password", "password-file", "keepalive", "protocol",
                     "reconnect-min", "reconnect-max", "tls"]),
@@ -31,6 +32,7 @@ enum ConfigSchema {
                    "settle", "margin", "dwell", "capacity", "gateways"]),
         ("relay", ["link", "fetch-timeout", "link-idle", "fetches", "cache", "links", "payload-max", "streams",
                    "stream-window", "stream-max-data", "stream-retry", "stream-idle"]),
+        ("security", ["beacon-key", "beacon-key-file", "identities", "unkeyed"]),
         ("status", ["interval"]),
         ("log", ["level"]),
     ]
@@ -224,6 +226,7 @@ struct ConfigFileReader {
         if let s = subsection(top["rooms"]) { readRooms(s, into: &c) }
         c.rooms.forgetAfter = c.table.expiry
         if let s = subsection(top["relay"]) { readRelay(s, into: &c) }
+        if let s = subsection(top["security"]) { readSecurity(s, into: &c) }
         if let s = subsection(top["status"]) {
             if let e = s["interval"], let d = duration(e, atLeast: .seconds(1)) { c.statusInterval = d }
         }
@@ -293,6 +296,33 @@ struct ConfigFileReader {
         }
         if let e = s["stream-idle"], let d = duration(e, atLeast: .seconds(1), atMost: .seconds(86_400)) {
             c.relay.streamIdle = d
+        }
+    }
+
+    /// docs/security.md §4.4. The key is checked here, whole (prefix, length, checksum), so a
+    /// mistyped key stops the gateway with its line instead of dropping every beacon as forged.
+    mutating func readSecurity(_ s: Section, into c: inout GatewayConfig) {
+        switch (s["beacon-key"], s["beacon-key-file"]) {
+        case (.some, .some(let f)):
+            report(f.value, f.key, "give security.beacon-key or security.beacon-key-file, not both")
+        case (.some(let e), nil):
+            if let t = text(e, expected: "a beacon key like BATON-BEACON-V1:…") {
+                do throws(KeyTextError) { c.security.beaconKey = try BeaconKey(text: t) } catch {
+                    report(e.value, e.key, "\(error)")
+                }
+            }
+        case (nil, .some(let e)):
+            if let p = path(e) {
+                do throws(KeyTextError) { c.security.beaconKey = try BeaconKey.load(path: p) } catch {
+                    report(e.value, e.key, "\(quoted(p)): \(error)")
+                }
+            }
+        case (nil, nil):
+            break
+        }
+        if let e = s["identities"], let n = integer(e, 0...DeviceIdentity.maxNumbers) { c.security.identities = n }
+        if let e = s["unkeyed"], let p = choice(e, [("publish", UnkeyedGroupPolicy.publish), ("ignore", .ignore)]) {
+            c.security.unkeyed = p
         }
     }
 

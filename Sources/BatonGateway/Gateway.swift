@@ -11,6 +11,7 @@ import BatonCore
 public import BatonHCI
 public import BatonMQTT
 import BatonRelay
+import BatonKeys
 import BatonWire
 import Glibc
 public import Logging
@@ -46,6 +47,8 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     let reopen: (() throws(RadioError) -> Radio)?
     var needsReopen = false
     var decoder: AdvertisementDecoder
+    /// Checks every beacon of the keyed group (docs/security.md §4.4); nil without a key.
+    let verifier: BeaconVerifier?
     var table: ActivityTable
     var apple: AppleDeviceTable
     var publisher: Publisher
@@ -90,10 +93,14 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     /// How long after a radio error the source is started again.
     public static var radioRetry: Duration { .seconds(5) }
 
+    /// `verifier` checks beacons against `config.security`'s key: required when the config has
+    /// one (`GatewayLauncher` makes it, where a libcrypto failure can be reported).
     public init(config: GatewayConfig, radio: consuming Radio, reopen: (() throws(RadioError) -> Radio)? = nil,
-                mqtt: consuming MQTTClient, log: Logger,
+                mqtt: consuming MQTTClient, verifier: BeaconVerifier? = nil, log: Logger,
                 environment: [String: String], now: ContinuousClock.Instant, unixMicroseconds: Int64) {
+        precondition((config.security.beaconKey == nil) == (verifier == nil), "a keyed config needs its BeaconVerifier")
         self.config = config
+        self.verifier = verifier
         self.radio = radio
         self.reopen = reopen
         self.decoder = AdvertisementDecoder(beaconCompanyID: config.companyID)
@@ -107,6 +114,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
             origin: .init(room: config.room, gatewayID: config.gatewayID), clock: clock, version: BatonVersion.current,
             discovery: config.discovery, appleAddresses: config.appleAddresses, orphanGrace: config.table.expiry,
             ownedCapacity: config.table.capacity + config.apple.capacity, log: log)
+        self.publisher.keyedGroup = verifier?.groupHash
         var rooms = config.rooms
         rooms.forgetAfter = config.table.expiry
         self.since = unixMicroseconds / 1000
@@ -297,7 +305,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     mutating func pollRadio(now: ContinuousClock.Instant) {
         let reportsBefore = decoder.tally.reports
         do throws(RadioError) {
-            _ = try Self.pollRadio(&radio, &decoder, &table, &apple, &publisher, ownership, now: now, clock: clock)
+            _ = try Self.pollRadio(&radio, &decoder, verifier, &table, &apple, &publisher, ownership, now: now, clock: clock)
         } catch {
             radioFailed(error, now: now)
         }
@@ -319,24 +327,30 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     /// The hot path: event → reports → beacon or Continuity → table → change. Allocates
     /// nothing unless something changed (scripts/bench counts it). Static with each piece as
     /// its own inout, so the closures borrow disjoint state.
-    static func pollRadio(_ radio: inout Radio, _ decoder: inout AdvertisementDecoder, _ table: inout ActivityTable,
-                          _ apple: inout AppleDeviceTable, _ publisher: inout Publisher,
+    static func pollRadio(_ radio: inout Radio, _ decoder: inout AdvertisementDecoder, _ verifier: BeaconVerifier?,
+                          _ table: inout ActivityTable, _ apple: inout AppleDeviceTable, _ publisher: inout Publisher,
                           _ ownership: borrowing RoomOwnership,
                           now: ContinuousClock.Instant, clock: WallClock) throws(RadioError) -> Int {
         let timestamp = clock.unixMicroseconds(now)
         return try radio.poll(now: now) { event in
-            route(event: event, timestamp: timestamp, now: now, &decoder, &table, &apple, &publisher, ownership)
+            route(event: event, timestamp: timestamp, now: now, &decoder, verifier, &table, &apple, &publisher, ownership)
         }
     }
 
     @inline(__always)
     static func route(event: UnsafeRawBufferPointer, timestamp: Int64, now: ContinuousClock.Instant,
-                      _ decoder: inout AdvertisementDecoder, _ table: inout ActivityTable,
+                      _ decoder: inout AdvertisementDecoder, _ verifier: BeaconVerifier?, _ table: inout ActivityTable,
                       _ apple: inout AppleDeviceTable, _ publisher: inout Publisher,
                       _ ownership: borrowing RoomOwnership) {
         decoder.decode(event: event, timestamp: timestamp) { heard in
             let r = heard.report
-            if let beacon = heard.content.beacon {
+            if var beacon = heard.content.beacon {
+                if let verifier {
+                    // docs/security.md §4.4: the tag, the id, an identity's sequence. A device
+                    // with an identity goes into the table under its identity's id. The verifier
+                    // counts what it drops.
+                    if case .dropped = verifier.check(&beacon, advertisingData: r.data) { return }
+                }
                 table.hear(beacon, rssi: r.rssi, address: r.address, addressType: r.addressType, now: now) { change in
                     publisher.activityChanged(change, owned: ownership.owns(change.activity.deviceID))
                 }
@@ -681,9 +695,21 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         try w.key("changes_published"); try w.int(Int64(publisher.counters.changesPublished))
         try w.key("drops"); try w.beginObject()
         for d in t.drops.sorted { try w.key(d.reason); try w.int(Int64(d.count)) }
+        if let verifier { for d in verifier.drops.sorted { try w.key(d.reason); try w.int(Int64(d.count)) } }
         let tc = table.counters
         if tc.staleSequence > 0 { try w.key("stale-sequence"); try w.int(Int64(tc.staleSequence)) }
         try w.endObject()
+        if let verifier {
+            // docs/security.md §4.4; never the key itself (§6).
+            try w.key("security"); try w.beginObject()
+            try w.key("group"); try w.string(Topics.hex(UInt64(verifier.groupHash), digits: 8))
+            try w.key("identities"); try w.int(Int64(verifier.identities))
+            try w.key("unkeyed"); try w.string(verifier.policy == .publish ? "publish" : "ignore")
+            try w.key("verified"); try w.int(Int64(verifier.verified))
+            try w.key("unverified"); try w.int(Int64(verifier.unverified))
+            try w.key("resolutions"); try w.int(Int64(verifier.resolutions))
+            try w.endObject()
+        }
         try w.key("table"); try w.beginObject()
         try w.key("fill"); try w.int(Int64(table.count))
         try w.key("capacity"); try w.int(Int64(table.capacity))

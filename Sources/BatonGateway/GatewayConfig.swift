@@ -6,6 +6,7 @@ public import BatonCore
 public import BatonMQTT
 public import BatonRelay
 public import BatonYAML
+public import BatonKeys
 import BatonWire
 
 /// Where advertising reports come from (`radio.source`, `--radio`).
@@ -61,6 +62,8 @@ public struct GatewayConfig: Sendable, Equatable {
     /// Payload fetches (docs/relay.md): capacities and deadlines, and how devices are reached.
     public var relay: RelayConfig
     public var relayLink: RelayLinkSpec
+    /// Beacon verification (docs/security.md §4.4): the group's beacon key, if any.
+    public var security: SecurityConfig
 
     /// What `relay.link` comes to with this radio.
     public var resolvedRelayLink: RelayLinkSpec {
@@ -74,6 +77,17 @@ public struct GatewayConfig: Sendable, Equatable {
         case .h4, .capture: return .none
         }
     }
+}
+
+/// `security.*` (docs/config.md "security", docs/security.md §4.4).
+public struct SecurityConfig: Sendable, Equatable {
+    /// The group's beacon key; nil: no group is keyed and every beacon is unverified.
+    public var beaconKey: BeaconKey?
+    /// Device numbers 0..<identities resolve to a stable identity (docs/security.md §3.1).
+    public var identities = 16
+    /// Beacons of groups without a key.
+    public var unkeyed = UnkeyedGroupPolicy.publish
+    public init() {}
 }
 
 /// A config problem, said the way a user fixes it: `FILE:LINE: KEY: MESSAGE` (BatonYAML).
@@ -118,7 +132,8 @@ extension GatewayConfig {
             logLevel: "info",
             rooms: RoomsConfig(),
             relay: RelayConfig(),
-            relayLink: .auto)
+            relayLink: .auto,
+            security: SecurityConfig())
     }
 
     /// The host name, lowercased, with every character outside `[a-z0-9_-]` replaced by `-`, at

@@ -33,7 +33,9 @@ public enum Payloads {
     /// `<prefix>/activities/<device>` (docs/mqtt.md §2).
     /// Everything in it is as of the last change, so republishing the same entry after a
     /// reconnect gives the same bytes (docs/mqtt.md §5).
-    public static func activity(_ a: TrackedActivity, origin: Origin, clock: WallClock,
+    /// `keyedGroup` is the group hash this gateway verifies beacons of (docs/security.md §4.4):
+    /// its activities are `verified`, and those of a device with an identity say its number.
+    public static func activity(_ a: TrackedActivity, origin: Origin, clock: WallClock, keyedGroup: UInt32? = nil,
                                 into w: inout JSONWriter) throws(WireError) {
         let b = a.beacon
         try w.beginObject()
@@ -47,6 +49,12 @@ public enum Payloads {
         try w.key("has_web_url"); try w.bool(b.flags.contains(.hasWebURL))
         try w.key("relayed"); try w.bool(b.flags.contains(.relayed))
         try w.key("psm"); try w.uint(UInt64(b.psm))
+        // Every other group's beacon was dropped unless its tag verified (BeaconVerifier).
+        let verified = keyedGroup == b.groupHash
+        try w.key("verified"); try w.bool(verified)
+        if verified, a.deviceID >> 16 == UInt64(b.groupHash) {
+            try w.key("identity"); try w.uint(a.deviceID & 0xFFFF)
+        }
         try w.key("room"); try w.string(origin.room)
         try w.key("gateway"); try w.string(origin.gatewayID)
         try w.key("rssi"); try w.int(Int64(a.rssiAtChange))

@@ -41,6 +41,8 @@ public struct Publisher: ~Copyable {
     public let version: String
     public let discovery: Bool
     public let appleAddresses: Bool
+    /// The group whose beacons this gateway verifies, if any: its activities say `verified`.
+    public var keyedGroup: UInt32?
     /// Grace for retained entries left by an earlier run: cleared if not heard within it.
     public let orphanGrace: Duration
     public var log: Logger
@@ -185,7 +187,7 @@ public struct Publisher: ~Copyable {
     private mutating func publishActivity(_ a: TrackedActivity) {
         var w = JSONWriter(scratch)
         do throws(WireError) {
-            try Payloads.activity(a, origin: origin, clock: clock, into: &w)
+            try Payloads.activity(a, origin: origin, clock: clock, keyedGroup: keyedGroup, into: &w)
         } catch {
             return log.error("activity JSON did not fit 4 KiB (our bug): \(error)")
         }

@@ -57,7 +57,7 @@ public struct GroupSecret: Sendable, CustomStringConvertible {
 
 /// The key a gateway holds: resolves rotating device ids (the BLE IRK role) and verifies
 /// beacon tags. It cannot open sealed payloads.
-public struct BeaconKey: Sendable, CustomStringConvertible {
+public struct BeaconKey: Sendable, Equatable, CustomStringConvertible {
     public static let byteCount = 16
     let bytes: [UInt8]
 

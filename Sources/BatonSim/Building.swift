@@ -72,6 +72,18 @@ public final class ScenarioPlayer {
         var activityStart: UInt16 = 1
         /// A keyed group's sealer (docs/security.md §5): payloads leave sealed.
         var sealer: SealedEnvelope?
+        /// A keyed group's tagger (§4): every advertisement carries the tag.
+        var tagger: BeaconTagger?
+        /// Makes the device's rotating ids (§3): under its identity key when it has an
+        /// identity (§3.1), else under the beacon key. nil: an open group's fixed id.
+        var idMaker: DeviceIDResolver?
+        /// Whether `id` is an identity's (fixed) or the current rotating id.
+        var hasIdentity = false
+        /// Simulated µs between rotations (0: never), and the next one.
+        var rotateEvery: Int64 = 0
+        var rotateAt: Int64 = .max
+        /// The address before the last rotation: still answers a link opened just before it.
+        var previousAddress: UInt64?
     }
 
     var devices: [Device] = []
@@ -135,12 +147,23 @@ public final class ScenarioPlayer {
             if let text = d.groupSecret {
                 // Proof: Scenario.parse checked the text and derivation only fails if libcrypto does.
                 guard let secret = try? GroupSecret(text: text), let keys = try? GroupKeys.derive(secret: secret),
-                      let sealer = try? SealedEnvelope(key: keys.payloadKey) else {
+                      let sealer = try? SealedEnvelope(key: keys.payloadKey),
+                      let tagger = try? BeaconTagger(key: keys.beaconKey),
+                      let irk = d.identity.map({ try? keys.beaconKey.identityKey(number: $0) }) ?? keys.beaconKey.withUnsafeBytes({ Array($0) }),
+                      let idMaker = try? DeviceIDResolver(irk: irk) else {
                     preconditionFailure("a checked group secret derives its keys")
                 }
                 devices[i].sealer = sealer
+                devices[i].tagger = tagger
+                devices[i].idMaker = idMaker
                 devices[i].beacon.groupHash = keys.groupHash
-                devices[i].data = Self.advertisement(devices[i].beacon, companyID: scenario.companyID)
+                if let n = d.identity {
+                    devices[i].hasIdentity = true
+                    devices[i].id = DeviceIdentity.id(groupHash: keys.groupHash, number: n)
+                }
+                // BLE privacy's default is 15 minutes (Core 5.4, Vol 3, Part C, Appendix A, TGAP(private_addr_int)).
+                devices[i].rotateEvery = Self.micros(d.rotate ?? 900)
+                rotate(i)
             }
             let (x, y) = position(d.place)
             devices[i].x = x
@@ -200,16 +223,52 @@ public final class ScenarioPlayer {
                               type: type, title: title, webURL: webURL, payloadBytes: payloadBytes, link: link))
     }
 
-    /// The beacon's 31-byte advertisement (docs/protocol.md §2.1), as CaptureGenerator writes it.
-    static func advertisement(_ beacon: ActivityBeacon, companyID: UInt16) -> [UInt8] {
+    /// The beacon's 31-byte advertisement (docs/protocol.md §2.1), as CaptureGenerator writes it;
+    /// tagged under the group's beacon key when the device has one (docs/security.md §4).
+    static func advertisement(_ beacon: ActivityBeacon, companyID: UInt16,
+                              tagger: BeaconTagger? = nil) -> [UInt8] {
         var out = [UInt8](repeating: 0, count: ActivityBeacon.advertisementLength)
         out.withUnsafeMutableBytes { raw in
             var w = ByteWriter(raw)
             // Proof: the buffer is exactly advertisementLength bytes.
-            do throws(WireError) { try beacon.encodeAdvertisement(companyID: companyID, authenticator: OpenGroup(), into: &w) }
-            catch { preconditionFailure("a beacon fits 31 bytes") }
+            do throws(WireError) {
+                if let tagger {
+                    try beacon.encodeAdvertisement(companyID: companyID, authenticator: tagger, into: &w)
+                } else {
+                    try beacon.encodeAdvertisement(companyID: companyID, authenticator: OpenGroup(), into: &w)
+                }
+            } catch { preconditionFailure("a beacon fits 31 bytes") }
         }
         return out
+    }
+
+    /// Encodes device `d`'s advertisement again after its beacon changed.
+    func encode(_ d: Int) {
+        devices[d].data = Self.advertisement(devices[d].beacon, companyID: scenario.companyID, tagger: devices[d].tagger)
+    }
+
+    /// A keyed device draws a new rotating id and a new address (docs/security.md §3), as BLE
+    /// privacy rotates both together. From the scenario's PRNG, so a seed still names a run.
+    func rotate(_ d: Int) {
+        guard let idMaker = devices[d].idMaker else { return }
+        var random: UInt32
+        repeat { random = UInt32(truncatingIfNeeded: rng.next()) & 0x3F_FFFF } while random == 0 || random == 0x3F_FFFF
+        let air = idMaker.deviceID(prand: 0x40_0000 | random)
+        if !devices[d].hasIdentity {
+            // Group-wide ids: the id topics use is the one on air (§3), so links find it by it.
+            if indexByID[devices[d].id] == d { indexByID[devices[d].id] = nil }
+            devices[d].id = air
+            indexByID[air] = d
+        }
+        devices[d].beacon.deviceID = air
+        // A resolvable private address's shape: top bits 0b01 (Core 5.4, Vol 6, Part B, §1.3.2.2).
+        let address = (rng.next() & 0x3FFF_FFFF_FFFF) | 0x4000_0000_0000
+        if let old = devices[d].previousAddress, indexByAddress[old] == d { indexByAddress[old] = nil }
+        devices[d].previousAddress = devices[d].address
+        devices[d].address = address
+        if indexByAddress[address] == nil { indexByAddress[address] = d }
+        devices[d].rotateAt = devices[d].rotateEvery > 0 ? now + devices[d].rotateEvery : .max
+        encode(d)
     }
 
     func position(_ place: Scenario.Place) -> (Double, Double) {
@@ -315,7 +374,7 @@ public final class ScenarioPlayer {
         }
         switch action {
         case .save, .becomeCurrent, .invalidate:
-            devices[d].data = Self.advertisement(devices[d].beacon, companyID: scenario.companyID)
+            encode(d)
         default:
             break
         }
@@ -326,6 +385,7 @@ public final class ScenarioPlayer {
     /// would not reach `heard-down-to` is unheard without drawing any noise.
     func advertise(_ d: Int, hear: (Int, GeneratedReport) -> Void) {
         guard !devices[d].silent else { return }
+        if now >= devices[d].rotateAt { rotate(d) }
         reportsSent += 1
         let rooms = roomX.count
         let threshold = scenario.radio.heardDownTo

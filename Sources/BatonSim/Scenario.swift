@@ -99,6 +99,12 @@ public struct Scenario: Sendable, Equatable {
         /// The group secret in its text form (docs/security.md §1): the device's beacons carry
         /// the group's hash and its payloads go out sealed (§5). nil: an open group.
         public var groupSecret: String?
+        /// With a group secret: the device number its ids resolve to, for one stable identity
+        /// across rotation (docs/security.md §3.1). nil: group-wide ids (§3).
+        public var identity: UInt16?
+        /// With a group secret: simulated seconds between rotations of the device id and the
+        /// address, as BLE privacy rotates them (15 minutes unless set; 0: never).
+        public var rotate: Double?
 
         public init(id: UInt64, name: String, type: String, streams: Bool = false, webURL: Bool = false,
                     place: Place, script: [Step] = [], title: String? = nil, payloadBytes: Int? = nil,
@@ -180,7 +186,7 @@ extension Scenario {
         ("radio", ["in-room", "per-room", "heard-down-to", "noise", "loss", "link-latency"]),
         ("rooms", ["id", "name", "x", "y", "noise", "loss"]),
         ("devices", ["id", "name", "type", "streams", "web-url", "at", "script", "title", "payload-bytes", "link",
-                     "group-secret"]),
+                     "group-secret", "identity", "rotate"]),
         ("script", ["at", "walk", "save", "become-current", "invalidate", "silent", "resume"]),
         ("place", ["between", "x", "y"]),
         ("crowd", ["count", "first-id", "wander", "type", "title", "payload-bytes", "link"]),
@@ -399,6 +405,11 @@ struct ScenarioReader {
                     report(n.value, n.key, "\(error)")
                 }
             }
+            for key in ["identity", "rotate"] where m[key] != nil && m["group-secret"] == nil {
+                report(m[key]!.value, m[key]!.key, "needs group-secret: only a keyed group's ids rotate and resolve (docs/security.md §3)")
+            }
+            if let n = m["identity"], let v = integer(n, 0...65_535) { device.identity = UInt16(v) }
+            if let n = m["rotate"], let v = number(n, 0...86_400, "simulated seconds between id rotations") { device.rotate = v }
             if let n = m["payload-bytes"], let v = integer(n, Scenario.payloadBytesRange) {
                 var types = [device.type]
                 for step in device.script { if case .becomeCurrent(let t) = step.action { types.append(t) } }

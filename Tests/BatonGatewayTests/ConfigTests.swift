@@ -3,6 +3,7 @@
 import Foundation
 import Testing
 import BatonCore
+import BatonKeys
 import BatonMQTT
 import BatonRelay
 @testable import BatonGateway
@@ -56,7 +57,8 @@ private let documentedDefaults = GatewayConfig(
     relay: RelayConfig(fetchTimeout: .seconds(5), linkIdle: .seconds(10), fetches: 32, cache: 32, links: 8,
                        payloadMax: 4096, streams: 16, streamWindow: 16, streamMaxData: 1024,
                        streamRetry: .seconds(1), streamIdle: .seconds(60)),
-    relayLink: .auto)
+    relayLink: .auto,
+    security: SecurityConfig())
 
 /// A fresh directory for files the config points at; removed when the test ends.
 private final class Scratch {
@@ -127,7 +129,7 @@ private func urlReason(_ text: String) -> String {
         let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../..")
         let board = try String(contentsOf: root.appendingPathComponent("board/baton.yaml"), encoding: .utf8)
         let docs = try String(contentsOf: root.appendingPathComponent("docs/config.md"), encoding: .utf8)
-        #expect(ConfigSchema.valueKeys.count == 52)
+        #expect(ConfigSchema.valueKeys.count == 56)
         for key in ConfigSchema.valueKeys {
             let leaf = key.split(separator: ".").last!
             let inBoard = board.contains(" \(leaf): "), inDocs = docs.contains("`\(key)`")
@@ -475,6 +477,32 @@ private func urlReason(_ text: String) -> String {
     @Test func aPasswordAndAPasswordFile() {
         #expect(problems("broker:\n  password: secret\n  password-file: /etc/baton/mqtt-password\n")
                 == "/etc/baton/baton.yaml:3: broker.password-file: give broker.password or broker.password-file, not both")
+    }
+
+    /// docs/config.md "security": the key is checked whole at start, with its line.
+    @Test func theBeaconKeyIsReadInlineOrFromAFileAndCheckedWhole() throws {
+        let dir = try Scratch()
+        let key = BeaconKey(bytes: Array(0x10..<0x20))
+        try dir.write("beacon.key", "\(key.text)\n# the hall's copy\n")
+        let inline = try parse("security:\n  beacon-key: \(key.text)\n  identities: 1024\n  unkeyed: IGNORE\n")
+        #expect(inline.security.beaconKey == key && inline.security.identities == 1024 && inline.security.unkeyed == .ignore)
+        let fromFile = try parse("security:\n  beacon-key-file: beacon.key\n", file: dir.path + "/baton.yaml")
+        #expect(fromFile.security.beaconKey == key && fromFile.security.identities == 16 && fromFile.security.unkeyed == .publish)
+        #expect(try parse("").security.beaconKey == nil)
+
+        // One character mistyped: the checksum names it, and the key is not shown back.
+        var typo = Array(key.text)
+        typo[20] = typo[20] == "A" ? "B" : "A"
+        let problem = problems("security:\n  beacon-key: \(String(typo))\n")
+        #expect(problem?.hasPrefix("/etc/baton/baton.yaml:2: security.beacon-key: ") == true, "\(problem ?? "")")
+        #expect(problem?.contains(String(typo)) == false, "the key is printed: \(problem ?? "")")
+        #expect(problems("security:\n  beacon-key: BATON-GROUP-V1:AAAQEAYEAUDAOCAJBIFQYDIOB4QL\n")?.contains("security.beacon-key") == true,
+                "a group secret where the beacon key goes is refused")
+        #expect(problems("security:\n  beacon-key: \(key.text)\n  beacon-key-file: beacon.key\n")
+                == "/etc/baton/baton.yaml:3: security.beacon-key-file: give security.beacon-key or security.beacon-key-file, not both")
+        #expect(problems("security:\n  identities: 1025\n")?.contains("security.identities: must be between 0 and 1024") == true)
+        #expect(problems("security:\n  unkeyed: drop\n")?.contains("security.unkeyed: expected") == true)
+        #expect(problems("security:\n  beacon-key-file: /nonexistent/beacon.key\n")?.hasPrefix("/etc/baton/baton.yaml:2: security.beacon-key-file: ") == true)
     }
 
     @Test func aYAMLSyntaxErrorNamesItsLine() {

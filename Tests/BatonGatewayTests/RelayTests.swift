@@ -4,6 +4,7 @@
 import BatonKeys
 import BatonSim
 import BatonTestSupport
+import BatonWire
 import Foundation
 import Testing
 
@@ -43,11 +44,17 @@ let relayScenario = """
         type: com.example.notes.edit
         title: Dave's secret plan
         group-secret: \(daveSecret)
+        identity: 4
+        rotate: 2
         at: kitchen
     """
 
-/// Dave's group (docs/security.md §8.1's vector): his payloads leave his phone sealed.
+/// Dave's group (docs/security.md §8.1's vector): his payloads leave his phone sealed, and his
+/// phone, device 4 of the group, rotates its id every 2 s (§3.1).
 let daveSecret = "BATON-GROUP-V1:AAAQEAYEAUDAOCAJBIFQYDIOB4QL"
+/// The gateways hold the group's beacon key, so they publish Dave under his identity id.
+let daveKeys = try! GroupKeys.derive(secret: try! GroupSecret(text: daveSecret))
+let dave = ActivityBeacon.deviceIDText(DeviceIdentity.id(groupHash: daveKeys.groupHash, number: 4))
 
 /// `baton fetch` as a child process: exit status, stdout bytes, stderr text.
 func batonFetch(_ arguments: [String], in dir: URL) throws -> (status: Int32?, out: [UInt8], err: String) {
@@ -78,7 +85,8 @@ final class RelayBuilding {
             try FileManager.default.createDirectory(at: gdir, withIntermediateDirectories: true)
             gateways.append(try GatewayProcess(
                 yaml: roomGatewayYAML(port: brokers[i % brokers.count].port, id: id, room: room,
-                                      socket: building.socket(id)) + "\n" + extra, in: gdir))
+                                      socket: building.socket(id))
+                    + "\nsecurity:\n  beacon-key: \(daveKeys.beaconKey.text)\n" + extra, in: gdir))
         }
         let watched = brokers[0]
         let settled = eventually(within: 20) { () -> Bool? in
@@ -164,7 +172,6 @@ final class RelayBuilding {
         defer { sub.signal(SIGKILL); _ = sub.wait(timeout: .seconds(5)) }
         usleep(300_000)
         let url = "mqtt://127.0.0.1:\(broker.port)"
-        let dave = "5a0000000004"
         let plain = b.player.payload(device: 3, sequence: b.player.sequence(device: 3))
         try "\(daveSecret)\n".write(to: b.dir.appendingPathComponent("dave.key"), atomically: true, encoding: .utf8)
         let other = GroupSecret(bytes: Array(repeating: 0x42, count: GroupSecret.byteCount)).text

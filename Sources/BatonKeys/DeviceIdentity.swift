@@ -1,0 +1,213 @@
+// Device identities: one stable name for a device whose beacon id rotates (docs/security.md §3.1).
+//
+// Resolving a rotating id with the group-wide beacon key says "a device of this group", not
+// which one (§3). A device that wants to be followed across rotation is given a number n when
+// it is provisioned, and makes its ids with its own identity key IK_n instead of the beacon key:
+//
+//   IK_n = HKDF-SHA256(IKM = beacon key, salt = "", info = "baton v1 device identity" ‖ n (2, LE), L = 16)
+//
+// This is BLE privacy's scheme (Core 5.4, Vol 3, Part C, §10.8.2.3): one IRK per device, and a
+// resolver that tries the IRKs it knows. A gateway holds the beacon key, so it derives every IK_n
+// for n below `security.identities` and tries them on an id it has not seen yet; ids it has seen
+// are remembered, so the AES work happens once per rotation, not once per beacon.
+//
+// The identity's id, used in topics and by Home Assistant, is `group hash ‖ n` (48 bits): the
+// same at every gateway of the building, and readable ("a1b2c3d40003" is device 3 of group
+// a1b2c3d4). It never goes on air.
+import BatonWire
+
+extension BeaconKey {
+    /// IK_n: the key device `number` of the group makes its rotating ids with (§3.1).
+    public func identityKey(number: UInt16) throws(CryptoError) -> [UInt8] {
+        var info = Array("baton v1 device identity".utf8)
+        info.append(UInt8(truncatingIfNeeded: number))
+        info.append(UInt8(truncatingIfNeeded: number >> 8))
+        return try hkdfSHA256(key: bytes, salt: [], info: info, count: 16)
+    }
+}
+
+public enum DeviceIdentity {
+    /// The most device numbers a gateway tries (`security.identities`): resolving a new id costs
+    /// one AES block per number, once per rotation.
+    public static let maxNumbers = 1024
+
+    /// The identity's 48-bit id: the group hash in bits 16–47, the device number in bits 0–15.
+    public static func id(groupHash: UInt32, number: UInt16) -> UInt64 {
+        UInt64(groupHash) << 16 | UInt64(number)
+    }
+}
+
+/// What a gateway does with beacons of groups it has no key for (docs/security.md §4.4).
+public enum UnkeyedGroupPolicy: Sendable, Equatable {
+    /// Published, marked `"verified": false`.
+    case publish
+    /// Dropped and counted as `beacon-unkeyed-group`.
+    case ignore
+}
+
+/// The verdict on one beacon.
+public enum BeaconVerdict: Equatable, Sendable {
+    /// The tag verified under the group's key. `identity` is the device number when the id
+    /// resolved to one (the beacon's device id has been replaced by the identity's id).
+    case verified(identity: UInt16?)
+    /// A group without a key, published as unverified by policy.
+    case unverified
+    /// Dropped; the reason is the name counted in the gateway's `drops`.
+    case dropped(StaticString)
+
+    public static func == (a: BeaconVerdict, b: BeaconVerdict) -> Bool {
+        switch (a, b) {
+        case (.verified(let x), .verified(let y)): x == y
+        case (.unverified, .unverified): true
+        case (.dropped(let x), .dropped(let y)): x.description == y.description
+        default: false
+        }
+    }
+}
+
+/// Checks every beacon a gateway hears against one group's beacon key (docs/security.md §4.4):
+/// the tag, the rotating id, and, for devices with an identity, the sequence against the
+/// highest the gateway has seen from that identity. Every table is allocated at init; checking a
+/// beacon allocates nothing (one CCM MIC, and one AES block per number tried on a new id).
+public final class BeaconVerifier {
+    public static let badTag: StaticString = "beacon-bad-tag"
+    public static let unresolvedID: StaticString = "beacon-unresolved-id"
+    public static let replayed: StaticString = "beacon-replayed"
+    public static let unkeyedGroup: StaticString = "beacon-unkeyed-group"
+    public static let impersonation: StaticString = "beacon-impersonation"
+
+    public let groupHash: UInt32
+    public let policy: UnkeyedGroupPolicy
+    public let companyID: UInt16
+    private let tagger: BeaconTagger
+    private let groupResolver: DeviceIDResolver
+    private let identityResolvers: [DeviceIDResolver]
+
+    /// Per identity n: the last two on-air ids it used (2n current, 2n + 1 the one before, so
+    /// the old and new id interleaving at a rotation costs no second search); 0 = none yet.
+    private var airIDs: [UInt64]
+    /// Per identity: the highest sequence heard, whether any was, and whether that sequence
+    /// was invalidated.
+    private var highest: [UInt16]
+    private var heard: [Bool]
+    private var ended: [Bool]
+
+    /// AES blocks spent resolving new ids (stats `security.resolutions`).
+    public private(set) var resolutions = 0
+    /// Beacons checked, verified, published unverified; and the drops by reason (stats `drops`).
+    public private(set) var checked = 0
+    public private(set) var verified = 0
+    public private(set) var unverified = 0
+    public private(set) var drops = DropCounts()
+
+    public var identities: Int { identityResolvers.count }
+
+    public init(key: BeaconKey, identities: Int, policy: UnkeyedGroupPolicy,
+                companyID: UInt16 = ActivityBeacon.defaultCompanyID) throws(CryptoError) {
+        precondition((0...DeviceIdentity.maxNumbers).contains(identities), "the config loader checks security.identities")
+        groupHash = try key.groupHash()
+        self.policy = policy
+        self.companyID = companyID
+        tagger = try BeaconTagger(key: key)
+        groupResolver = try DeviceIDResolver(key: key)
+        var resolvers: [DeviceIDResolver] = []
+        resolvers.reserveCapacity(identities)
+        for n in 0..<identities {
+            resolvers.append(try DeviceIDResolver(irk: try key.identityKey(number: UInt16(n))))
+        }
+        identityResolvers = resolvers
+        airIDs = Array(repeating: 0, count: 2 * identities)
+        highest = Array(repeating: 0, count: identities)
+        heard = Array(repeating: false, count: identities)
+        ended = Array(repeating: false, count: identities)
+    }
+
+    /// Checks `beacon`, decoded from `advertisingData` (the report's bytes as received). On
+    /// `.verified(identity: n)` the beacon's device id has been replaced by the identity's id.
+    public func check(_ beacon: inout ActivityBeacon, advertisingData: UnsafeRawBufferPointer) -> BeaconVerdict {
+        checked &+= 1
+        let verdict = verdict(&beacon, advertisingData: advertisingData)
+        switch verdict {
+        case .verified: verified &+= 1
+        case .unverified: unverified &+= 1
+        case .dropped(let reason): drops.count(reason)
+        }
+        return verdict
+    }
+
+    private func verdict(_ beacon: inout ActivityBeacon, advertisingData: UnsafeRawBufferPointer) -> BeaconVerdict {
+        guard beacon.groupHash == groupHash else { return checkUnkeyed(beacon) }
+        // The tag first: it is one MIC, and nothing about a forgery is worth more work (§4.3).
+        guard tagger.verify(advertisingData: advertisingData, companyID: companyID) else { return .dropped(Self.badTag) }
+        let air = beacon.deviceID & 0xFFFF_FFFF_FFFF
+        // Cheapest first: an id already resolved (a scan), a group-wide id (one AES block, §3),
+        // and only then every identity key (once per rotation of an identity's id).
+        var identity = knownIdentity(air)
+        if identity == nil {
+            resolutions &+= 1
+            // A group-wide id: the table's own sequence check covers it while it is current.
+            if groupResolver.resolves(air) { return .verified(identity: nil) }
+            identity = resolveIdentity(air)
+        }
+        guard let n = identity else { return .dropped(Self.unresolvedID) }
+        guard acceptSequence(beacon, identity: n) else { return .dropped(Self.replayed) }
+        beacon.deviceID = DeviceIdentity.id(groupHash: groupHash, number: UInt16(n))
+        return .verified(identity: UInt16(n))
+    }
+
+    /// A beacon of another group. Published only by policy, and never under an id that stands
+    /// for one of this group's devices: otherwise anyone could overwrite a verified activity's
+    /// topic by copying its id into a beacon of a group the gateway has no key for.
+    private func checkUnkeyed(_ beacon: ActivityBeacon) -> BeaconVerdict {
+        guard policy == .publish else { return .dropped(Self.unkeyedGroup) }
+        let air = beacon.deviceID & 0xFFFF_FFFF_FFFF
+        if air >> 16 == UInt64(groupHash), Int(air & 0xFFFF) < identities { return .dropped(Self.impersonation) }
+        resolutions &+= 1
+        if groupResolver.resolves(air) { return .dropped(Self.impersonation) }
+        return .unverified
+    }
+
+    private func knownIdentity(_ air: UInt64) -> Int? {
+        // Proof: airIDs holds 2 × identities entries, at most 2,048: a linear scan of UInt64s is
+        // cheaper than one AES block, and needs no hash table.
+        for i in airIDs.indices where airIDs[i] == air { return i >> 1 }
+        return nil
+    }
+
+    /// Tries every identity key on an id not seen before (Core 5.4, Vol 3, Part C, §10.8.2.3).
+    private func resolveIdentity(_ air: UInt64) -> Int? {
+        let prand = UInt32(truncatingIfNeeded: air >> 24) & 0xFF_FFFF
+        guard prand & 0xC0_0000 == 0x40_0000 else { return nil }
+        for n in identityResolvers.indices {
+            resolutions &+= 1
+            if identityResolvers[n].resolves(air) {
+                airIDs[2 * n + 1] = airIDs[2 * n]
+                airIDs[2 * n] = air
+                return n
+            }
+        }
+        return nil
+    }
+
+    /// An identity's sequence never goes back (§3.1): an older one, or the same one without
+    /// the invalidated flag after it was invalidated, is a replay. Remembered for the gateway's
+    /// lifetime, so a replay is dropped even after the activity has left the table.
+    private func acceptSequence(_ beacon: ActivityBeacon, identity n: Int) -> Bool {
+        let ends = beacon.flags.contains(.invalidated)
+        guard heard[n] else {
+            heard[n] = true; highest[n] = beacon.sequence; ended[n] = ends
+            return true
+        }
+        switch SerialOrder(beacon.sequence, comparedTo: highest[n]) {
+        case .older:
+            return false
+        case .same:
+            if ended[n] && !ends { return false }
+            ended[n] = ended[n] || ends
+            return true
+        case .newer:
+            highest[n] = beacon.sequence; ended[n] = ends
+            return true
+        }
+    }
+}

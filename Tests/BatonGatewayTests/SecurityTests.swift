@@ -1,0 +1,245 @@
+// Authenticated beacons at the gateway (docs/security.md §3.1, §4.4): forged, altered, replayed
+// and foreign beacons are dropped with their reasons, and a device rotating its id keeps one
+// retained topic and one Home Assistant entity. Real mosquitto, the gateway as a process.
+import BatonHCI
+import BatonKeys
+import BatonSim
+import BatonTestSupport
+import BatonWire
+import Foundation
+import Testing
+
+/// docs/security.md §8.1's secret: the group whose beacon key the gateways hold.
+private let groupSecret = "BATON-GROUP-V1:AAAQEAYEAUDAOCAJBIFQYDIOB4QL"
+
+/// A btsnoop capture (Android H4, datalink 1002) of legacy LE Advertising Reports, one per
+/// advertisement, 10 ms apart, all from one address.
+private func capture(_ adverts: [[UInt8]]) -> [UInt8] {
+    var file = [UInt8](repeating: 0, count: 16 + adverts.count * 80)
+    let n = file.withUnsafeMutableBytes { raw -> Int in
+        var w = ByteWriter(raw)
+        do {
+            try BTSnoop.writeHeader(datalink: BTSnoop.datalinkH4, into: &w)
+            for (i, data) in adverts.enumerated() {
+                // Core 5.4, Vol 4, Part E, §7.7.65.2: LE Meta, LE Advertising Report, 1 report,
+                // ADV_NONCONN_IND, random address, the data, RSSI −50.
+                var event: [UInt8] = [0x3E, UInt8(12 + data.count), 0x02, 0x01, 0x03, 0x01,
+                                      0x11, 0x22, 0x33, 0x44, 0x55, 0x66, UInt8(data.count)]
+                event += data
+                event.append(0xCE)
+                try event.withUnsafeBytes { e in
+                    try BTSnoop.writeH4Record(timestamp: 1_790_000_000_000_000 + Int64(i) * 10_000, type: .event,
+                                              direction: .controllerToHost, packet: e, into: &w)
+                }
+            }
+        } catch {
+            Issue.record("the capture did not fit: \(error)")
+        }
+        return w.count
+    }
+    return Array(file[..<n])
+}
+
+/// A group's device: makes its rotating ids with `irk` and tags its beacons with the beacon key.
+private struct KeyedDevice {
+    let tagger: BeaconTagger
+    let ids: DeviceIDResolver
+    let groupHash: UInt32
+
+    init(secret: String, identity: UInt16?) throws {
+        let keys = try GroupKeys.derive(secret: try GroupSecret(text: secret))
+        tagger = try BeaconTagger(key: keys.beaconKey)
+        ids = try identity.map { try DeviceIDResolver(irk: try keys.beaconKey.identityKey(number: $0)) }
+            ?? DeviceIDResolver(key: keys.beaconKey)
+        groupHash = keys.groupHash
+    }
+
+    func beacon(prand: UInt32, sequence: UInt16, flags: BeaconFlags = []) -> ActivityBeacon {
+        ActivityBeacon(flags: flags, sequence: sequence, activityTypeHash: activityTypeHash("com.example.reader.article".utf8),
+                       groupHash: groupHash, deviceID: ids.deviceID(prand: prand), psm: 0x80)
+    }
+
+    func advert(_ b: ActivityBeacon) throws -> [UInt8] { try encode(b, tagger) }
+}
+
+private func encode(_ b: ActivityBeacon, _ authenticator: some BeaconAuthenticator) throws -> [UInt8] {
+    var out = [UInt8](repeating: 0, count: ActivityBeacon.advertisementLength)
+    try out.withUnsafeMutableBytes { raw in
+        var w = ByteWriter(raw)
+        try b.encodeAdvertisement(authenticator: authenticator, into: &w)
+    }
+    return out
+}
+
+private func securityYAML(port: Int, capture: String, unkeyed: String) throws -> String {
+    let beaconKey = try GroupKeys.derive(secret: try GroupSecret(text: groupSecret)).beaconKey.text
+    return gatewayYAML(port: port, radio: "capture:\(capture)", extra: """
+        security:
+          beacon-key: \(beaconKey)
+          identities: 16
+          unkeyed: \(unkeyed)
+        """)
+}
+
+/// The stats once the capture has been replayed.
+private func finishedStats(_ broker: MosquittoBroker, _ gateway: GatewayProcess) throws -> [String: Any] {
+    let stats = try eventually(within: 15) { () -> [String: Any]? in
+        guard let o = json(try broker.retained("baton/gateways/hall/stats")["baton/gateways/hall/stats"] ?? []),
+              (o["radio"] as? [String: Any])?["state"] as? String == "finished" else { return nil }
+        return o
+    }
+    return try #require(stats, "the capture was never finished: \(gateway.log)")
+}
+
+@Suite(.serialized) struct SecurityTests {
+    /// Issue 7: wrong tag, wrong group, a valid beacon replayed with an old sequence, a bit
+    /// flipped: each dropped with its reason; only the device's own beacons reach the broker.
+    @Test func forgedAlteredForeignAndReplayedBeaconsAreDroppedWithTheirReasons() throws {
+        let dir = try scratchDirectory("security-forged")
+        let broker = try MosquittoBroker()
+        let anna = try KeyedDevice(secret: groupSecret, identity: 3)
+        let stranger = try KeyedDevice(secret: GroupSecret(bytes: Array(repeating: 0x42, count: 16)).text, identity: 3)
+        let far = try KeyedDevice(secret: groupSecret, identity: 20)  // beyond security.identities: 16
+
+        let first = anna.beacon(prand: 0x41_2345, sequence: 10)
+        var wrongTag = try anna.advert(first); wrongTag[30] ^= 0x01
+        var seqFlipped = try anna.advert(first); seqFlipped[9] ^= 0x02          // sequence 10 → 8, same tag
+        var reservedFlag = try anna.advert(first); reservedFlag[8] ^= 0x80      // a reserved flag bit
+        var idFlipped = try anna.advert(first); idFlipped[21] ^= 0x10           // a bit of the device id
+        let rotated = anna.beacon(prand: 0x5E_DCBA, sequence: 12)                // new id, saved twice since
+        let adverts: [[UInt8]] = [
+            try anna.advert(first),
+            wrongTag, seqFlipped, reservedFlag, idFlipped,                       // 4 × beacon-bad-tag
+            try stranger.advert(stranger.beacon(prand: 0x41_2345, sequence: 99)), // beacon-unkeyed-group
+            try anna.advert(rotated),
+            try anna.advert(first),                                              // beacon-replayed (seq 10 < 12)
+            try far.advert(far.beacon(prand: 0x40_0001, sequence: 1)),           // beacon-unresolved-id
+            try anna.advert(rotated),
+        ]
+        let file = dir.appendingPathComponent("forged.btsnoop")
+        try Data(capture(adverts)).write(to: file)
+        let gateway = try GatewayProcess(yaml: securityYAML(port: broker.port, capture: file.path, unkeyed: "ignore"), in: dir)
+        defer { gateway.kill() }
+
+        let o = try finishedStats(broker, gateway)
+        let drops = try #require(o["drops"] as? [String: Int])
+        #expect(drops["beacon-bad-tag"] == 4, "\(drops)")
+        #expect(drops["beacon-unkeyed-group"] == 1, "\(drops)")
+        #expect(drops["beacon-replayed"] == 1, "\(drops)")
+        #expect(drops["beacon-unresolved-id"] == 1, "\(drops)")
+        let security = try #require(o["security"] as? [String: Any])
+        #expect(security["verified"] as? Int == 3 && security["unkeyed"] as? String == "ignore", "\(security)")
+        #expect(security["group"] as? String == String(anna.groupHash, radix: 16).leftPad(8))
+        #expect(!gateway.log.contains("BATON-BEACON-V1"), "the key reached the log")
+        #expect(!String(decoding: try broker.retained("#").values.joined(), as: UTF8.self).contains("BATON-BEACON"),
+                "the key reached the broker")
+
+        // One activity: Anna's, under her identity id, at the rotated beacon's sequence (once the
+        // gateway owns it: docs/rooms.md's settle time).
+        let identity = String(format: "%08x%04x", anna.groupHash, 3)
+        let activities = try #require(try eventually(within: 10) { () -> [String: [UInt8]]? in
+            let r = try broker.retained("baton/activities/+")
+            return r.isEmpty ? nil : r
+        }, "nothing was published: \(gateway.log)")
+        #expect(Array(activities.keys) == ["baton/activities/\(identity)"], "\(activities.keys.sorted())")
+        let a = try #require(json(activities["baton/activities/\(identity)"] ?? []))
+        #expect(a["seq"] as? Int == 12 && a["verified"] as? Bool == true && a["identity"] as? Int == 3, "\(a)")
+    }
+
+    /// `security.unkeyed: publish`: another group's beacon is published, marked unverified,
+    /// unless it claims an id of the keyed group (an identity id, or one its key resolves).
+    @Test func otherGroupsArePublishedUnverifiedButCannotTakeAKeyedDevicesID() throws {
+        let dir = try scratchDirectory("security-unkeyed")
+        let broker = try MosquittoBroker()
+        let anna = try KeyedDevice(secret: groupSecret, identity: 3)
+        let groupWide = try KeyedDevice(secret: groupSecret, identity: nil)
+        let identityID = DeviceIdentity.id(groupHash: anna.groupHash, number: 3)
+        let open = { (id: UInt64, seq: UInt16) in
+            ActivityBeacon(sequence: seq, activityTypeHash: 1, groupHash: 0x1234_5678, deviceID: id, psm: 0)
+        }
+        let groupWideBeacon = groupWide.beacon(prand: 0x40_BEEF, sequence: 5)
+        let adverts: [[UInt8]] = [
+            try anna.advert(anna.beacon(prand: 0x41_2345, sequence: 10)),
+            try encode(open(0x5A00_0000_0009, 1), OpenGroup()),                  // published, unverified
+            try encode(open(identityID, 11), OpenGroup()),                       // beacon-impersonation
+            try groupWide.advert(groupWideBeacon),                               // verified, its rotating id
+            try encode(open(groupWideBeacon.deviceID, 6), OpenGroup()),          // beacon-impersonation
+        ]
+        let file = dir.appendingPathComponent("unkeyed.btsnoop")
+        try Data(capture(adverts)).write(to: file)
+        let gateway = try GatewayProcess(yaml: securityYAML(port: broker.port, capture: file.path, unkeyed: "publish"), in: dir)
+        defer { gateway.kill() }
+
+        let o = try finishedStats(broker, gateway)
+        let drops = try #require(o["drops"] as? [String: Int])
+        #expect(drops["beacon-impersonation"] == 2, "\(drops)")
+        let activities = try #require(try eventually(within: 10) { () -> [String: [UInt8]]? in
+            let r = try broker.retained("baton/activities/+")
+            return r.count >= 3 ? r : nil
+        }, "not everything was published: \(gateway.log)")
+        func activity(_ id: UInt64) -> [String: Any]? {
+            json(activities["baton/activities/\(ActivityBeacon.deviceIDText(id))"] ?? [])
+        }
+        #expect(activities.count == 3, "\(activities.keys.sorted())")
+        #expect(activity(identityID)?["seq"] as? Int == 10 && activity(identityID)?["verified"] as? Bool == true)
+        #expect(activity(0x5A00_0000_0009)?["verified"] as? Bool == false)
+        #expect(activity(groupWideBeacon.deviceID)?["verified"] as? Bool == true)
+        #expect(activity(groupWideBeacon.deviceID)?["identity"] == nil)
+    }
+
+    /// Issue 7: a device rotating its id (and address) every second keeps one retained topic
+    /// and one Home Assistant entity, at a gateway holding the group's beacon key.
+    @Test func aDeviceRotatingItsIDKeepsOneTopicAndOneEntity() throws {
+        let dir = try scratchDirectory("security-rotating")
+        let broker = try MosquittoBroker()
+        let building = try SimulatedBuilding(scenario: """
+            seed: 7
+            speed: 1
+            duration: 60
+            rate: 10
+            rooms:
+              - {id: hall, name: Hall}
+            devices:
+              - id: 5a0000000001
+                name: anna-laptop
+                at: hall
+                group-secret: \(groupSecret)
+                identity: 5
+                rotate: 1
+            """, in: dir)
+        let beaconKey = try GroupKeys.derive(secret: try GroupSecret(text: groupSecret)).beaconKey.text
+        let gateway = try GatewayProcess(yaml: roomGatewayYAML(port: broker.port, id: "hall", room: "Hall",
+                                                               socket: building.socket("hall")) + """
+
+            security:
+              beacon-key: \(beaconKey)
+            """, in: dir)
+        defer { gateway.kill() }
+        let groupHash = try GroupKeys.derive(secret: try GroupSecret(text: groupSecret)).groupHash
+        let identity = ActivityBeacon.deviceIDText(DeviceIdentity.id(groupHash: groupHash, number: 5))
+
+        // At least six new ids, each costing one AES block under the beacon key and then one per
+        // identity number tried, 0 through 5 (docs/security.md §4.4): 7 blocks an id.
+        let stats = try eventually(within: 30) { () -> [String: Any]? in
+            guard let o = json(try broker.retained("baton/gateways/hall/stats")["baton/gateways/hall/stats"] ?? []),
+                  let s = o["security"] as? [String: Any], let r = s["resolutions"] as? Int, r >= 6 * 7 else { return nil }
+            return o
+        }
+        let o = try #require(stats, "the gateway never resolved six rotations: \(gateway.log)")
+        #expect((o["drops"] as? [String: Int])?.keys.filter { $0.hasPrefix("beacon-") } == [], "\(o["drops"] ?? "")")
+
+        let activities = try broker.retained("baton/activities/+")
+        #expect(Array(activities.keys) == ["baton/activities/\(identity)"], "\(activities.keys.sorted())")
+        let a = try #require(json(activities["baton/activities/\(identity)"] ?? []))
+        #expect(a["verified"] as? Bool == true && a["identity"] as? Int == 5 && a["change"] as? String == "became-current",
+                "rotation published a change: \(a)")
+        // One gateway entity, and the device's two: all under the identity.
+        let discovery = try broker.retained("homeassistant/#")
+        #expect(discovery.count == 3, "\(discovery.keys.sorted())")
+        #expect(discovery.keys.filter { $0.contains(identity) }.count == 2, "\(discovery.keys.sorted())")
+    }
+}
+
+private extension String {
+    func leftPad(_ n: Int) -> String { String(repeating: "0", count: max(0, n - count)) + self }
+}
