@@ -23,7 +23,7 @@ enum ConfigSchema {
         ("gateway", ["id", "room"]),
         ("broker", ["url", "client-id", "username", "password", "password-file", "keepalive", "protocol",
                     "reconnect-min", "reconnect-max", "tls"]),
-        ("broker.tls", ["ca-file", "cert-file", "key-file", "insecure"]),
+        ("broker.tls", ["ca-file", "cert-file", "key-file", "insecure", "psk-identity", "psk", "psk-file"]),
         ("topics", ["prefix", "discovery", "discovery-prefix"]),
         ("radio", ["source", "paced", "silence", "company-id"]),
         ("table", ["capacity", "expiry"]),
@@ -299,6 +299,51 @@ struct ConfigFileReader {
         }
     }
 
+    /// `broker.tls.psk-identity` with `psk` or `psk-file` (docs/config.md "broker"): TLS-PSK
+    /// instead of certificates. The key is hex, as mosquitto's `psk_file` holds it.
+    mutating func readPSK(_ t: Section, into tls: inout MQTTTLS) {
+        let identity = t["psk-identity"], inline = t["psk"], file = t["psk-file"]
+        guard identity != nil || inline != nil || file != nil else { return }
+        var key: String? = nil
+        switch (inline, file) {
+        case (.some, .some(let f)):
+            report(f.value, f.key, "give broker.tls.psk or broker.tls.psk-file, not both")
+        case (.some(let e), nil):
+            if let k = text(e, expected: "the pre-shared key as hex digits") {
+                if MQTTClient.isPSKHex(k) { key = k } else {
+                    report(e.value, e.key, "expected 2 to 128 hex digits, an even number of them (the key is not shown)")
+                }
+            }
+        case (nil, .some(let e)):
+            if let p = path(e) {
+                do throws(ConfigValueError) {
+                    let k = try readPasswordFile(p)
+                    if MQTTClient.isPSKHex(k) { key = k } else {
+                        report(e.value, e.key, "\(quoted(p)): the first line must be 2 to 128 hex digits, an even number of them")
+                    }
+                } catch {
+                    report(e.value, e.key, error.message)
+                }
+            }
+        case (nil, nil):
+            break
+        }
+        let anchor = identity ?? inline ?? file!
+        if identity == nil {
+            report(line: anchor.keyLine, anchor.key, "a pre-shared key needs its identity: set broker.tls.psk-identity too")
+        } else if inline == nil && file == nil {
+            report(line: anchor.keyLine, anchor.key, "an identity needs its pre-shared key: set broker.tls.psk or broker.tls.psk-file too")
+        }
+        for name in ["ca-file", "cert-file", "key-file"] {
+            if let e = t[name] {
+                report(line: e.keyLine, e.key, "TLS-PSK and certificates do not go together: remove broker.tls.\(name) or the pre-shared key")
+            }
+        }
+        if let e = identity, let id = text(e, expected: "the PSK identity the broker knows"), !id.isEmpty, let key {
+            tls.psk = MQTTPSK(identity: id, hexKey: key)
+        }
+    }
+
     /// docs/security.md §4.4. The key is checked here, whole (prefix, length, checksum), so a
     /// mistyped key stops the gateway with its line instead of dropping every beacon as forged.
     mutating func readSecurity(_ s: Section, into c: inout GatewayConfig) {
@@ -405,7 +450,8 @@ struct ConfigFileReader {
         var tlsEntry: ConfigEntry? = nil
         if let e = s["tls"], let t = section(e.value, path: e.key) {
             // Given, even if unreadable: the URL problem is reported alongside.
-            if t["ca-file"] != nil || t["cert-file"] != nil || t["key-file"] != nil || bool(quiet: t["insecure"]) == true {
+            if t["ca-file"] != nil || t["cert-file"] != nil || t["key-file"] != nil || bool(quiet: t["insecure"]) == true
+                || t["psk-identity"] != nil || t["psk"] != nil || t["psk-file"] != nil {
                 tlsEntry = e
             }
             let ca = t["ca-file"], cert = t["cert-file"], key = t["key-file"]
@@ -420,6 +466,7 @@ struct ConfigFileReader {
                 report(line: e.keyLine, e.key, "a private key needs its client certificate: set broker.tls.cert-file too")
             }
             if let e = t["insecure"], let b = bool(e) { tls.insecure = b }
+            readPSK(t, into: &tls)
         }
         if let e = tlsEntry, urlValid, !urlTLS {
             report(line: e.keyLine, e.key, "TLS settings need an mqtts:// broker.url, and it is \(urlText)")

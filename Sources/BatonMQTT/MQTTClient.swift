@@ -23,16 +23,28 @@ public enum MQTTProtocol: String, Sendable, Equatable {
 
 /// TLS to the broker. Without `caFile` the broker's certificate must chain to the system's
 /// CA store (/etc/ssl/certs). `certFile` and `keyFile` go together (client certificate login);
-/// an encrypted key is refused rather than prompted for.
+/// an encrypted key is refused rather than prompted for. `psk` replaces certificates with a
+/// pre-shared key (RFC 4279; mosquitto's `psk_file`), for brokers and boards without a CA.
 public struct MQTTTLS: Sendable, Equatable {
     public var caFile: String?
     public var certFile: String?
     public var keyFile: String?
     /// Skip the broker's host name check (never the chain check).
     public var insecure: Bool
-    public init(caFile: String? = nil, certFile: String? = nil, keyFile: String? = nil, insecure: Bool = false) {
-        self.caFile = caFile; self.certFile = certFile; self.keyFile = keyFile; self.insecure = insecure
+    public var psk: MQTTPSK?
+    public init(caFile: String? = nil, certFile: String? = nil, keyFile: String? = nil, insecure: Bool = false,
+                psk: MQTTPSK? = nil) {
+        self.caFile = caFile; self.certFile = certFile; self.keyFile = keyFile; self.insecure = insecure; self.psk = psk
     }
+}
+
+/// TLS-PSK: an identity and its key, as hex digits (mosquitto_tls_psk_set). The broker's
+/// `use_identity_as_username` makes the identity the ACL's user.
+public struct MQTTPSK: Sendable, Equatable, CustomStringConvertible {
+    public var identity: String
+    public var hexKey: String
+    public init(identity: String, hexKey: String) { self.identity = identity; self.hexKey = hexKey }
+    public var description: String { "MQTTPSK(identity: \(identity), key: redacted)" }
 }
 
 /// The last will: the broker publishes it when the connection ends without a DISCONNECT
@@ -273,7 +285,13 @@ public struct MQTTClient: ~Copyable {
             }
             try require(rc, "setting the broker username")
         }
-        if let tls = config.tls {
+        if let tls = config.tls, let psk = tls.psk {
+            // libmosquitto: PSK instead of certificates; the ciphers are OpenSSL's PSK defaults.
+            let rc = psk.hexKey.withCString { key in
+                psk.identity.withCString { identity in mosquitto_tls_psk_set(handle, key, identity, nil) }
+            }
+            try require(rc, "setting up TLS-PSK")
+        } else if let tls = config.tls {
             let rc = withOptionalCString(tls.caFile) { caFile in
                 withOptionalCString(tls.caFile == nil ? systemCAPath : nil) { caPath in
                     withOptionalCString(tls.certFile) { certFile in
@@ -633,6 +651,14 @@ public struct MQTTClient: ~Copyable {
             if !(0...2).contains(w.qos) { throw bad("will QoS \(w.qos) is not 0, 1 or 2") }
             if w.payload.count > 268_435_455 { throw bad("the will payload is larger than MQTT allows") }
         }
+        if let tls = c.tls, let psk = tls.psk {
+            if tls.caFile != nil || tls.certFile != nil || tls.keyFile != nil {
+                throw bad("TLS-PSK and certificates do not go together: give a pre-shared key or certificate files")
+            }
+            if psk.identity.isEmpty { throw bad("a TLS-PSK identity must not be empty") }
+            try rejectNUL(psk.identity, "the TLS-PSK identity")
+            if !Self.isPSKHex(psk.hexKey) { throw bad("a TLS-PSK key is 2 to 128 hex digits, an even number of them") }
+        }
         if let tls = c.tls {
             if (tls.certFile == nil) != (tls.keyFile == nil) {
                 throw bad("a TLS client certificate needs both the certificate file and its key file")
@@ -644,6 +670,15 @@ public struct MQTTClient: ~Copyable {
                     throw bad("TLS \(what) \(path): \(String(cString: strerror(e)))")
                 }
             }
+        }
+    }
+}
+
+extension MQTTClient {
+    /// 1 to 64 bytes as hex digits: what mosquitto_tls_psk_set takes (and `psk_file` holds).
+    public static func isPSKHex(_ s: String) -> Bool {
+        (2...128).contains(s.utf8.count) && s.utf8.count % 2 == 0 && s.utf8.allSatisfy {
+            (0x30...0x39).contains($0) || (0x41...0x46).contains($0) || (0x61...0x66).contains($0)
         }
     }
 }

@@ -129,7 +129,7 @@ private func urlReason(_ text: String) -> String {
         let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../..")
         let board = try String(contentsOf: root.appendingPathComponent("board/baton.yaml"), encoding: .utf8)
         let docs = try String(contentsOf: root.appendingPathComponent("docs/config.md"), encoding: .utf8)
-        #expect(ConfigSchema.valueKeys.count == 56)
+        #expect(ConfigSchema.valueKeys.count == 59)
         for key in ConfigSchema.valueKeys {
             let leaf = key.split(separator: ".").last!
             let inBoard = board.contains(" \(leaf): "), inDocs = docs.contains("`\(key)`")
@@ -477,6 +477,28 @@ private func urlReason(_ text: String) -> String {
     @Test func aPasswordAndAPasswordFile() {
         #expect(problems("broker:\n  password: secret\n  password-file: /etc/baton/mqtt-password\n")
                 == "/etc/baton/baton.yaml:3: broker.password-file: give broker.password or broker.password-file, not both")
+    }
+
+    /// docs/config.md "broker.tls": a pre-shared key instead of certificates, never both.
+    @Test func aPreSharedKeyNeedsItsIdentityAndNoCertificates() throws {
+        let dir = try Scratch()
+        try dir.write("hall.psk", "00112233445566778899AABBCCDDEEFF\n")
+        let url = "broker:\n  url: mqtts://broker\n  tls:\n"
+        let c = try parse(url + "    psk-identity: hall\n    psk-file: hall.psk\n", file: dir.path + "/baton.yaml")
+        #expect(c.broker.tls?.psk == MQTTPSK(identity: "hall", hexKey: "00112233445566778899AABBCCDDEEFF"))
+        #expect(try parse(url + "    psk-identity: hall\n    psk: abcd\n").broker.tls?.psk?.hexKey == "abcd")
+        #expect(problems(url + "    psk: abcd\n")
+                == "/etc/baton/baton.yaml:4: broker.tls.psk: a pre-shared key needs its identity: set broker.tls.psk-identity too")
+        #expect(problems(url + "    psk-identity: hall\n")
+                == "/etc/baton/baton.yaml:4: broker.tls.psk-identity: an identity needs its pre-shared key: set broker.tls.psk or broker.tls.psk-file too")
+        let odd = problems(url + "    psk-identity: hall\n    psk: s3cretkey\n")
+        #expect(odd == "/etc/baton/baton.yaml:5: broker.tls.psk: expected 2 to 128 hex digits, an even number of them (the key is not shown)")
+        #expect(problems(url + "    psk-identity: hall\n    psk: abcd\n    ca-file: /etc/ssl/certs/ca-certificates.crt\n")?
+                    .contains("TLS-PSK and certificates do not go together") == true)
+        #expect(problems(url + "    psk-identity: hall\n    psk: abcd\n    psk-file: hall.psk\n")?
+                    .contains("give broker.tls.psk or broker.tls.psk-file, not both") == true)
+        #expect(problems("broker:\n  url: mqtt://broker\n  tls:\n    psk-identity: hall\n    psk: abcd\n")?
+                    .contains("TLS settings need an mqtts:// broker.url") == true)
     }
 
     /// docs/config.md "security": the key is checked whole at start, with its line.

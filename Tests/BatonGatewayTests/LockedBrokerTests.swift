@@ -27,6 +27,111 @@ import Testing
         return ("\(p)/ca.crt", "\(p)/broker.crt", "\(p)/broker.key")
     }
 
+    /// A client certificate with common name `name`, signed by the test CA.
+    func makeClientCertificate(_ name: String, ca: String, in dir: URL) throws -> (cert: String, key: String) {
+        let p = dir.path, caKey = (ca as NSString).deletingPathExtension + ".key"
+        for args in [["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=\(name)", "-keyout", "\(p)/\(name).key",
+                      "-out", "\(p)/\(name).csr"],
+                     ["x509", "-req", "-in", "\(p)/\(name).csr", "-CA", ca, "-CAkey", caKey, "-CAcreateserial",
+                      "-days", "2", "-out", "\(p)/\(name).crt"]] {
+            let status = try ChildProcess.run("/usr/bin/openssl", args, stdout: "\(p)/openssl.log", stderr: "\(p)/openssl.err",
+                                              timeout: .seconds(30))
+            guard status == 0 else { throw BrokerError("openssl \(args[0]) for \(name) failed") }
+        }
+        return ("\(p)/\(name).crt", "\(p)/\(name).key")
+    }
+
+    /// mosquitto_sub for the retained messages of `topic`, with `login` arguments (a client
+    /// certificate or a pre-shared key): exit status and what it printed.
+    func read(_ topic: String, port: Int, login: [String], in dir: URL) throws -> (status: Int32?, text: String) {
+        let out = dir.appendingPathComponent("sub-\(UUID().uuidString.prefix(6))").path
+        let status = try ChildProcess.run("/usr/bin/mosquitto_sub", ["-h", "127.0.0.1", "-p", "\(port)", "-t", topic, "-v",
+                                                                      "--retained-only", "-W", "2"] + login,
+                                          stdout: out + ".out", stderr: out + ".err", timeout: .seconds(10))
+        return (status, ["out", "err"].map { (try? String(contentsOfFile: out + "." + $0, encoding: .utf8)) ?? "" }.joined())
+    }
+
+    /// Issue 7 part 5: a gateway logs in with its own client certificate (the broker takes its
+    /// common name as the ACL user); a client without a certificate is refused.
+    @Test func aGatewayLogsInWithItsClientCertificate() throws {
+        let dir = try scratchDirectory("locked-cert")
+        let certs = try makeCertificates(in: dir)
+        let hall = try makeClientCertificate("hall", ca: certs.ca, in: dir)
+        let ha = try makeClientCertificate("homeassistant", ca: certs.ca, in: dir)
+        let acl = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
+            .appendingPathComponent("../../board/mosquitto-baton.acl").standardized.path
+        let broker = try MosquittoBroker(extraConfig: [
+            "cafile \(certs.ca)", "certfile \(certs.cert)", "keyfile \(certs.key)", "acl_file \(acl)",
+            "require_certificate true", "use_identity_as_username true", "allow_anonymous false",
+        ])
+        let capture = try GeneratedCapture(in: dir, devices: 6, reports: 200, seed: 22)
+        let gateway = try GatewayProcess(yaml: """
+            gateway: {id: hall, room: Hall}
+            broker:
+              url: mqtts://127.0.0.1:\(broker.port)
+              reconnect-min: 100ms
+              reconnect-max: 1s
+              tls: {ca-file: \(certs.ca), cert-file: \(hall.cert), key-file: \(hall.key)}
+            radio: {source: "capture:\(capture.path)", paced: false}
+            rooms: {settle: 0s}
+            status: {interval: 1s}
+            """, in: dir)
+        let asHA = ["--cafile", certs.ca, "--cert", ha.cert, "--key", ha.key]
+        let online = eventually(within: 15, every: 0.5) { () -> String? in
+            let r = try? read("baton/activities/+", port: broker.port, login: asHA, in: dir)
+            return (r?.text.contains("\"gateway\":\"hall\"") ?? false) ? r?.text : nil
+        }
+        #expect(online != nil, "no activity through a certificate login: \(gateway.log)\n\(broker.log)")
+        #expect(broker.log.contains("u'hall'"), "the broker did not take the certificate's name as the user")
+        let noCertificate = try read("baton/#", port: broker.port, login: ["--cafile", certs.ca], in: dir)
+        #expect(noCertificate.status != 0 && !noCertificate.text.contains("baton/activities"),
+                "a client without a certificate got: \(noCertificate.text)")
+        #expect(gateway.stop() == 0)
+    }
+
+    /// Issue 7 part 5: TLS with a pre-shared key instead of certificates (mosquitto's
+    /// `psk_file`); the key never reaches the log or the stats; a wrong key is refused.
+    @Test func aGatewayLogsInWithAPreSharedKey() throws {
+        let dir = try scratchDirectory("locked-psk")
+        let acl = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
+            .appendingPathComponent("../../board/mosquitto-baton.acl").standardized.path
+        let hallKey = "4a6f1c22e5b0d9a8b7c6d5e4f3a2b1c0", haKey = "00112233445566778899aabbccddeeff"
+        let pskFile = dir.appendingPathComponent("broker-psk").path
+        try "hall:\(hallKey)\nhomeassistant:\(haKey)\n".write(toFile: pskFile, atomically: true, encoding: .utf8)
+        try "\(hallKey)\n".write(to: dir.appendingPathComponent("hall.psk"), atomically: true, encoding: .utf8)
+        let broker = try MosquittoBroker(extraConfig: [
+            "psk_hint baton", "psk_file \(pskFile)", "use_identity_as_username true", "acl_file \(acl)",
+            "allow_anonymous false",
+        ])
+        let capture = try GeneratedCapture(in: dir, devices: 6, reports: 200, seed: 23)
+        let gateway = try GatewayProcess(yaml: """
+            gateway: {id: hall, room: Hall}
+            broker:
+              url: mqtts://127.0.0.1:\(broker.port)
+              reconnect-min: 100ms
+              reconnect-max: 1s
+              tls: {psk-identity: hall, psk-file: hall.psk}
+            radio: {source: "capture:\(capture.path)", paced: false}
+            rooms: {settle: 0s}
+            status: {interval: 1s}
+            """, in: dir)
+        let asHA = ["--psk", haKey, "--psk-identity", "homeassistant"]
+        let online = eventually(within: 15, every: 0.5) { () -> String? in
+            let r = try? read("baton/activities/+", port: broker.port, login: asHA, in: dir)
+            return (r?.text.contains("\"gateway\":\"hall\"") ?? false) ? r?.text : nil
+        }
+        #expect(online != nil, "no activity through a TLS-PSK login: \(gateway.log)\n\(broker.log)")
+        let wrongKey = try read("baton/#", port: broker.port, login: ["--psk", "ffeeddccbbaa99887766554433221100",
+                                                                       "--psk-identity", "homeassistant"], in: dir)
+        #expect(wrongKey.status != 0 && !wrongKey.text.contains("baton/activities"), "a wrong key got: \(wrongKey.text)")
+        let stats = try read("baton/gateways/hall/stats", port: broker.port, login: asHA, in: dir)
+        #expect(stats.text.contains("\"gateway\"") || stats.text.contains("hall"), "\(stats.text)")
+        for secret in [hallKey, hallKey.uppercased()] {
+            #expect(!gateway.log.contains(secret) && !stats.text.contains(secret), "the pre-shared key leaked")
+        }
+        #expect(gateway.stop() == 0)
+    }
+
     @Test func aGatewayWorksThroughTLSAndTheACLAndNobodyElseWritesItsTopics() throws {
         let dir = try scratchDirectory("locked")
         let certs = try makeCertificates(in: dir)
