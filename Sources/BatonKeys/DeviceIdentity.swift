@@ -84,7 +84,8 @@ public final class BeaconVerifier {
     private let identityResolvers: [DeviceIDResolver]
 
     /// Per identity n: the last two on-air ids it used (2n current, 2n + 1 the one before, so
-    /// the old and new id interleaving at a rotation costs no second search); 0 = none yet.
+    /// the old and new id interleaving at a rotation costs no second search); `.max` = none
+    /// yet, a value no 48-bit id has (0 would be taken for identity 0's id).
     private var airIDs: [UInt64]
     /// Per identity: the highest sequence heard, whether any was, and whether that sequence
     /// was invalidated.
@@ -116,7 +117,7 @@ public final class BeaconVerifier {
             resolvers.append(try DeviceIDResolver(irk: try key.identityKey(number: UInt16(n))))
         }
         identityResolvers = resolvers
-        airIDs = Array(repeating: 0, count: 2 * identities)
+        airIDs = Array(repeating: .max, count: 2 * identities)
         highest = Array(repeating: 0, count: identities)
         heard = Array(repeating: false, count: identities)
         ended = Array(repeating: false, count: identities)
@@ -144,7 +145,7 @@ public final class BeaconVerifier {
         // and only then every identity key (once per rotation of an identity's id).
         var identity = knownIdentity(air)
         if identity == nil {
-            resolutions &+= 1
+            if Self.isResolvableShape(air) { resolutions &+= 1 }
             // A group-wide id: the table's own sequence check covers it while it is current.
             if groupResolver.resolves(air) { return .verified(identity: nil) }
             identity = resolveIdentity(air)
@@ -161,11 +162,16 @@ public final class BeaconVerifier {
     private func checkUnkeyed(_ beacon: ActivityBeacon) -> BeaconVerdict {
         guard policy == .publish else { return .dropped(Self.unkeyedGroup) }
         let air = beacon.deviceID & 0xFFFF_FFFF_FFFF
-        if air >> 16 == UInt64(groupHash), Int(air & 0xFFFF) < identities { return .dropped(Self.impersonation) }
-        resolutions &+= 1
+        // Every identity id of the group, not only those below this gateway's
+        // `security.identities`: another gateway of the building may be set to more.
+        if air >> 16 == UInt64(groupHash) { return .dropped(Self.impersonation) }
+        if Self.isResolvableShape(air) { resolutions &+= 1 }
         if groupResolver.resolves(air) { return .dropped(Self.impersonation) }
         return .unverified
     }
+
+    /// prand's top bits are 0b01: only then does resolving cost an AES block (§3).
+    private static func isResolvableShape(_ air: UInt64) -> Bool { air & 0xC000_0000_0000 == 0x4000_0000_0000 }
 
     private func knownIdentity(_ air: UInt64) -> Int? {
         // Proof: airIDs holds 2 × identities entries, at most 2,048: a linear scan of UInt64s is

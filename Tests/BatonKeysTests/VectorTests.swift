@@ -108,6 +108,42 @@ func advertisement(_ beacon: ActivityBeacon, _ auth: some BeaconAuthenticator) t
         #expect(decoded.verify(authenticator: tagger))
     }
 
+    @Test func identityKeysAndIdentityIDs() throws {
+        // §8.6 (§3.1): IK_n = HKDF-SHA256(IKM = beacon key, salt = "", info = "baton v1 device
+        // identity" ‖ n (2 bytes, LE), L = 16). The identity id is group hash ‖ n (48 bits).
+        let key = vectorKeys.beaconKey
+        #expect(try key.identityKey(number: 0) == hx("a2 7b 4a ff 4e 6e d9 7d 23 63 25 d0 98 22 63 d4"))
+        #expect(try key.identityKey(number: 3) == hx("31 d7 12 ae d3 3e c9 5d f5 93 bc 51 68 a8 27 f9"))
+        #expect(DeviceIdentity.id(groupHash: vectorKeys.groupHash, number: 0) == 0x7CEC_7226_0000)
+        #expect(DeviceIdentity.id(groupHash: vectorKeys.groupHash, number: 3) == 0x7CEC_7226_0003)
+        #expect(ActivityBeacon.deviceIDText(DeviceIdentity.id(groupHash: vectorKeys.groupHash, number: 3)) == "7cec72260003")
+    }
+
+    @Test func aBeaconOfDevice3() throws {
+        // §8.6: device 3 makes its id with IK_3 as the IRK (prand 0x5A1234 → 5A:12:34:E9:3C:45,
+        // on air 45 3C E9 34 12 5A) and sends §8.4's beacon under it, tagged with the beacon
+        // key. Nonce 45 3C E9 34 12 5A | FF FF | 03 | 02 01 00 00.
+        let device3 = try DeviceIDResolver(irk: vectorKeys.beaconKey.identityKey(number: 3))
+        let id = device3.deviceID(prand: 0x5A_1234)
+        #expect(id == 0x5A12_34E9_3C45)
+        #expect(try !DeviceIDResolver(key: vectorKeys.beaconKey).resolves(id), "the beacon key alone does not resolve it")
+        var beacon = protocolVector1
+        beacon.groupHash = vectorKeys.groupHash
+        beacon.deviceID = id
+        let advert = try advertisement(beacon, BeaconTagger(key: vectorKeys.beaconKey))
+        #expect(advert == hx("""
+            02 01 06
+            1B FF FF FF
+            01 03 02 01 B7 4B 9B BE 26 72 EC 7C 45 3C E9 34 12 5A 80 00 47 FE 9C A8
+            """))
+        // A gateway with security.identities 4 verifies the tag, resolves the id with IK_3
+        // and publishes it under 7cec72260003 (§4.4).
+        let verifier = try BeaconVerifier(key: vectorKeys.beaconKey, identities: 4, policy: .ignore)
+        var heard = try #require(try advert.withUnsafeBytes { try ActivityBeacon.find(inAdvertisingData: $0) })
+        #expect(advert.withUnsafeBytes { verifier.check(&heard, advertisingData: $0) } == .verified(identity: 3))
+        #expect(heard.deviceID == 0x7CEC_7226_0003)
+    }
+
     @Test func sealedPayloadVector() throws {
         // §8.5: payload.md §5's payload, sealed for device 5A:12:34:56:78:9A sequence 258 with
         // nonce a0…ab. Context 01 9A 78 56 34 12 5A 02 01; GCM associated data 01 ‖ context.

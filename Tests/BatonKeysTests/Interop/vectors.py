@@ -55,6 +55,10 @@ PAYLOAD = H(
 SEAL_NONCE = H("a0a1a2a3a4a5a6a7a8a9aaab")
 DEVICE_ID = 0x5A123456789A
 SEQUENCE = 258
+# §8.6: device identities 0 and 3 (§3.1); device 3 makes its id with IK_3 for prand 0x5A1234
+# and sends §8.4's beacon under it, tagged with the beacon key.
+IDENTITY_NUMBERS = (0, 3)
+IDENTITY_NUMBER = 3
 
 EXPECTED = {
     "secret.text": "BATON-GROUP-V1:AAAQEAYEAUDAOCAJBIFQYDIOB4QL",
@@ -68,6 +72,13 @@ EXPECTED = {
     "beacon1": "0201061bffffff01030201b74b9bbed4c3b2a19a785634125a80006702f232",
     "beacon2": "0201061bffffff01030201b74b9bbe2672ec7cbbdce534125a800060d4913b",
     "payload.context": "019a785634125a0201",
+    "identity_key.0": "a27b4aff4e6ed97d236325d0982263d4",
+    "identity_key.3": "31d712aed33ec95df593bc5168a827f9",
+    "identity_id.0": "7cec72260000",
+    "identity_id.3": "7cec72260003",
+    "device_id.ik3": "5a1234e93c45",
+    "beacon3.nonce": "453ce934125affff0302010000",
+    "beacon3": "0201061bffffff01030201b74b9bbe2672ec7c453ce934125a800047fe9ca8",
     "sealed": "01a0a1a2a3a4a5a6a7a8a9aaabebbf607445343dfcb077b20efff7d9ce4ebaf669150d387d9401981145d70f4f0561462e87d65f6b2e083f5f85f53e1ccd393d9bdae84084a8ad61f96949a269243e9bfc3f43b0ebb9e77d5d2fff53a63257f7937e1c8d111f0055ab77ba07990e9a1883c9b766e1c9984bfe929c14eaf11ad793c799e34bf94572d9d52a7d9a9c723c7d",
 }
 
@@ -115,6 +126,24 @@ def device_id(irk, prand):
     return prand << 24 | ah(irk, prand)
 
 
+def identity_key(beacon, n):
+    """§3.1: IK_n = HKDF-SHA256(BK, salt "", info "baton v1 device identity" || n (2, LE), 16)."""
+    return hkdf(beacon, b"baton v1 device identity" + n.to_bytes(2, "little"), 16)
+
+
+def identity_id(gh, n):
+    """§3.1: group hash (32 bits) || n (16 bits), printed as 12 hex digits like a device id."""
+    return gh << 16 | n
+
+
+def with_id(advert, gh, dev):
+    """`advert` with the group hash and device id replaced (value offsets 8 and 12)."""
+    adv = bytearray(advert)
+    adv[15:19] = gh.to_bytes(4, "little")
+    adv[19:25] = dev.to_bytes(6, "little")
+    return bytes(adv)
+
+
 def beacon_nonce(signed):
     # device id (6) || company id (2) || flags (1) || sequence as a 32-bit LE counter (4)
     return signed[14:20] + signed[0:2] + signed[3:4] + signed[4:6] + b"\x00\x00"
@@ -145,6 +174,10 @@ def pcd_derive(secret):
     payload = PCD_HKDF(secret, 16, None, PCD_SHA256, context=b"baton v1 payload key")
     gh = int.from_bytes(PCD_HKDF(beacon, 4, None, PCD_SHA256, context=b"baton v1 group hash"), "little")
     return beacon, payload, gh
+
+
+def pcd_identity_key(beacon, n):
+    return PCD_HKDF(beacon, 16, None, PCD_SHA256, context=b"baton v1 device identity" + n.to_bytes(2, "little"))
 
 
 def pcd_ah(irk, prand):
@@ -184,6 +217,14 @@ def compute():
     adv[15:19] = gh.to_bytes(4, "little")
     adv[19:25] = device_id(beacon, PRAND_B).to_bytes(6, "little")
     v["beacon2"] = with_tag(bytes(adv), beacon).hex()
+    for n in IDENTITY_NUMBERS:
+        v["identity_key.%d" % n] = identity_key(beacon, n).hex()
+        v["identity_id.%d" % n] = "%012x" % identity_id(gh, n)
+    dev3 = device_id(identity_key(beacon, IDENTITY_NUMBER), PRAND_B)
+    v["device_id.ik3"] = "%012x" % dev3
+    adv3 = with_tag(with_id(VECTOR1_UNSIGNED, gh, dev3), beacon)
+    v["beacon3.nonce"] = beacon_nonce(adv3[5:27]).hex()
+    v["beacon3"] = adv3.hex()
     ctx = payload_context(DEVICE_ID, SEQUENCE)
     v["payload.context"] = ctx.hex()
     v["sealed"] = seal(payload, SEAL_NONCE, PAYLOAD, ctx).hex()
@@ -204,6 +245,13 @@ def compute_pycryptodome():
     adv[15:19] = gh.to_bytes(4, "little")
     adv[19:25] = dev.to_bytes(6, "little")
     v["beacon2"] = (bytes(adv[:27]) + pcd_beacon_tag(beacon, bytes(adv[5:27]))).hex()
+    for n in IDENTITY_NUMBERS:
+        v["identity_key.%d" % n] = pcd_identity_key(beacon, n).hex()
+    ik3 = pcd_identity_key(beacon, IDENTITY_NUMBER)
+    dev3 = PRAND_B << 24 | pcd_ah(ik3, PRAND_B)
+    v["device_id.ik3"] = "%012x" % dev3
+    adv3 = with_id(VECTOR1_UNSIGNED, gh, dev3)
+    v["beacon3"] = (adv3[:27] + pcd_beacon_tag(beacon, adv3[5:27])).hex()
     v["sealed"] = pcd_seal(payload, SEAL_NONCE, PAYLOAD, payload_context(DEVICE_ID, SEQUENCE)).hex()
     return v
 
