@@ -64,6 +64,21 @@ public struct AppleDevice: Sendable, Equatable {
     public var lastSeen: Instant
     /// Distinct addresses this entry was heard from (rotation, two radios at once).
     public var addresses: UInt32
+    /// For a device whose IRK the user gave (`apple.irks`): its index in that list. Its entry
+    /// is found by that, whatever address it sends from (docs/table.md "Apple devices").
+    public var identity: Int? = nil
+
+    /// The id rooms know a named device by (sightings, ownership: docs/rooms.md): its 32-bit id
+    /// under `ffff`, the same at every gateway given the same IRK.
+    public static func roomsID(_ id: UInt32) -> UInt64 { 0xFFFF_0000_0000 | UInt64(id) }
+}
+
+/// A device the gateway resolved with a configured IRK: which one, and the id it is
+/// published under (the same at every gateway: docs/security.md §10).
+public struct AppleIdentity: Sendable, Equatable {
+    public var index: Int
+    public var id: UInt32
+    public init(index: Int, id: UInt32) { self.index = index; self.id = id }
 }
 
 public enum AppleChangeKind: Sendable, Equatable {
@@ -100,6 +115,8 @@ public struct AppleDeviceTable: ~Copyable {
         /// entry to claim a fingerprint keeps it).
         var fingerprint: UInt64
         var holdsFingerprint: Bool
+        /// A named device's index key (`identityKey`), instead of address keys.
+        var identityKey: UInt64? = nil
     }
 
     /// The one list of `entries`, in order of last heard.
@@ -126,12 +143,32 @@ public struct AppleDeviceTable: ~Copyable {
     /// Takes the Continuity messages of one advertisement (already validated by the decoder).
     /// Calls `onChange` at most once for a known device, or `.evicted` then `.appeared` for a
     /// new one in a full table. Allocates nothing. `onChange` records; it must not re-enter.
+    /// `identity`: the address resolved under a configured IRK. Such a device is tracked
+    /// from any advertisement (with or without Continuity frames) unless tracking is off.
     public mutating func hear(_ messages: ContinuityIterator, rssi: Int8, address: UInt64, addressType: UInt8,
-                              now: Instant, _ onChange: (AppleChange) -> Void) {
+                              identity: AppleIdentity? = nil, now: Instant, _ onChange: (AppleChange) -> Void) {
         counters.framesHeard &+= 1
         guard config.tracking != .off else { return }
         let now = clock.clamp(now)
         let heard = HeardFrame(messages)
+        if let identity {
+            let key = Self.identityKey(identity.index)
+            if let slot = byAddress.find(key) {
+                if entries[slot].device.address != address & 0xFFFF_FFFF_FFFF {
+                    // Its next resolvable private address: the same device, one more address.
+                    entries[slot].device.address = address & 0xFFFF_FFFF_FFFF
+                    entries[slot].device.addressType = addressType
+                    // Proof: saturating, as below.
+                    if entries[slot].device.addresses < .max { entries[slot].device.addresses &+= 1 }
+                    counters.mergedAddresses &+= 1
+                }
+                update(slot, heard, rssi: rssi, now: now, onChange)
+            } else {
+                insert(heard, key: key, identity: identity, rssi: rssi, address: address, addressType: addressType,
+                       now: now, onChange)
+            }
+            return
+        }
         let key = Self.addressKey(address, addressType)
         if let slot = byAddress.find(key) {
             if entries[slot].previousAddress == key {
@@ -154,7 +191,7 @@ public struct AppleDeviceTable: ~Copyable {
             counters.mergedAddresses &+= 1
             update(slot, heard, rssi: rssi, now: now, onChange)
         } else if heard.kinds.contains(.handoff) || (config.tracking == .all && !heard.kinds.isEmpty) {
-            insert(heard, key: key, rssi: rssi, address: address, addressType: addressType, now: now, onChange)
+            insert(heard, key: key, identity: nil, rssi: rssi, address: address, addressType: addressType, now: now, onChange)
         }
     }
 
@@ -243,8 +280,8 @@ public struct AppleDeviceTable: ~Copyable {
         if entries[slot].holdsFingerprint { byFingerprint.insert(fingerprint, slot: slot) }
     }
 
-    private mutating func insert(_ heard: HeardFrame, key: UInt64, rssi: Int8, address: UInt64, addressType: UInt8,
-                                 now: Instant, _ onChange: (AppleChange) -> Void) {
+    private mutating func insert(_ heard: HeardFrame, key: UInt64, identity: AppleIdentity?, rssi: Int8, address: UInt64,
+                                 addressType: UInt8, now: Instant, _ onChange: (AppleChange) -> Void) {
         if entries.isFull, let victim = entries.head(Self.list) {
             // docs/table.md "Apple devices", Changes: the least recently heard device makes room.
             let last = remove(victim)
@@ -254,13 +291,15 @@ public struct AppleDeviceTable: ~Copyable {
         var smoothed = SmoothedRSSI()
         smoothed.add(rssi)
         let handoff = heard.kinds.contains(.handoff)
-        let device = AppleDevice(id: pseudonym(key), address: address & 0xFFFF_FFFF_FFFF, addressType: addressType,
+        let device = AppleDevice(id: identity?.id ?? pseudonym(key), address: address & 0xFFFF_FFFF_FFFF,
+                                 addressType: addressType,
                                  kinds: heard.kinds, handoffSequence: handoff ? heard.handoffSequence : nil,
                                  handoffChanged: handoff ? now : nil, rssi: smoothed.dBm,
                                  rssiAtChange: smoothed.dBm, addressesAtChange: 1,
-                                 firstSeen: now, lastSeen: now, addresses: 1)
+                                 firstSeen: now, lastSeen: now, addresses: 1, identity: identity?.index)
         let slot = entries.append(Entry(device: device, smoothed: smoothed, previousAddress: nil,
-                                        fingerprint: 0, holdsFingerprint: false), to: Self.list)
+                                        fingerprint: 0, holdsFingerprint: false,
+                                        identityKey: identity == nil ? nil : key), to: Self.list)
         byAddress.insert(key, slot: slot)
         if handoff { claimFingerprint(slot, heard.fingerprint) }
         counters.appeared &+= 1
@@ -269,6 +308,7 @@ public struct AppleDeviceTable: ~Copyable {
 
     private mutating func remove(_ slot: Int32) -> AppleDevice {
         let gone = entries.remove(slot)
+        if let key = gone.identityKey { byAddress.remove(key) }
         byAddress.remove(Self.addressKey(gone.device.address, gone.device.addressType))
         if let before = gone.previousAddress { byAddress.remove(before) }
         if gone.holdsFingerprint { byFingerprint.remove(gone.fingerprint) }
@@ -302,6 +342,9 @@ public struct AppleDeviceTable: ~Copyable {
         address & 0xFFFF_FFFF_FFFF | UInt64(type) << 48
     }
 
+    /// The index key of a named device: above every address key (48 bits and a type byte).
+    private static func identityKey(_ index: Int) -> UInt64 { 1 << 60 | UInt64(index) }
+
     /// Removes devices silent for `expiry`, calling `onChange` with `.expired` for each.
     public mutating func expire(now: Instant, _ onChange: (AppleChange) -> Void) {
         while let slot = entries.head(Self.list), entries[slot].device.lastSeen + config.expiry <= now {
@@ -315,6 +358,14 @@ public struct AppleDeviceTable: ~Copyable {
     public var nextExpiry: Instant? {
         guard let slot = entries.head(Self.list) else { return nil }
         return entries[slot].device.lastSeen + config.expiry
+    }
+
+    /// The named device (`identity` set) with this id, if the table holds it. A scan: it runs
+    /// when a room's ownership changes, not per advertisement.
+    public func namedDevice(id: UInt32) -> AppleDevice? {
+        var found: AppleDevice?
+        entries.forEach(list: Self.list) { if $0.device.identity != nil && $0.device.id == id { found = $0.device } }
+        return found
     }
 
     /// Every device, least recently heard first.

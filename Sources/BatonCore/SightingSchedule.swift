@@ -16,6 +16,18 @@ public struct DueSighting: Sendable, Equatable {
     public init(device: UInt64, rssi: Int8?) { self.device = device; self.rssi = rssi }
 }
 
+/// What a sighting is about: an activity table entry, or a device the user named by its IRK
+/// (docs/rooms.md §2, docs/security.md §10). `rssi` is smoothed; 127 means none measured.
+public struct SightedDevice: Sendable, Equatable {
+    public var deviceID: UInt64
+    public var rssi: Int8
+    public var lastSeen: Instant
+    public init(deviceID: UInt64, rssi: Int8, lastSeen: Instant) {
+        self.deviceID = deviceID; self.rssi = rssi; self.lastSeen = lastSeen
+    }
+    public init(_ a: TrackedActivity) { self.init(deviceID: a.deviceID, rssi: a.rssi, lastSeen: a.lastSeen) }
+}
+
 public struct SightingSchedule: ~Copyable {
     public let config: RoomsConfig
 
@@ -56,13 +68,26 @@ public struct SightingSchedule: ~Copyable {
     /// Walks the table and calls `body` for every sighting due at `now`, then remembers it as
     /// sent. Allocates nothing. Devices that left the table get their `rssi: null` too.
     ///
-    /// A device whose entry has no RSSI yet (127, "not available") is not heard as far as
-    /// rooms go: nothing is sent for it until a report carries one. The smoothed RSSI is
-    /// clamped to −127…+20 (`Sighting.rssiRange`), the range a sighting may carry.
+    /// A device whose reports carry no RSSI (127, "not available") is sighted at the floor,
+    /// −127 (see `rssi(_:)`). The smoothed RSSI is clamped to −127…+20 (`Sighting.rssiRange`),
+    /// the range a sighting may carry.
     public mutating func due(table: borrowing ActivityTable, now: Instant, _ body: (DueSighting) -> Void) {
+        due(now: now, each: { visit in table.forEach { visit(SightedDevice($0)) } }, body)
+    }
+
+    /// `due` over every device `each` hands to its argument: the activity table's, and the
+    /// named Apple devices. `each` must give the same devices both times it is called.
+    public mutating func due(now: Instant, each: ((SightedDevice) -> Void) -> Void, _ body: (DueSighting) -> Void) {
+        // `body` is called from inside `each`'s walk; Swift only lets a closure handed to a
+        // non-escaping parameter call another through an escaping value. Nothing escapes.
+        withoutActuallyEscaping(body) { body in dueWalk(now: now, each: each, body) }
+    }
+
+    private mutating func dueWalk(now: Instant, each: ((SightedDevice) -> Void) -> Void,
+                                  _ body: @escaping (DueSighting) -> Void) {
         pass &+= 1
         var newDevices = false
-        table.forEach { a in
+        each { a in
             guard let e = index.find(a.deviceID).map({ Int($0) }) else {
                 if Self.rssi(a) != nil { newDevices = true }
                 return
@@ -78,7 +103,7 @@ public struct SightingSchedule: ~Copyable {
             }
         }
         guard newDevices else { return }
-        table.forEach { a in
+        each { a in
             guard index.find(a.deviceID) == nil, let rssi = Self.rssi(a) else { return }
             // The table never holds more devices than this schedule's capacity (its own), and
             // every entry left is a device in the table; a smaller schedule skips the rest.
@@ -101,10 +126,14 @@ public struct SightingSchedule: ~Copyable {
     /// The earliest instant `due` would call `body`; nil when the table is empty and nothing is owed.
     /// An instant in the past means "now". O(table + capacity).
     public func nextDeadline(table: borrowing ActivityTable) -> Instant? {
+        nextDeadline(each: { visit in table.forEach { visit(SightedDevice($0)) } })
+    }
+
+    public func nextDeadline(each: ((SightedDevice) -> Void) -> Void) -> Instant? {
         var next: Instant?
         func consider(_ t: Instant) { next = min(next ?? t, t) }
         var matched = 0
-        table.forEach { a in
+        each { a in
             let rssi = Self.rssi(a)
             guard let slot = index.find(a.deviceID) else {
                 // Never walked: `due` takes it in (and sends it if still heard).
@@ -140,7 +169,7 @@ public struct SightingSchedule: ~Copyable {
 
     // MARK: - internals
 
-    private mutating func visit(_ e: Int, _ a: TrackedActivity, now: Instant, _ body: (DueSighting) -> Void) {
+    private mutating func visit(_ e: Int, _ a: SightedDevice, now: Instant, _ body: (DueSighting) -> Void) {
         let s = entries[e]
         guard heard(a, now: now), let rssi = Self.rssi(a) else {
             // Not heard for lostAfter: one `rssi: null`, then silence until heard again. The
@@ -166,11 +195,15 @@ public struct SightingSchedule: ~Copyable {
     }
 
     /// Heard within `lostAfter` (at exactly lastSeen + lostAfter it is lost).
-    private func heard(_ a: TrackedActivity, now: Instant) -> Bool { now < a.lastSeen + config.lostAfter }
+    private func heard(_ a: SightedDevice, now: Instant) -> Bool { now < a.lastSeen + config.lostAfter }
 
-    /// The smoothed RSSI as a sighting carries it; nil while the entry has none (127).
-    private static func rssi(_ a: TrackedActivity) -> Int8? {
-        guard a.rssi != 127 else { return nil }
+    /// The smoothed RSSI as a sighting carries it. An entry whose reports carry none (127,
+    /// "not available", Core 5.4, Vol 4, Part E, §7.7.65.2) is sighted at the floor, −127:
+    /// heard, and beaten by any room that measures an RSSI. The real kernel stack showed why
+    /// (docs/vm.md): BlueZ's virtual controllers never report an RSSI, and neither do some
+    /// real ones; were such a device not sighted, no gateway would ever own it.
+    private static func rssi(_ a: SightedDevice) -> Int8? {
+        guard a.rssi != 127 else { return Sighting.rssiRange.lowerBound }
         return min(max(a.rssi, Sighting.rssiRange.lowerBound), Sighting.rssiRange.upperBound)
     }
 

@@ -27,7 +27,7 @@ enum ConfigSchema {
         ("topics", ["prefix", "discovery", "discovery-prefix"]),
         ("radio", ["source", "paced", "silence", "company-id"]),
         ("table", ["capacity", "expiry"]),
-        ("apple", ["tracking", "capacity", "expiry", "publish-address"]),
+        ("apple", ["tracking", "capacity", "expiry", "publish-address", "irks"]),
         ("rooms", ["sighting-interval", "sighting-step", "sighting-min-interval", "sighting-fresh", "lost-after",
                    "settle", "margin", "dwell", "capacity", "gateways"]),
         ("relay", ["link", "fetch-timeout", "link-idle", "fetches", "cache", "links", "payload-max", "streams",
@@ -222,6 +222,7 @@ struct ConfigFileReader {
             if let e = s["capacity"], let n = integer(e, 1...100_000) { c.apple.capacity = n }
             if let e = s["expiry"], let d = duration(e, atLeast: .seconds(1)) { c.apple.expiry = d }
             if let e = s["publish-address"], let b = bool(e) { c.appleAddresses = b }
+            if let e = s["irks"] { readIRKs(e, into: &c) }
         }
         if let s = subsection(top["rooms"]) { readRooms(s, into: &c) }
         c.rooms.forgetAfter = c.table.expiry
@@ -298,6 +299,50 @@ struct ConfigFileReader {
             c.relay.streamIdle = d
         }
     }
+
+    /// `apple.irks`: `name: IRK` lines, one per device (docs/security.md §10). The names are
+    /// the user's, so this mapping's keys are not checked against the schema.
+    mutating func readIRKs(_ e: ConfigEntry, into c: inout GatewayConfig) {
+        guard case .mapping(let mapping) = e.value else {
+            report(e.value, e.key, "expected one \"name: IRK\" line per device indented under it, got \(describe(e.value))")
+            return
+        }
+        var lines: [String: Int] = [:]
+        for (keyNode, value) in mapping {
+            guard case .scalar(let k) = keyNode, !k.string.isEmpty else {
+                report(keyNode, e.key, "expected a device's name, got \(describe(keyNode))")
+                continue
+            }
+            let name = k.string, key = e.key + "." + name
+            guard name.count <= 64, name.unicodeScalars.allSatisfy({ $0.value >= 0x20 && $0.value != 0x7F }) else {
+                report(keyNode, key, "a device's name is at most 64 characters, without control characters")
+                continue
+            }
+            if let first = lines[name] {
+                report(keyNode, key, "given twice (first on line \(first))")
+                continue
+            }
+            lines[name] = keyNode.mark?.line ?? 0
+            guard let t = text(ConfigEntry(key: key, keyNode: keyNode, value: value), expected: "an IRK") else { continue }
+            do throws(IRKTextError) {
+                let irk = try IdentityResolvingKey(text: t)
+                if let other = c.appleIRKs.first(where: { $0.irk == irk }) {
+                    report(value, key, "the same IRK as \(quoted(other.name)): one device, one name")
+                    continue
+                }
+                c.appleIRKs.append(NamedIRK(name: name, irk: irk))
+            } catch {
+                report(value, key, "\(error)")
+            }
+        }
+        if c.appleIRKs.count > Self.maxIRKs {
+            report(e.value, e.key, "at most \(Self.maxIRKs) devices, got \(c.appleIRKs.count)")
+            c.appleIRKs.removeAll()
+        }
+    }
+
+    /// Each IRK costs one AES block per new address heard (docs/security.md §10).
+    static let maxIRKs = 64
 
     /// `broker.tls.psk-identity` with `psk` or `psk-file` (docs/config.md "broker"): TLS-PSK
     /// instead of certificates. The key is hex, as mosquitto's `psk_file` holds it.

@@ -49,6 +49,9 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     var decoder: AdvertisementDecoder
     /// Checks every beacon of the keyed group (docs/security.md §4.4); nil without a key.
     let verifier: BeaconVerifier?
+    /// Resolves the addresses of the user's own devices (`apple.irks`, docs/security.md §10).
+    let addresses: AddressResolver?
+    let appleIDs: [UInt32]
     var table: ActivityTable
     var apple: AppleDeviceTable
     var publisher: Publisher
@@ -93,14 +96,16 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     /// How long after a radio error the source is started again.
     public static var radioRetry: Duration { .seconds(5) }
 
-    /// `verifier` checks beacons against `config.security`'s key: required when the config has
-    /// one (`GatewayLauncher` makes it, where a libcrypto failure can be reported).
+    /// `keys` are `GatewayKeys.make(config)`: required when the config has keys
+    /// (`GatewayLauncher` makes them, where a libcrypto failure can be reported).
     public init(config: GatewayConfig, radio: consuming Radio, reopen: (() throws(RadioError) -> Radio)? = nil,
-                mqtt: consuming MQTTClient, verifier: BeaconVerifier? = nil, log: Logger,
+                mqtt: consuming MQTTClient, keys: GatewayKeys = .none, log: Logger,
                 environment: [String: String], now: ContinuousClock.Instant, unixMicroseconds: Int64) {
-        precondition((config.security.beaconKey == nil) == (verifier == nil), "a keyed config needs its BeaconVerifier")
+        precondition(keys.matches(config), "the gateway's keys are GatewayKeys.make(config)")
         self.config = config
-        self.verifier = verifier
+        self.verifier = keys.verifier
+        self.addresses = keys.addresses
+        self.appleIDs = keys.appleIDs
         self.radio = radio
         self.reopen = reopen
         self.decoder = AdvertisementDecoder(beaconCompanyID: config.companyID)
@@ -114,12 +119,14 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
             origin: .init(room: config.room, gatewayID: config.gatewayID), clock: clock, version: BatonVersion.current,
             discovery: config.discovery, appleAddresses: config.appleAddresses, orphanGrace: config.table.expiry,
             ownedCapacity: config.table.capacity + config.apple.capacity, log: log)
-        self.publisher.keyedGroup = verifier?.groupHash
+        self.publisher.keyedGroup = keys.verifier?.groupHash
+        self.publisher.appleNames = config.appleIRKs.map(\.name)
         var rooms = config.rooms
         rooms.forgetAfter = config.table.expiry
         self.since = unixMicroseconds / 1000
         self.ownership = RoomOwnership(config: rooms, selfID: config.gatewayID, selfSince: unixMicroseconds / 1000)
-        self.sightings = SightingSchedule(config: rooms, capacity: config.table.capacity)
+        // The named Apple devices are sighted too, so one room owns each (docs/security.md §10).
+        self.sightings = SightingSchedule(config: rooms, capacity: config.table.capacity + config.appleIRKs.count)
         self.ownershipChanges = []
         self.ownershipChanges.reserveCapacity(rooms.capacity)
         self.sightingCheckInterval = min(rooms.sightingMinInterval, .milliseconds(250))
@@ -234,7 +241,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
             Self.expire(&table, &publisher, ownership, now: now)
         }
         if let due = apple.nextExpiry, due <= now {
-            Self.expire(&apple, &publisher, now: now)
+            Self.expire(&apple, &publisher, ownership, now: now)
         }
         if publisher.mqtt.isConnected, let due = publisher.retainedScanEnds, due <= now {
             publisher.endRetainedScan()
@@ -305,7 +312,8 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     mutating func pollRadio(now: ContinuousClock.Instant) {
         let reportsBefore = decoder.tally.reports
         do throws(RadioError) {
-            _ = try Self.pollRadio(&radio, &decoder, verifier, &table, &apple, &publisher, ownership, now: now, clock: clock)
+            _ = try Self.pollRadio(&radio, &decoder, Keys(verifier: verifier, addresses: addresses, appleIDs: appleIDs),
+                                   &table, &apple, &publisher, ownership, now: now, clock: clock)
         } catch {
             radioFailed(error, now: now)
         }
@@ -327,25 +335,32 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     /// The hot path: event → reports → beacon or Continuity → table → change. Allocates
     /// nothing unless something changed (scripts/bench counts it). Static with each piece as
     /// its own inout, so the closures borrow disjoint state.
-    static func pollRadio(_ radio: inout Radio, _ decoder: inout AdvertisementDecoder, _ verifier: BeaconVerifier?,
+    /// The loop's view of `GatewayKeys`, passed down the hot path without copying arrays.
+    struct Keys {
+        let verifier: BeaconVerifier?
+        let addresses: AddressResolver?
+        let appleIDs: [UInt32]
+    }
+
+    static func pollRadio(_ radio: inout Radio, _ decoder: inout AdvertisementDecoder, _ keys: Keys,
                           _ table: inout ActivityTable, _ apple: inout AppleDeviceTable, _ publisher: inout Publisher,
                           _ ownership: borrowing RoomOwnership,
                           now: ContinuousClock.Instant, clock: WallClock) throws(RadioError) -> Int {
         let timestamp = clock.unixMicroseconds(now)
         return try radio.poll(now: now) { event in
-            route(event: event, timestamp: timestamp, now: now, &decoder, verifier, &table, &apple, &publisher, ownership)
+            route(event: event, timestamp: timestamp, now: now, &decoder, keys, &table, &apple, &publisher, ownership)
         }
     }
 
     @inline(__always)
     static func route(event: UnsafeRawBufferPointer, timestamp: Int64, now: ContinuousClock.Instant,
-                      _ decoder: inout AdvertisementDecoder, _ verifier: BeaconVerifier?, _ table: inout ActivityTable,
+                      _ decoder: inout AdvertisementDecoder, _ keys: Keys, _ table: inout ActivityTable,
                       _ apple: inout AppleDeviceTable, _ publisher: inout Publisher,
                       _ ownership: borrowing RoomOwnership) {
         decoder.decode(event: event, timestamp: timestamp) { heard in
             let r = heard.report
             if var beacon = heard.content.beacon {
-                if let verifier {
+                if let verifier = keys.verifier {
                     // docs/security.md §4.4: the tag, the id, an identity's sequence. A device
                     // with an identity goes into the table under its identity's id. The verifier
                     // counts what it drops.
@@ -354,10 +369,14 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
                 table.hear(beacon, rssi: r.rssi, address: r.address, addressType: r.addressType, now: now) { change in
                     publisher.activityChanged(change, owned: ownership.owns(change.activity.deviceID))
                 }
-            } else if heard.content.apple != nil {
-                apple.hear(heard.content.continuityMessages, rssi: r.rssi, address: r.address,
-                           addressType: r.addressType, now: now) { change in
-                    publisher.appleChanged(change)
+            } else {
+                // A device the user named by its IRK is followed from any advertisement it
+                // sends (docs/security.md §10); any other only from Continuity frames.
+                let index = keys.addresses?.resolve(address: r.address, addressType: r.addressType)
+                guard heard.content.apple != nil || index != nil else { return }
+                apple.hear(heard.content.continuityMessages, rssi: r.rssi, address: r.address, addressType: r.addressType,
+                           identity: index.map { AppleIdentity(index: $0, id: keys.appleIDs[$0]) }, now: now) { change in
+                    publisher.appleChanged(change, owned: Self.owns(change.device, ownership))
                 }
             }
         }
@@ -433,6 +452,11 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         let topics = publisher.topics
         if let id = topics.gatewayID(inStatusTopic: message.topic) {
             let online = message.payload.elementsEqual("online".utf8)
+            // A gateway coming online subscribed to the sightings before it said so, but missed
+            // the ones sent before: send ours again now, within its `rooms.settle`, rather than
+            // at the next heartbeat, after it (two gateways starting together would each settle
+            // on itself first, docs/rooms.md §3).
+            if online, id != config.gatewayID, !ownership.isOnline(gateway: id) { sightings.reset() }
             if !ownership.status(gateway: id, online: online, now: now, { ownershipChanges.append($0) }) {
                 sightingDrops.count(SightingDrop.gatewaysFull.name)
                 log.warning("gateway \(id): more gateways than rooms.gateways (\(config.rooms.gateways)); its devices are not followed")
@@ -588,38 +612,63 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         for change in ownershipChanges {
             let device = Topics.deviceText(change.device)
             if change.to == me {
+                // A first owner is every new device's arrival: debug; a move is news.
+                let level: Logger.Level = change.reason == .settled ? .debug : .info
+                let from = change.from.map { " from \(ownership.id(of: $0))" } ?? ""
                 if let a = table.activity(deviceID: change.device) {
-                    // A first owner is every new device's arrival: debug; a move is news.
-                    let level: Logger.Level = change.reason == .settled ? .debug : .info
-                    log.log(level: level, "device \(device): now in \(config.room) (\(change.reason))\(change.from.map { " from \(ownership.id(of: $0))" } ?? "")")
+                    log.log(level: level, "device \(device): now in \(config.room) (\(change.reason))\(from)")
                     publisher.tookOver(a)
+                } else if let d = namedApple(change.device) {
+                    log.log(level: level, "\(publisher.appleName(d) ?? device): now in \(config.room) (\(change.reason))\(from)")
+                    publisher.tookOver(d)
                 }
             } else if change.from == me, let to = change.to {
                 log.info("device \(device): moved to \(ownership.id(of: to)) (\(change.reason))")
             } else if change.reason == .forgotten {
+                let named = change.device >> 32 == 0xFFFF ? UInt32(truncatingIfNeeded: change.device) : nil
                 if change.from == me {
                     if table.activity(deviceID: change.device)?.state == .current {
                         publisher.clearActivity(change.device, forOthers: false)
+                    } else if let named, apple.namedDevice(id: named) != nil {
+                        publisher.clearApple(named, forOthers: false)
                     }
                 } else if change.from.map({ !ownership.isOnline($0) }) ?? true, ownership.firstOnline == me {
-                    log.info("device \(device): nobody hears it and its gateway is offline; clearing its activity")
-                    publisher.clearActivity(change.device, forOthers: true)
+                    if let named {
+                        log.info("device \(device): nobody hears it and its gateway is offline; clearing its Apple entry")
+                        publisher.clearApple(named, forOthers: true)
+                    } else {
+                        log.info("device \(device): nobody hears it and its gateway is offline; clearing its activity")
+                        publisher.clearActivity(change.device, forOthers: true)
+                    }
                 }
             }
         }
         ownershipChanges.removeAll(keepingCapacity: true)
     }
 
+    /// The named Apple device that rooms know as `roomsID`, if this gateway holds it.
+    func namedApple(_ roomsID: UInt64) -> AppleDevice? {
+        guard roomsID >> 32 == 0xFFFF else { return nil }
+        return apple.namedDevice(id: UInt32(truncatingIfNeeded: roomsID))
+    }
+
     /// This gateway's sightings that are due (docs/rooms.md §2).
     mutating func sendSightings(now: ContinuousClock.Instant) {
         nextSightingCheck = now + sightingCheckInterval
-        Self.sendSightings(&sightings, table, &publisher, &sightingCounter, since: since, now: now)
+        Self.sendSightings(&sightings, table, apple, &publisher, &sightingCounter, since: since, now: now)
     }
 
     static func sendSightings(_ schedule: inout SightingSchedule, _ table: borrowing ActivityTable,
+                              _ apple: borrowing AppleDeviceTable,
                               _ publisher: inout Publisher, _ counter: inout UInt64, since: Int64,
                               now: ContinuousClock.Instant) {
-        schedule.due(table: table, now: now) { due in
+        schedule.due(now: now, each: { visit in
+            table.forEach { visit(SightedDevice($0)) }
+            apple.forEach { d in
+                guard d.identity != nil else { return }
+                visit(SightedDevice(deviceID: AppleDevice.roomsID(d.id), rssi: d.rssi, lastSeen: d.lastSeen))
+            }
+        }) { due in
             counter &+= 1  // 64 bits at a million a second: half a million years
             publisher.publishSighting(device: due.device, Sighting(rssi: due.rssi, since: since, n: counter))
         }
@@ -630,8 +679,15 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         table.expire(now: now) { publisher.activityChanged($0, owned: ownership.owns($0.activity.deviceID)) }
     }
 
-    static func expire(_ apple: inout AppleDeviceTable, _ publisher: inout Publisher, now: ContinuousClock.Instant) {
-        apple.expire(now: now) { publisher.appleChanged($0) }
+    static func expire(_ apple: inout AppleDeviceTable, _ publisher: inout Publisher, _ ownership: borrowing RoomOwnership,
+                       now: ContinuousClock.Instant) {
+        apple.expire(now: now) { publisher.appleChanged($0, owned: owns($0.device, ownership)) }
+    }
+
+    /// Whether this gateway publishes an Apple entry: a named device only in the room that
+    /// owns it (docs/security.md §10), any other where it is heard (docs/table.md).
+    static func owns(_ d: AppleDevice, _ ownership: borrowing RoomOwnership) -> Bool {
+        d.identity == nil || ownership.owns(AppleDevice.roomsID(d.id))
     }
 
     /// Status `offline` from us (a clean stop sends no will), then a clean DISCONNECT, which

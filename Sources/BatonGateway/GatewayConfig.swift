@@ -64,6 +64,8 @@ public struct GatewayConfig: Sendable, Equatable {
     public var relayLink: RelayLinkSpec
     /// Beacon verification (docs/security.md §4.4): the group's beacon key, if any.
     public var security: SecurityConfig
+    /// The user's own devices by IRK (`apple.irks`, docs/security.md §10), in file order.
+    public var appleIRKs: [NamedIRK] = []
 
     /// What `relay.link` comes to with this radio.
     public var resolvedRelayLink: RelayLinkSpec {
@@ -77,6 +79,13 @@ public struct GatewayConfig: Sendable, Equatable {
         case .h4, .capture: return .none
         }
     }
+}
+
+/// A device the user named, with its Identity Resolving Key (`apple.irks`).
+public struct NamedIRK: Sendable, Equatable {
+    public var name: String
+    public var irk: IdentityResolvingKey
+    public init(name: String, irk: IdentityResolvingKey) { self.name = name; self.irk = irk }
 }
 
 /// `security.*` (docs/config.md "security", docs/security.md §4.4).

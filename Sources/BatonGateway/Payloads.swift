@@ -74,10 +74,13 @@ public enum Payloads {
     }
 
     /// `<prefix>/apple/<id>` (docs/mqtt.md §3). The MAC address only when the config asks.
-    public static func apple(_ d: AppleDevice, origin: Origin, clock: WallClock, withAddress: Bool,
+    /// `name`: the user's name for a device resolved by its IRK (docs/security.md §10).
+    public static func apple(_ d: AppleDevice, origin: Origin, clock: WallClock, withAddress: Bool, name: String? = nil,
                              into w: inout JSONWriter) throws(WireError) {
         try w.beginObject()
         try w.key("id"); try w.string(Topics.appleText(d.id))
+        if let name { try w.key("name"); try w.string(name) }
+        try w.key("resolved"); try w.bool(d.identity != nil)
         try w.key("kinds"); try w.beginArray()
         if d.kinds.contains(.handoff) { try w.string("handoff") }
         if d.kinds.contains(.nearbyInfo) { try w.string("nearby-info") }

@@ -43,6 +43,8 @@ public struct Publisher: ~Copyable {
     public let appleAddresses: Bool
     /// The group whose beacons this gateway verifies, if any: its activities say `verified`.
     public var keyedGroup: UInt32?
+    /// The names of `apple.irks`, in file order: a named device's entry says its name.
+    public var appleNames: [String] = []
     /// Grace for retained entries left by an earlier run: cleared if not heard within it.
     public let orphanGrace: Duration
     public var log: Logger
@@ -104,7 +106,9 @@ public struct Publisher: ~Copyable {
         }
     }
 
-    public mutating func appleChanged(_ change: AppleChange) {
+    /// `owned`: false for a named device another room owns (docs/security.md §10).
+    public mutating func appleChanged(_ change: AppleChange, owned: Bool = true) {
+        guard owned else { return }
         switch change.kind {
         case .appeared, .handoffChanged, .kindsChanged:
             guard mqtt.isConnected else { counters.changesWhileAway &+= 1; return }
@@ -122,6 +126,24 @@ public struct Publisher: ~Copyable {
         guard mqtt.isConnected else { counters.changesWhileAway &+= 1; return }
         publishDeviceDiscovery(a.deviceID)
         if a.state == .current { publishActivity(a) }
+    }
+
+    /// This gateway's room took over a named Apple device: its entry goes out from here now.
+    public mutating func tookOver(_ d: AppleDevice) {
+        guard mqtt.isConnected else { counters.changesWhileAway &+= 1; return }
+        publishApple(d)
+    }
+
+    /// Clears a named Apple device's entry: it left this room's table, or nobody hears it and
+    /// its owner is offline.
+    public mutating func clearApple(_ id: UInt32, forOthers: Bool) {
+        clear(.apple(id), removeDiscovery: false)
+        if forOthers { counters.clearedForOthers &+= 1 }
+    }
+
+    /// The user's name for a named device, nil for any other.
+    public func appleName(_ d: AppleDevice) -> String? {
+        d.identity.flatMap { appleNames.indices.contains($0) ? appleNames[$0] : nil }
     }
 
     /// Clears a device's activity and its Home Assistant configs: it ended while owned here,
@@ -197,7 +219,8 @@ public struct Publisher: ~Copyable {
     private mutating func publishApple(_ d: AppleDevice) {
         var w = JSONWriter(scratch)
         do throws(WireError) {
-            try Payloads.apple(d, origin: origin, clock: clock, withAddress: appleAddresses, into: &w)
+            try Payloads.apple(d, origin: origin, clock: clock, withAddress: appleAddresses,
+                               name: appleName(d), into: &w)
         } catch {
             return log.error("Apple entry JSON did not fit 4 KiB (our bug): \(error)")
         }
@@ -295,7 +318,11 @@ public struct Publisher: ~Copyable {
             publishDeviceDiscovery(a.deviceID)
             if a.state == .current { publishActivity(a) }
         }
-        apple.forEach { d in publishApple(d) }
+        apple.forEach { d in
+            // A named device only from the room that owns it (docs/security.md §10).
+            guard d.identity == nil || ownership.owns(AppleDevice.roomsID(d.id)) else { return }
+            publishApple(d)
+        }
         // Retained entries naming this gateway that it no longer holds (a restart of the
         // gateway, or clears lost while away) arrive as retained messages and become orphans.
         do throws(MQTTError) {
@@ -354,7 +381,7 @@ public struct Publisher: ~Copyable {
         // Another gateway's entry is its business while it is online; an offline gateway's
         // activity is everyone's (docs/rooms.md §4). Apple entries are per gateway.
         if !mine {
-            guard case .activity = owned, !ownership.isOnline(gateway: Substring(gateway)) else { return }
+            guard Self.roomsID(owned, ownership) != nil, !ownership.isOnline(gateway: Substring(gateway)) else { return }
         }
         guard !orphans.contains(where: { $0.topic == owned }), orphans.count < pendingCapacity else { return }
         orphans.append((owned, now + orphanGrace, mine))
@@ -370,7 +397,7 @@ public struct Publisher: ~Copyable {
         for o in orphans {
             guard o.deadline <= now else { kept.append(o); continue }
             if Self.holds(o.topic, table: table, apple: apple, ownership: ownership) { continue }
-            if case .activity(let id) = o.topic, let owner = ownership.owner(of: id),
+            if let id = Self.roomsID(o.topic, ownership), let owner = ownership.owner(of: id),
                owner != ownership.selfSlot, ownership.isOnline(owner) {
                 continue  // an online gateway owns it now and keeps the topic right
             }
@@ -391,8 +418,17 @@ public struct Publisher: ~Copyable {
             return table.activity(deviceID: id)?.state == .current && ownership.owns(id)
         case .apple(let id):
             var held = false
-            apple.forEach { if $0.id == id { held = true } }
+            apple.forEach { if $0.id == id && ($0.identity == nil || ownership.owns(AppleDevice.roomsID(id))) { held = true } }
             return held
+        }
+    }
+
+    /// The id rooms decide the topic's owner by: an activity's device, or a named Apple device
+    /// the rooms follow. nil: an Apple entry of one gateway's own (docs/table.md).
+    static func roomsID(_ owned: OwnedTopic, _ ownership: borrowing RoomOwnership) -> UInt64? {
+        switch owned {
+        case .activity(let id): id
+        case .apple(let id): ownership.follows(AppleDevice.roomsID(id)) ? AppleDevice.roomsID(id) : nil
         }
     }
 

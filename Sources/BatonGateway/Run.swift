@@ -63,20 +63,20 @@ public enum GatewayLauncher {
 
     static func run<R: RadioSource & ~Copyable>(radio: consuming R, reopen: (() throws(RadioError) -> R)?,
                                                 mqtt: consuming MQTTClient, config: GatewayConfig, log: Logger) -> Int32 {
-        var verifier: BeaconVerifier? = nil
-        if let key = config.security.beaconKey {
-            do throws(CryptoError) {
-                verifier = try BeaconVerifier(key: key, identities: config.security.identities,
-                                              policy: config.security.unkeyed, companyID: config.companyID)
-            } catch {
-                log.critical("security: cannot set up beacon verification: \(error)")
-                return 1
-            }
-            log.info("security: verifying beacons of group \(Topics.hex(UInt64(verifier!.groupHash), digits: 8)), \(config.security.identities) identities, other groups: \(config.security.unkeyed == .publish ? "published as unverified" : "ignored")")
+        let keys: GatewayKeys
+        do throws(CryptoError) { keys = try GatewayKeys.make(config) } catch {
+            log.critical("security: cannot set up the configured keys: \(error)")
+            return 1
+        }
+        if let verifier = keys.verifier {
+            log.info("security: verifying beacons of group \(Topics.hex(UInt64(verifier.groupHash), digits: 8)), \(config.security.identities) identities, other groups: \(config.security.unkeyed == .publish ? "published as unverified" : "ignored")")
+        }
+        if !config.appleIRKs.isEmpty {
+            log.info("apple: following \(config.appleIRKs.count) named devices by IRK: \(config.appleIRKs.map(\.name).joined(separator: ", "))")
         }
         var tv = timespec()
         clock_gettime(CLOCK_REALTIME, &tv)
-        var gateway = Gateway(config: config, radio: radio, reopen: reopen, mqtt: mqtt, verifier: verifier, log: log,
+        var gateway = Gateway(config: config, radio: radio, reopen: reopen, mqtt: mqtt, keys: keys, log: log,
                               environment: ProcessInfo.processInfo.environment, now: .now,
                               unixMicroseconds: Int64(tv.tv_sec) * 1_000_000 + Int64(tv.tv_nsec) / 1000)
         switch gateway.run() {

@@ -4,6 +4,7 @@ import Foundation
 import Testing
 import BatonCore
 import BatonKeys
+import BatonTestSupport
 import BatonMQTT
 import BatonRelay
 @testable import BatonGateway
@@ -129,7 +130,7 @@ private func urlReason(_ text: String) -> String {
         let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../..")
         let board = try String(contentsOf: root.appendingPathComponent("board/baton.yaml"), encoding: .utf8)
         let docs = try String(contentsOf: root.appendingPathComponent("docs/config.md"), encoding: .utf8)
-        #expect(ConfigSchema.valueKeys.count == 59)
+        #expect(ConfigSchema.valueKeys.count == 60)
         for key in ConfigSchema.valueKeys {
             let leaf = key.split(separator: ".").last!
             let inBoard = board.contains(" \(leaf): "), inDocs = docs.contains("`\(key)`")
@@ -477,6 +478,30 @@ private func urlReason(_ text: String) -> String {
     @Test func aPasswordAndAPasswordFile() {
         #expect(problems("broker:\n  password: secret\n  password-file: /etc/baton/mqtt-password\n")
                 == "/etc/baton/baton.yaml:3: broker.password-file: give broker.password or broker.password-file, not both")
+    }
+
+    /// docs/config.md "apple.irks": the user's names, each with an IRK in either form.
+    @Test func namedDevicesTakeAnIRKInHexOrKeychainBase64() throws {
+        let hex = "ec0234a357c8ad05341010a60a397d9b"
+        // The same key as macOS Keychain stores it: least significant byte first, base64.
+        let keychain = "m305CqYQEDQFrchXozQC7A=="
+        let c = try parse("apple:\n  irks:\n    \"Anna's iPhone\": irk:\(hex.uppercased())\n    Ben: \"Dw4NDAsKCQgHBgUEAwIBAA==\"\n")
+        #expect(c.appleIRKs.map(\.name) == ["Anna's iPhone", "Ben"])
+        #expect(c.appleIRKs.map(\.irk.bytes) == [hx(hex), Array(0..<16)])
+        #expect(problems("apple:\n  irks:\n    Anna: \(hex)\n    Ben: \"\(keychain)\"\n")
+                == #"/etc/baton/baton.yaml:4: apple.irks.Ben: the same IRK as "Anna": one device, one name"#,
+                "the Keychain form is the same key reversed")
+        #expect(problems("apple:\n  irks:\n    Anna: \(hex.dropLast(2))\n")
+                == "/etc/baton/baton.yaml:3: apple.irks.Anna: an IRK is 16 bytes, this is 15")
+        #expect(problems("apple:\n  irks:\n    Anna: my-phone\n")?.contains("expected an IRK as 32 hex digits") == true)
+        #expect(problems("apple:\n  irks:\n    Anna: \(hex)\n    Anna: \(hex)\n")?.contains("given twice") == true)
+        #expect(problems("apple:\n  irks: \(hex)\n")?.contains("expected one \"name: IRK\" line per device") == true)
+        let many = (0..<65).map { String(format: "    d%d: %032x\n", $0, $0 + 1) }.joined()
+        #expect(problems("apple:\n  irks:\n" + many)?.contains("at most 64 devices, got 65") == true)
+        #expect(try parse("apple:\n  irks:\n" + many.split(separator: "\n").dropLast().joined(separator: "\n") + "\n")
+                    .appleIRKs.count == 64)
+        #expect(!(problems("apple:\n  irks:\n    Anna: \(hex.dropLast(2))\n") ?? "").contains(hex.dropLast(2)),
+                "the key is printed back")
     }
 
     /// docs/config.md "broker.tls": a pre-shared key instead of certificates, never both.

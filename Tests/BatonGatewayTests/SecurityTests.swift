@@ -15,18 +15,24 @@ private let groupSecret = "BATON-GROUP-V1:AAAQEAYEAUDAOCAJBIFQYDIOB4QL"
 /// A btsnoop capture (Android H4, datalink 1002) of legacy LE Advertising Reports, one per
 /// advertisement, 10 ms apart, all from one address.
 private func capture(_ adverts: [[UInt8]]) -> [UInt8] {
-    var file = [UInt8](repeating: 0, count: 16 + adverts.count * 80)
+    capture(adverts.map { (address: 0x6655_4433_2211, data: $0, rssi: -50) })
+}
+
+/// The same, each report with its own random address and RSSI.
+private func capture(_ reports: [(address: UInt64, data: [UInt8], rssi: Int8)]) -> [UInt8] {
+    var file = [UInt8](repeating: 0, count: 16 + reports.count * 80)
     let n = file.withUnsafeMutableBytes { raw -> Int in
         var w = ByteWriter(raw)
         do {
             try BTSnoop.writeHeader(datalink: BTSnoop.datalinkH4, into: &w)
-            for (i, data) in adverts.enumerated() {
+            for (i, r) in reports.enumerated() {
                 // Core 5.4, Vol 4, Part E, §7.7.65.2: LE Meta, LE Advertising Report, 1 report,
-                // ADV_NONCONN_IND, random address, the data, RSSI −50.
-                var event: [UInt8] = [0x3E, UInt8(12 + data.count), 0x02, 0x01, 0x03, 0x01,
-                                      0x11, 0x22, 0x33, 0x44, 0x55, 0x66, UInt8(data.count)]
-                event += data
-                event.append(0xCE)
+                // ADV_NONCONN_IND, random address (least significant byte first), data, RSSI.
+                var event: [UInt8] = [0x3E, UInt8(12 + r.data.count), 0x02, 0x01, 0x03, 0x01]
+                for k in 0..<6 { event.append(UInt8(truncatingIfNeeded: r.address >> (8 * UInt64(k)))) }
+                event.append(UInt8(r.data.count))
+                event += r.data
+                event.append(UInt8(bitPattern: r.rssi))
                 try event.withUnsafeBytes { e in
                     try BTSnoop.writeH4Record(timestamp: 1_790_000_000_000_000 + Int64(i) * 10_000, type: .event,
                                               direction: .controllerToHost, packet: e, into: &w)
@@ -237,6 +243,71 @@ private func finishedStats(_ broker: MosquittoBroker, _ gateway: GatewayProcess)
         let discovery = try broker.retained("homeassistant/#")
         #expect(discovery.count == 3, "\(discovery.keys.sorted())")
         #expect(discovery.keys.filter { $0.contains(identity) }.count == 2, "\(discovery.keys.sorted())")
+    }
+}
+
+/// Issue 7 part 4: a user's own iPhone, given by its IRK, followed across address rotation
+/// under its name, in the one room that hears it best (docs/security.md §10).
+@Suite(.serialized) struct NamedAppleDeviceTests {
+    /// The IRK of Core 5.4, Vol 3, Part H, §2.2.2's sample, as Home Assistant users paste it.
+    static let irk = "ec0234a357c8ad05341010a60a397d9b"
+    /// Nearby Info (docs/protocol.md §4.3), as an iPhone sends it continuously.
+    static let nearbyInfo: [UInt8] = [0x02, 0x01, 0x1A, 0x0A, 0xFF, 0x4C, 0x00, 0x10, 0x05, 0x1B, 0x1C, 0x7A, 0x8D, 0x2E]
+    /// A stranger's Handoff frame (§4.2).
+    static let handoff: [UInt8] = [0x02, 0x01, 0x1A, 0x13, 0xFF, 0x4C, 0x00, 0x0C, 0x0E, 0x08, 0x34, 0x12, 0xAB,
+                                   0x00, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0x99]
+
+    @Test func aNamedIPhoneIsOneEntryUnderItsNameInTheRoomThatHearsItBest() throws {
+        let dir = try scratchDirectory("named-apple")
+        let broker = try MosquittoBroker()
+        let key = try IdentityResolvingKey(text: Self.irk)
+        let ids = try DeviceIDResolver(irk: key.bytes)
+        // Four resolvable private addresses of the phone, as it rotates them.
+        let addresses = [0x70_8194, 0x4A_BCDE, 0x51_2345, 0x7F_0001].map { ids.deviceID(prand: UInt32($0)) }
+        let stranger: UInt64 = 0x5B12_3456_789A
+        func reports(rssi: Int8) -> [(address: UInt64, data: [UInt8], rssi: Int8)] {
+            var r: [(address: UInt64, data: [UInt8], rssi: Int8)] = []
+            for a in addresses { for _ in 0..<5 { r.append((a, Self.nearbyInfo, rssi)) } }
+            for _ in 0..<5 { r.append((stranger, Self.handoff, rssi)) }
+            return r
+        }
+        let everything = dir.appendingPathComponent("apple.txt")
+        let sub = try ChildProcess("/usr/bin/mosquitto_sub", ["-h", "127.0.0.1", "-p", "\(broker.port)", "-v", "-t", "baton/apple/#"],
+                                   stdout: everything.path)
+        defer { sub.signal(SIGKILL); _ = sub.wait(timeout: .seconds(5)) }
+        usleep(300_000)
+        var gateways: [GatewayProcess] = []
+        defer { for g in gateways { g.kill() } }
+        for (id, room, rssi) in [("hall", "Hall", Int8(-50)), ("kitchen", "Kitchen", Int8(-85))] {
+            let gdir = dir.appendingPathComponent(id)
+            try FileManager.default.createDirectory(at: gdir, withIntermediateDirectories: true)
+            let file = gdir.appendingPathComponent("air.btsnoop")
+            try Data(capture(reports(rssi: rssi))).write(to: file)
+            gateways.append(try GatewayProcess(yaml: gatewayYAML(port: broker.port, id: id, room: room,
+                                                                 radio: "capture:\(file.path)", extra: """
+                apple:
+                  irks:
+                    "Anna's iPhone": irk:\(Self.irk.uppercased())
+                rooms:
+                  settle: 1s
+                """), in: gdir))
+        }
+        let appleID = String(format: "%08x", try key.stableID())
+        let entry = try #require(try eventually(within: 15) { () -> [String: Any]? in
+            json(try broker.retained("baton/apple/\(appleID)")["baton/apple/\(appleID)"] ?? [])
+        }, "the named phone was never published: \(gateways.map(\.log).joined(separator: "\n---\n"))")
+        #expect(entry["name"] as? String == "Anna's iPhone" && entry["resolved"] as? Bool == true, "\(entry)")
+        #expect(entry["gateway"] as? String == "hall" && entry["room"] as? String == "Hall", "\(entry)")
+        // A stranger's phone is each gateway's own pseudonymous entry, as before.
+        let all = try broker.retained("baton/apple/+")
+        let strangers = all.filter { $0.key != "baton/apple/\(appleID)" }.compactMap { json($0.value) }
+        #expect(strangers.count == 2 && strangers.allSatisfy { $0["resolved"] as? Bool == false && $0["name"] == nil },
+                "\(strangers)")
+        // The kitchen hears the phone too, but never published it: no flapping between rooms.
+        usleep(1_500_000)
+        let seen = (try? String(contentsOf: everything, encoding: .utf8)) ?? ""
+        let named = seen.split(separator: "\n").filter { $0.hasPrefix("baton/apple/\(appleID) ") }
+        #expect(!named.isEmpty && named.allSatisfy { $0.contains("\"gateway\":\"hall\"") }, "\(named)")
     }
 }
 
