@@ -154,13 +154,21 @@ public struct AppleDeviceTable: ~Copyable {
         if let identity {
             let key = Self.identityKey(identity.index)
             if let slot = byAddress.find(key) {
-                if entries[slot].device.address != address & 0xFFFF_FFFF_FFFF {
-                    // Its next resolvable private address: the same device, one more address.
+                let heardKey = Self.addressKey(address, addressType)
+                let latest = Self.addressKey(entries[slot].device.address, entries[slot].device.addressType)
+                if heardKey != latest {
+                    // `previousAddress` remembers the address before the latest, as for any
+                    // entry, but is not in the index: a named entry is found by its IRK alone.
+                    if entries[slot].previousAddress != heardKey {
+                        // Its next resolvable private address: the same device, one more address.
+                        // Proof: saturating, as below.
+                        if entries[slot].device.addresses < .max { entries[slot].device.addresses &+= 1 }
+                        counters.mergedAddresses &+= 1
+                    }
+                    // Back and forth between two (a rotation's overlap) counts them once.
+                    entries[slot].previousAddress = latest
                     entries[slot].device.address = address & 0xFFFF_FFFF_FFFF
                     entries[slot].device.addressType = addressType
-                    // Proof: saturating, as below.
-                    if entries[slot].device.addresses < .max { entries[slot].device.addresses &+= 1 }
-                    counters.mergedAddresses &+= 1
                 }
                 update(slot, heard, rssi: rssi, now: now, onChange)
             } else {
@@ -179,7 +187,10 @@ public struct AppleDeviceTable: ~Copyable {
                 entries[slot].device.addressType = addressType
             }
             update(slot, heard, rssi: rssi, now: now, onChange)
-        } else if heard.kinds.contains(.handoff), let slot = byFingerprint.find(heard.fingerprint) {
+        } else if heard.kinds.contains(.handoff), let slot = byFingerprint.find(heard.fingerprint),
+                  entries[slot].identityKey == nil {
+            // Never into a named entry: its addresses are the ones its IRK resolves, and a
+            // copy of its frame from any other address is someone else (a replay).
             // The Handoff frame another address of this entry sent: a rotation, or a second radio.
             if let before = entries[slot].previousAddress { byAddress.remove(before) }
             entries[slot].previousAddress = Self.addressKey(entries[slot].device.address, entries[slot].device.addressType)
@@ -262,7 +273,7 @@ public struct AppleDeviceTable: ~Copyable {
                 entries[slot].device.handoffChanged = now
             }
             entries[slot].device.handoffSequence = heard.handoffSequence
-            claimFingerprint(slot, heard.fingerprint)
+            if entries[slot].identityKey == nil { claimFingerprint(slot, heard.fingerprint) }
         }
         guard let kind else { return }
         entries[slot].device.rssiAtChange = entries[slot].device.rssi
@@ -301,16 +312,20 @@ public struct AppleDeviceTable: ~Copyable {
                                         fingerprint: 0, holdsFingerprint: false,
                                         identityKey: identity == nil ? nil : key), to: Self.list)
         byAddress.insert(key, slot: slot)
-        if handoff { claimFingerprint(slot, heard.fingerprint) }
+        if handoff && identity == nil { claimFingerprint(slot, heard.fingerprint) }
         counters.appeared &+= 1
         onChange(AppleChange(kind: .appeared, device: device))
     }
 
     private mutating func remove(_ slot: Int32) -> AppleDevice {
         let gone = entries.remove(slot)
-        if let key = gone.identityKey { byAddress.remove(key) }
-        byAddress.remove(Self.addressKey(gone.device.address, gone.device.addressType))
-        if let before = gone.previousAddress { byAddress.remove(before) }
+        if let key = gone.identityKey {
+            byAddress.remove(key)
+        } else {
+            byAddress.remove(Self.addressKey(gone.device.address, gone.device.addressType))
+        }
+        // A named entry's addresses were never in the index (only its identity key was).
+        if gone.identityKey == nil, let before = gone.previousAddress { byAddress.remove(before) }
         if gone.holdsFingerprint { byFingerprint.remove(gone.fingerprint) }
         return gone.device
     }

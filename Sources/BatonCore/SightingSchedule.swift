@@ -28,6 +28,38 @@ public struct SightedDevice: Sendable, Equatable {
     public init(_ a: TrackedActivity) { self.init(deviceID: a.deviceID, rssi: a.rssi, lastSeen: a.lastSeen) }
 }
 
+/// What the schedule walks: the activity table, and the named Apple devices.
+public protocol SightingSource: ~Copyable {
+    /// Calls `body` for each device that may be sighted, in a stable order.
+    func forEachSighted(_ body: (SightedDevice) -> Void)
+}
+
+/// No devices: for a schedule over the activity table alone.
+public struct NoSightings: SightingSource {
+    public init() {}
+    public func forEachSighted(_ body: (SightedDevice) -> Void) {}
+}
+
+/// A closure as a source (`due(now:each:)`).
+struct ClosureSightings: SightingSource {
+    let each: ((SightedDevice) -> Void) -> Void
+    func forEachSighted(_ body: (SightedDevice) -> Void) { each(body) }
+}
+
+extension ActivityTable: SightingSource {
+    public func forEachSighted(_ body: (SightedDevice) -> Void) { forEach { body(SightedDevice($0)) } }
+}
+
+extension AppleDeviceTable: SightingSource {
+    /// The named devices only, under their rooms id (docs/security.md §10).
+    public func forEachSighted(_ body: (SightedDevice) -> Void) {
+        forEach { d in
+            guard d.identity != nil else { return }
+            body(SightedDevice(deviceID: AppleDevice.roomsID(d.id), rssi: d.rssi, lastSeen: d.lastSeen))
+        }
+    }
+}
+
 public struct SightingSchedule: ~Copyable {
     public let config: RoomsConfig
 
@@ -72,29 +104,34 @@ public struct SightingSchedule: ~Copyable {
     /// −127 (see `rssi(_:)`). The smoothed RSSI is clamped to −127…+20 (`Sighting.rssiRange`),
     /// the range a sighting may carry.
     public mutating func due(table: borrowing ActivityTable, now: Instant, _ body: (DueSighting) -> Void) {
-        due(now: now, each: { visit in table.forEach { visit(SightedDevice($0)) } }, body)
+        due(table, NoSightings(), now: now, body)
     }
 
-    /// `due` over every device `each` hands to its argument: the activity table's, and the
-    /// named Apple devices. `each` must give the same devices both times it is called.
-    public mutating func due(now: Instant, each: ((SightedDevice) -> Void) -> Void, _ body: (DueSighting) -> Void) {
-        // `body` is called from inside `each`'s walk; Swift only lets a closure handed to a
-        // non-escaping parameter call another through an escaping value. Nothing escapes.
-        withoutActuallyEscaping(body) { body in dueWalk(now: now, each: each, body) }
+    /// `due` over the activity table and the named Apple devices: the gateway's call. Concrete,
+    /// so the generic walk is specialized here; called across modules unspecialized, it
+    /// allocated its locals' boxes on every call (GatewayBench counted them).
+    public mutating func due(table: borrowing ActivityTable, apple: borrowing AppleDeviceTable, now: Instant,
+                             _ body: (DueSighting) -> Void) {
+        due(table, apple, now: now, body)
     }
 
-    private mutating func dueWalk(now: Instant, each: ((SightedDevice) -> Void) -> Void,
-                                  _ body: @escaping (DueSighting) -> Void) {
+    /// `due` over two sources: the activity table's devices, and the named Apple devices
+    /// (docs/security.md §10). Walked as one, in that order.
+    public mutating func due<A: SightingSource & ~Copyable, B: SightingSource & ~Copyable>(
+        _ a: borrowing A, _ b: borrowing B, now: Instant, _ body: (DueSighting) -> Void
+    ) {
         pass &+= 1
         var newDevices = false
-        each { a in
-            guard let e = index.find(a.deviceID).map({ Int($0) }) else {
-                if Self.rssi(a) != nil { newDevices = true }
+        func walkKnown(_ s: SightedDevice) {
+            guard let e = index.find(s.deviceID).map({ Int($0) }) else {
+                if Self.rssi(s) != nil { newDevices = true }
                 return
             }
             entries[e].pass = pass
-            visit(e, a, now: now, body)
+            visit(e, s, now: now, body)
         }
+        a.forEachSighted(walkKnown)
+        b.forEachSighted(walkKnown)
         // Departed devices first, so their entries are free for the newcomers.
         if count > 0 {
             for e in entries.indices where entries[e].inUse && entries[e].pass != pass {
@@ -103,19 +140,32 @@ public struct SightingSchedule: ~Copyable {
             }
         }
         guard newDevices else { return }
-        each { a in
-            guard index.find(a.deviceID) == nil, let rssi = Self.rssi(a) else { return }
-            // The table never holds more devices than this schedule's capacity (its own), and
-            // every entry left is a device in the table; a smaller schedule skips the rest.
+        func takeIn(_ s: SightedDevice) {
+            guard index.find(s.deviceID) == nil, let rssi = Self.rssi(s) else { return }
+            // The sources never hold more devices than this schedule's capacity (sized for
+            // both), and every entry left is a device in them; a smaller schedule skips the rest.
             guard let slot = free.popLast() else { return }
             let e = Int(slot)
             // A device already lost when first walked gets an entry that owes nothing, so
             // `nextDeadline` does not keep calling it due.
-            let heard = heard(a, now: now)
-            entries[e] = Sent(inUse: true, device: a.deviceID, rssi: heard ? rssi : nil, at: now, pass: pass)
-            index.insert(a.deviceID, slot: slot)
-            if heard { body(DueSighting(device: a.deviceID, rssi: rssi)) }
+            let heard = heard(s, now: now)
+            entries[e] = Sent(inUse: true, device: s.deviceID, rssi: heard ? rssi : nil, at: now, pass: pass)
+            index.insert(s.deviceID, slot: slot)
+            if heard { body(DueSighting(device: s.deviceID, rssi: rssi)) }
         }
+        a.forEachSighted(takeIn)
+        b.forEachSighted(takeIn)
+    }
+
+    /// `due` over whatever `each` hands to its argument, for tests and one-off callers. It may
+    /// allocate its closure's context; the gateway's loop uses the two-source form.
+    public mutating func due(now: Instant, each: ((SightedDevice) -> Void) -> Void, _ body: (DueSighting) -> Void) {
+        withoutActuallyEscaping(each) { each in due(ClosureSightings(each: each), NoSightings(), now: now, body) }
+    }
+
+    /// `nextDeadline` over whatever `each` hands out; as `due(now:each:)`.
+    public func nextDeadline(each: ((SightedDevice) -> Void) -> Void) -> Instant? {
+        withoutActuallyEscaping(each) { each in nextDeadline(ClosureSightings(each: each), NoSightings()) }
     }
 
     /// Forget what was sent (the broker connection was lost: everything is due again on connect).
@@ -126,18 +176,20 @@ public struct SightingSchedule: ~Copyable {
     /// The earliest instant `due` would call `body`; nil when the table is empty and nothing is owed.
     /// An instant in the past means "now". O(table + capacity).
     public func nextDeadline(table: borrowing ActivityTable) -> Instant? {
-        nextDeadline(each: { visit in table.forEach { visit(SightedDevice($0)) } })
+        nextDeadline(table, NoSightings())
     }
 
-    public func nextDeadline(each: ((SightedDevice) -> Void) -> Void) -> Instant? {
+    public func nextDeadline<A: SightingSource & ~Copyable, B: SightingSource & ~Copyable>(
+        _ a: borrowing A, _ b: borrowing B
+    ) -> Instant? {
         var next: Instant?
         func consider(_ t: Instant) { next = min(next ?? t, t) }
         var matched = 0
-        each { a in
-            let rssi = Self.rssi(a)
-            guard let slot = index.find(a.deviceID) else {
+        func look(_ d: SightedDevice) {
+            let rssi = Self.rssi(d)
+            guard let slot = index.find(d.deviceID) else {
                 // Never walked: `due` takes it in (and sends it if still heard).
-                if rssi != nil { consider(a.lastSeen) }
+                if rssi != nil { consider(d.lastSeen) }
                 return
             }
             matched += 1
@@ -146,14 +198,16 @@ public struct SightingSchedule: ~Copyable {
             let at = s.at!
             if let sent = s.rssi {
                 guard let rssi else { return consider(at) }
-                consider(a.lastSeen + config.lostAfter)  // the `rssi: null`
+                consider(d.lastSeen + config.lostAfter)  // the `rssi: null`
                 consider(at + config.sightingInterval)   // the heartbeat
                 if Self.moved(rssi, from: sent, by: config.sightingStep) { consider(at + config.sightingMinInterval) }
-            } else if rssi != nil && a.lastSeen + config.lostAfter > at {
+            } else if rssi != nil && d.lastSeen + config.lostAfter > at {
                 // Heard again since the `rssi: null` (or since `due` last found it lost).
                 consider(at)
             }
         }
+        a.forEachSighted(look)
+        b.forEachSighted(look)
         if matched < count {
             // Something left the table: the next `due` sends its `rssi: null` and frees it.
             for e in entries.indices where entries[e].inUse && entries[e].rssi != nil {

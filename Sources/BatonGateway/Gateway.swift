@@ -662,13 +662,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
                               _ apple: borrowing AppleDeviceTable,
                               _ publisher: inout Publisher, _ counter: inout UInt64, since: Int64,
                               now: ContinuousClock.Instant) {
-        schedule.due(now: now, each: { visit in
-            table.forEach { visit(SightedDevice($0)) }
-            apple.forEach { d in
-                guard d.identity != nil else { return }
-                visit(SightedDevice(deviceID: AppleDevice.roomsID(d.id), rssi: d.rssi, lastSeen: d.lastSeen))
-            }
-        }) { due in
+        schedule.due(table: table, apple: apple, now: now) { due in
             counter &+= 1  // 64 bits at a million a second: half a million years
             publisher.publishSighting(device: due.device, Sighting(rssi: due.rssi, since: since, n: counter))
         }

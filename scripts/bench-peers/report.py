@@ -145,7 +145,17 @@ def check_gateway(gateway, budget, problems):
     if a["published_during_window"] != 0:
         problems.append(f"the gateway published {a['published_during_window']} changes while its allocations were "
                         f"counted: the window did not hold only unchanged advertisements")
-    return {"per_unchanged_advertisement": per, "budget": limit, "within_budget": ok}
+    # The same loop holding a beacon key and IRKs (docs/security.md §4.4, §10): same budget.
+    k = gateway.get("allocations_keyed")
+    keyed = None
+    if k is not None:
+        keyed = k["allocations_per_unchanged_advertisement"]
+        if keyed > limit:
+            ok = False
+            problems.append(f"with a beacon key and IRKs, gateway allocations per unchanged advertisement {keyed} "
+                            f"exceed the budget {limit}")
+    return {"per_unchanged_advertisement": per, "keyed_per_unchanged_advertisement": keyed, "budget": limit,
+            "within_budget": ok}
 
 
 def kib(x):

@@ -21,6 +21,7 @@
 // published while counting, i.e. every counted report was unchanged.
 import BatonCore
 import BatonGateway
+import BatonKeys
 import BatonHCI
 import BatonMQTT
 import BatonSim
@@ -142,8 +143,10 @@ func calibrateLibraryCounter() -> Int {
     return n
 }
 
+/// `keyed`: the gateway also holds a beacon key and 8 IRKs (docs/security.md §4.4, §10), so
+/// every beacon goes through the verifier and every other report through address resolution.
 func measureAllocations(broker: MosquittoBroker, devices: Int, warmup: Int, measured: Int, seed: UInt64,
-                        statusInterval: Duration, keepalive: Int) throws -> AllocationFigures {
+                        statusInterval: Duration, keepalive: Int, keyed: Bool = false) throws -> AllocationFigures {
     let calibration = calibrateCounter()
     guard calibration >= 1000 else {
         throw BenchError("the malloc counter saw \(calibration) allocations for 1000 objects: is the interposer linked?")
@@ -180,6 +183,11 @@ func measureAllocations(broker: MosquittoBroker, devices: Int, warmup: Int, meas
     config.rooms.sightingFresh = statusInterval * 2
     config.rooms.sightingStep = 60
     config.rooms.settle = .zero
+    if keyed {
+        config.security.beaconKey = BeaconKey(bytes: Array(0x40..<0x50))
+        config.appleIRKs = (0..<8).map { NamedIRK(name: "device \($0)", irk: IdentityResolvingKey(bytes: Array(repeating: UInt8($0 + 1), count: 16))) }
+    }
+    let keys = try GatewayKeys.make(config)
     var mqtt = try MQTTClient(config: GatewayLauncher.mqttConfig(config))
     var radio = try RadioCapture(file: capture.file, pace: .timestamps(speed: 1))
     // What `Gateway.run()` does before its first turn: the broker connect and the radio start.
@@ -189,7 +197,7 @@ func measureAllocations(broker: MosquittoBroker, devices: Int, warmup: Int, meas
     var tv = timespec()
     clock_gettime(CLOCK_REALTIME, &tv)
     let log = Logger(label: "baton.gateway", factory: { StreamLogHandler.standardError(label: $0) })
-    var gateway = Gateway(config: config, radio: radio, mqtt: mqtt, log: log, environment: [:], now: start,
+    var gateway = Gateway(config: config, radio: radio, mqtt: mqtt, keys: keys, log: log, environment: [:], now: start,
                           unixMicroseconds: Int64(tv.tv_sec) * 1_000_000 + Int64(tv.tv_nsec) / 1000)
 
     // Warm-up and settling: every device heard, every unchanged path run, the broker quiet.

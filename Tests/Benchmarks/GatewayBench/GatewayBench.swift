@@ -85,6 +85,7 @@ struct GatewayBench: ParsableCommand {
         let broker = try MosquittoBroker()
 
         var allocations: AllocationFigures?
+        var keyedAllocations: AllocationFigures?
         var latency: LatencyFigures?
         var memory: MemoryFigures?
         if wanted.contains(.allocations) {
@@ -93,6 +94,11 @@ struct GatewayBench: ParsableCommand {
                                                  measured: allocationReports, seed: seed,
                                                  statusInterval: .seconds(allocationStatusInterval),
                                                  keepalive: allocationKeepalive)
+            say("allocations again with a beacon key and 8 IRKs: every report verified or resolved")
+            keyedAllocations = try measureAllocations(broker: broker, devices: allocationDevices, warmup: 5_000,
+                                                      measured: allocationReports, seed: seed,
+                                                      statusInterval: .seconds(allocationStatusInterval),
+                                                      keepalive: allocationKeepalive, keyed: true)
         }
         if wanted.contains(.latency), let baton {
             say("latency: \(changes) changes (after \(warmup) warm-up) through \(baton) gateway")
@@ -104,20 +110,21 @@ struct GatewayBench: ParsableCommand {
             memory = try measureMemory(baton: baton, broker: broker, dir: dir, devices: devices, reports: memoryReports,
                                        rate: memoryRate, seed: seed)
         }
-        print(json ? jsonText(latency, memory, allocations) : text(latency, memory, allocations))
+        print(json ? jsonText(latency, memory, allocations, keyedAllocations) : text(latency, memory, allocations, keyedAllocations))
     }
 
     func say(_ s: String) { FileHandle.standardError.write(Data("gateway bench: \(s)\n".utf8)) }
 
-    func jsonText(_ l: LatencyFigures?, _ m: MemoryFigures?, _ a: AllocationFigures?) -> String {
+    func jsonText(_ l: LatencyFigures?, _ m: MemoryFigures?, _ a: AllocationFigures?, _ k: AllocationFigures?) -> String {
         var fields: [String] = []
         if let l { fields.append("\"latency\": \(l.json)") }
         if let m { fields.append("\"memory\": \(m.json)") }
         if let a { fields.append("\"allocations\": \(a.json)") }
+        if let k { fields.append("\"allocations_keyed\": \(k.json)") }
         return "{" + fields.joined(separator: ", ") + "}"
     }
 
-    func text(_ l: LatencyFigures?, _ m: MemoryFigures?, _ a: AllocationFigures?) -> String {
+    func text(_ l: LatencyFigures?, _ m: MemoryFigures?, _ a: AllocationFigures?, _ k: AllocationFigures?) -> String {
         var lines: [String] = []
         if let l {
             let s = l.samples
@@ -131,6 +138,9 @@ struct GatewayBench: ParsableCommand {
         }
         if let a {
             lines.append("allocations: \(a.mallocs) mallocs over \(a.reports) unchanged reports in \(a.turns) turns = \(a.perReport) per report; published meanwhile \(a.publishedDuringWindow)")
+        }
+        if let k {
+            lines.append("allocations with a beacon key and 8 IRKs: \(k.mallocs) mallocs over \(k.reports) unchanged reports in \(k.turns) turns = \(k.perReport) per report; published meanwhile \(k.publishedDuringWindow)")
         }
         return lines.joined(separator: "\n")
     }
