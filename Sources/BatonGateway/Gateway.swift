@@ -819,6 +819,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         try w.key("aborted"); try w.int(Int64(sc.aborted))
         try w.key("frames_up"); try w.int(Int64(sc.framesUp))
         try w.key("frames_down"); try w.int(Int64(sc.framesDown))
+        try w.key("frames_queued"); try w.int(Int64(sc.framesQueued))
         try w.key("resent"); try w.int(Int64(sc.resent))
         try w.key("gone_for_others"); try w.int(Int64(sc.goneForOthers))
         try w.key("drops"); try w.beginObject()

@@ -35,6 +35,8 @@ public struct StreamCounters: Sendable, Equatable {
     public var aborted = 0
     public var framesUp = 0
     public var framesDown = 0
+    /// Up frames that waited for the link's credits instead of going at once.
+    public var framesQueued = 0
     /// Down frames sent again (no ack in time, or after a reconnect).
     public var resent = 0
     /// Streams of offline gateways this one told their endpoints about (`gone`).
@@ -56,6 +58,8 @@ public struct StreamRelay: ~Copyable {
         var down: StreamSender
         /// The endpoint's frames, taken in order.
         var up: StreamReceiver
+        /// The endpoint's frames taken in order that the link had no room for yet.
+        var upQueue: LinkQueue
         /// The endpoint's open, as the device is told it (clamped to what the gateway keeps).
         let endpointWindow: UInt16
         let endpointMaxData: UInt16
@@ -83,11 +87,12 @@ public struct StreamRelay: ~Copyable {
 
         init(id: String, device: UInt64, topics: StreamTopics, channel: consuming LinkChannel, window: UInt16,
              maxData: UInt16, frames: UnsafeMutableRawBufferPointer, keep: Int, keepMaxData: Int,
-             now: ContinuousClock.Instant, serial: UInt64) {
+             upFrames: UnsafeMutableRawBufferPointer, now: ContinuousClock.Instant, serial: UInt64) {
             self.id = id; self.device = device; self.topics = topics; self.channel = channel; self.serial = serial
             down = StreamSender(storage: frames, capacity: keep, maxData: keepMaxData)
             down.peerOpened(window: window, maxData: maxData)
             up = StreamReceiver()
+            upQueue = LinkQueue(storage: upFrames, capacity: keep, maxFrame: keepMaxData + LinkMessage.dataHeaderBytes)
             endpointWindow = window; endpointMaxData = maxData
             lastProgress = now; lastActivity = now
         }
@@ -103,6 +108,8 @@ public struct StreamRelay: ~Copyable {
     /// Every slot's kept frames (window × max data each), taken once at start
     /// (docs/config.md `relay`): a stream opening allocates no frame buffer.
     let frames: UnsafeMutableRawBufferPointer
+    /// Every slot's queue of the endpoint's frames waiting for the link, also taken at start.
+    let upFrames: UnsafeMutableRawBufferPointer
 
     /// Every stream of the building and the gateway carrying it (`<prefix>/streams/+/gateway`),
     /// so the first online gateway can tell the endpoints of a gateway that died. Bounded.
@@ -126,6 +133,7 @@ public struct StreamRelay: ~Copyable {
         receive = .allocate(byteCount: max(config.streamMaxData + 5, 2 + LinkMessage.maxDetailBytes), alignment: 8)
         frameScratch = .allocate(byteCount: config.streamMaxData + 128, alignment: 8)
         frames = .allocate(byteCount: max(1, config.streams * config.streamWindow * config.streamMaxData), alignment: 8)
+        upFrames = .allocate(byteCount: max(1, config.streams * Self.upQueueBytes(config)), alignment: 8)
         directoryCapacity = config.streams * 8
     }
 
@@ -133,6 +141,11 @@ public struct StreamRelay: ~Copyable {
         receive.deallocate()
         frameScratch.deallocate()
         frames.deallocate()
+        upFrames.deallocate()
+    }
+
+    static func upQueueBytes(_ config: RelayConfig) -> Int {
+        LinkQueue.bytes(capacity: config.streamWindow, maxFrame: config.streamMaxData + LinkMessage.dataHeaderBytes)
     }
 
     /// A frame or open dropped without a stream to end, by reason (stats `streams.drops`).
@@ -177,7 +190,9 @@ public struct StreamRelay: ~Copyable {
         let keep = config.streamWindow * config.streamMaxData
         slots[free] = Slot(id: id, device: target.address, topics: topics, channel: channel, window: window,
                            maxData: maxData, frames: UnsafeMutableRawBufferPointer(rebasing: frames[free * keep ..< (free + 1) * keep]),
-                           keep: config.streamWindow, keepMaxData: config.streamMaxData, now: now, serial: serials)
+                           keep: config.streamWindow, keepMaxData: config.streamMaxData,
+                           upFrames: UnsafeMutableRawBufferPointer(rebasing: upFrames[free * Self.upQueueBytes(config) ..< (free + 1) * Self.upQueueBytes(config)]),
+                           now: now, serial: serials)
         openCount += 1
         counters.opened &+= 1
         do throws(MQTTError) {
@@ -227,10 +242,14 @@ public struct StreamRelay: ~Copyable {
                              toEndpoint: true, toDevice: true, mqtt: &mqtt) || true
             }
             if message.number == slot.up.next {
-                // In order: to the device, if the link takes it now; if not, the endpoint
-                // resends it (it is not acknowledged).
-                let sent = bytes.withUnsafeBytes { sendToDevice(s, $0) }
-                if sent { _ = slot.up.arrive(message.number) } else { drops.count("stream-link-full") }
+                // In order: to the device if the link takes it now, else behind the frames
+                // already waiting for its credits (sent on POLLOUT). The endpoint's window is
+                // at most the queue's capacity, so it fits; were it not to, the endpoint would
+                // resend it (it is not acknowledged).
+                let taken = bytes.withUnsafeBytes { b in
+                    slot.upQueue.isEmpty && sendToDevice(s, b) ? true : queueUp(s, b)
+                }
+                if taken { _ = slot.up.arrive(message.number) } else { drops.count("stream-link-full") }
                 forwardCloseIfDue(s)
             } else if slot.up.arrive(message.number) == .duplicate {
                 // A resend (or a replay): dropped, and the device's ack said again.
@@ -277,8 +296,22 @@ public struct StreamRelay: ~Copyable {
         return true
     }
 
+    /// Queues an endpoint frame the link has no room for; false when the queue is full.
+    mutating func queueUp(_ s: Int, _ frame: UnsafeRawBufferPointer) -> Bool {
+        guard let slot = slots[s], slot.upQueue.push(frame) else { return false }
+        counters.framesQueued &+= 1
+        return true
+    }
+
+    /// Sends the queued endpoint frames the link takes now, oldest first.
+    mutating func flushUp(_ s: Int) {
+        guard let slot = slots[s] else { return }
+        while let frame = slot.upQueue.first, sendToDevice(s, frame) { slot.upQueue.pop() }
+    }
+
     mutating func forwardCloseIfDue(_ s: Int) {
-        guard let slot = slots[s], !slot.closeSentToDevice, let end = slot.up.closeEnd, end == slot.up.next else { return }
+        guard let slot = slots[s], !slot.closeSentToDevice, slot.upQueue.isEmpty, let end = slot.up.closeEnd,
+              end == slot.up.next else { return }
         var w = ByteWriter(frameScratch)
         do throws(WireError) { try LinkMessage.encodeClose(end: end, into: &w) } catch { preconditionFailure("a close fits") }
         if sendToDevice(s, w.written) { slot.closeSentToDevice = true }
@@ -329,6 +362,7 @@ public struct StreamRelay: ~Copyable {
             switch slot.channel.state {
             case .open:
                 sendOpenIfReady(s)
+                flushUp(s)
                 forwardCloseIfDue(s)
             case .closed(let error):
                 if slot.down.closeEnd != nil, slot.closeSentToDevice, error == nil || error == .closed {
@@ -356,7 +390,9 @@ public struct StreamRelay: ~Copyable {
         }
         switch message.type {
         case .open:
-            let o = (window: message.window, maxData: min(message.maxData, UInt16(clamping: config.streamMaxData)))
+            // The endpoint may have at most the queue's capacity in flight (`LinkQueue`).
+            let o = (window: min(message.window, UInt16(clamping: config.streamWindow)),
+                     maxData: min(message.maxData, UInt16(clamping: config.streamMaxData)))
             slot.deviceOpen = o
             publishOpen(o.window, o.maxData, to: slot.topics.down, mqtt: &mqtt)
         case .data:

@@ -157,3 +157,56 @@ public struct StreamReceiver: Sendable, Equatable {
     /// The peer closed and every frame up to its close arrived.
     public var finished: Bool { closeEnd == next }
 }
+
+/// The endpoint's frames the link could not take yet, in order, waiting for the device's
+/// credits (an L2CAP channel with none left refuses a send: docs/protocol.md §5.3). The
+/// endpoint is told a window of at most `capacity`, so every frame it may have in flight fits:
+/// none is dropped for the link being slow, and none waits for the endpoint's resend timer.
+/// Storage is lent (taken once at start, like the kept frames); each frame's length is kept in
+/// its first four bytes.
+public struct LinkQueue: ~Copyable {
+    public let capacity: Int
+    let frameBytes: Int
+    let storage: UnsafeMutableRawBufferPointer
+    var head = 0
+    public private(set) var count = 0
+
+    /// `storage` holds at least capacity × (4 + maxFrame) bytes and outlives the queue.
+    public init(storage: UnsafeMutableRawBufferPointer, capacity: Int, maxFrame: Int) {
+        precondition(capacity > 0 && maxFrame > 0 && storage.count >= capacity * (4 + maxFrame),
+                     "the lent storage holds capacity × (4 + maxFrame) bytes")
+        self.capacity = capacity
+        self.frameBytes = 4 + maxFrame
+        self.storage = storage
+    }
+
+    public static func bytes(capacity: Int, maxFrame: Int) -> Int { capacity * (4 + maxFrame) }
+
+    public var isEmpty: Bool { count == 0 }
+
+    /// Appends a copy of `frame`; false when the queue is full or the frame too long.
+    public mutating func push(_ frame: UnsafeRawBufferPointer) -> Bool {
+        guard count < capacity, frame.count <= frameBytes - 4 else { return false }
+        let at = ((head + count) % capacity) * frameBytes
+        storage.storeBytes(of: UInt32(frame.count), toByteOffset: at, as: UInt32.self)
+        if let base = frame.baseAddress, frame.count > 0 {
+            (storage.baseAddress! + at + 4).copyMemory(from: base, byteCount: frame.count)
+        }
+        count += 1
+        return true
+    }
+
+    /// The oldest frame, valid until the next `push` or `pop`.
+    public var first: UnsafeRawBufferPointer? {
+        guard count > 0 else { return nil }
+        let at = head * frameBytes
+        let n = Int(storage.loadUnaligned(fromByteOffset: at, as: UInt32.self))
+        return UnsafeRawBufferPointer(start: storage.baseAddress! + at + 4, count: n)
+    }
+
+    public mutating func pop() {
+        guard count > 0 else { return }
+        head = (head + 1) % capacity
+        count -= 1
+    }
+}

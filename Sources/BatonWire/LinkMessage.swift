@@ -78,6 +78,8 @@ public struct LinkMessage: Sendable, Equatable {
     public static let maxDetailBytes = 100
     /// The most bytes one data message carries: max data is a 2-byte field (§5.1 `open`).
     public static let maxDataBytes = 65535
+    /// A data message's bytes before its data: type (1) and frame number (4), §5.1.
+    public static let dataHeaderBytes = 5
 
     /// Bytes after the type byte that every message of `type` has (§5.1's table), before its
     /// tail. One table, as Zephyr's `hci_core.c` keeps a `min_len` per event.

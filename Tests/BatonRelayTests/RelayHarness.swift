@@ -31,6 +31,12 @@ final class Devices {
     private(set) var ends: [End] = []
     /// `connect` throws this for an address, as a device out of range makes a link fail.
     var refuse: [UInt64: LinkError] = [:]
+    /// While true the devices read nothing: the relay's sends fill the link until it refuses
+    /// them, as an L2CAP channel without credits does.
+    var paused = false
+    /// SO_SNDBUF of the relay's end of new links: a connected Unix pair is bounded only by the
+    /// sender's buffer, so a small one makes the link refuse after a few frames.
+    var sendBuffer: Int32?
 
     deinit {
         for e in ends {
@@ -45,6 +51,9 @@ final class Devices {
         let type = Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_CLOEXEC.rawValue)
         guard socketpair(AF_UNIX, type, 0, &pair) == 0 else { throw .os(Errno(errno, call: "socketpair")) }
         _ = fcntl(pair[1], F_SETFL, fcntl(pair[1], F_GETFL) | O_NONBLOCK)
+        if var size = sendBuffer {
+            _ = setsockopt(pair[0], SOL_SOCKET, SO_SNDBUF, &size, socklen_t(MemoryLayout<Int32>.size))
+        }
         ends.append(End(address: device.address, fd: pair[1]))
         // The channel makes its end non-blocking itself (LinkChannel.init).
         return LinkChannel(fd: pair[0], handshake: .none, sendMTU: 65_535)
@@ -52,6 +61,7 @@ final class Devices {
 
     /// Reads whatever the relay sent on every open link; never blocks.
     func pump() {
+        guard !paused else { return }
         var buffer = [UInt8](repeating: 0, count: 70_000)
         for i in ends.indices where !ends[i].closed {
             while true {

@@ -360,6 +360,35 @@ struct StreamRelayTests {
         #expect(rig.relay.drops.total == 2)
     }
 
+    @Test("§7.3 endpoint → device: frames the link has no room for wait in the stream's queue and go in order on POLLOUT, close last; none is dropped, none waits for a resend")
+    func upWaitsForTheLinksCredits() throws {
+        let rig = try Rig(RelayConfig(streamWindow: 32))
+        rig.devices.sendBuffer = 4096
+        // Window 32, max data 1024, both ways: the endpoint may have 32 frames in flight.
+        try rig.openStream("s1", reader, endpointOpen: frame("10 2000 0004"), deviceOpen: frame("10 2000 0004"))
+        #expect(rig.down("s1").last == frame("10 2000 0004"), "the endpoint is told the window the queue holds")
+        rig.devices.paused = true
+        var sent: [[UInt8]] = []
+        for n in 0..<32 {
+            var f: [UInt8] = [0x11, UInt8(n), 0, 0, 0]
+            f += [UInt8](repeating: UInt8(n), count: 1000)
+            sent.append(f)
+            try rig.up("s1", f)
+        }
+        try rig.up("s1", frame("13 20000000"))  // close at 32
+        // Every frame is taken: what the link refused waits in the queue.
+        try #require(rig.run { rig.relay.counters.framesUp == 32 }, "the relay took \(rig.relay.counters.framesUp) frames")
+        rig.settle()
+        #expect(rig.relay.counters.framesQueued > 0, "the link never refused a frame: the test shows nothing")
+        #expect(rig.drops("stream-link-full") == 0)
+        // The device reads again: all 32 in order, then the close, each exactly once.
+        rig.devices.paused = false
+        try rig.waitDevice(reader, 1 + 32 + 1)
+        rig.settle()
+        #expect(Array(rig.toDevice(reader).dropFirst()) == sent + [frame("13 20000000")])
+        #expect(rig.relay.drops.total == 0)
+    }
+
     @Test("§7.3 device → endpoint: every frame kept until acknowledged; no ack for relay.stream-retry: go-back-N from the first unacknowledged; acks go on to the device")
     func downKeptAndResent() throws {
         let rig = try Rig(RelayConfig(streamRetry: .milliseconds(200)))

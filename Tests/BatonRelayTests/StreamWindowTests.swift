@@ -256,3 +256,25 @@ struct StreamWindowTests {
         #expect(empty.finished, "a direction closed before any data is finished at once")
     }
 }
+
+@Suite("The queue of endpoint frames waiting for the link (docs/relay.md §7.3)")
+struct LinkQueueTests {
+    @Test("Capacity + 1: capacity frames wait, in order, each with its own length; one more, or one too long, is refused")
+    func capacityAndOrder() {
+        let storage = UnsafeMutableRawBufferPointer.allocate(byteCount: LinkQueue.bytes(capacity: 3, maxFrame: 5), alignment: 8)
+        defer { storage.deallocate() }
+        var q = LinkQueue(storage: storage, capacity: 3, maxFrame: 5)
+        #expect(q.isEmpty && q.first == nil)
+        let frames: [[UInt8]] = [[1], [2, 2, 2, 2, 2], []]
+        for f in frames { #expect(f.withUnsafeBytes { q.push($0) }) }
+        #expect(![UInt8](repeating: 9, count: 1).withUnsafeBytes { q.push($0) }, "capacity + 1")
+        var out: [[UInt8]] = []
+        if let f = q.first { out.append(Array(f)) }
+        q.pop()
+        #expect([UInt8](repeating: 6, count: 6).withUnsafeBytes { !q.push($0) }, "longer than maxFrame")
+        #expect([UInt8]([7, 7]).withUnsafeBytes { q.push($0) }, "a freed place takes the next, behind the others (it wraps)")
+        while let f = q.first { out.append(Array(f)); q.pop() }
+        #expect(out == frames + [[7, 7]])
+        #expect(q.count == 0)
+    }
+}
