@@ -57,7 +57,9 @@ public enum Payloads {
         }
         try w.key("room"); try w.string(origin.room)
         try w.key("gateway"); try w.string(origin.gatewayID)
-        try w.key("rssi"); try w.int(Int64(a.rssiAtChange))
+        // 127 is "RSSI not available" (Core 5.4, Vol 4, Part E, §7.7.65.2): some controllers,
+        // and BlueZ's virtual ones, never measure one. null says so; 127 dBm would be a lie.
+        try w.key("rssi"); if a.rssiAtChange == 127 { try w.null() } else { try w.int(Int64(a.rssiAtChange)) }
         try w.key("first_seen"); try w.timestamp(unixMicroseconds: clock.unixMicroseconds(a.firstSeen))
         try w.key("changed"); try w.timestamp(unixMicroseconds: clock.unixMicroseconds(a.lastChange))
         try w.endObject()
@@ -90,7 +92,7 @@ public enum Payloads {
         if let s = d.handoffSequence { try w.uint(UInt64(s)) } else { try w.null() }
         try w.key("handoff_changed")
         if let t = d.handoffChanged { try w.timestamp(unixMicroseconds: clock.unixMicroseconds(t)) } else { try w.null() }
-        try w.key("rssi"); try w.int(Int64(d.rssiAtChange))
+        try w.key("rssi"); if d.rssiAtChange == 127 { try w.null() } else { try w.int(Int64(d.rssiAtChange)) }
         try w.key("addresses"); try w.uint(UInt64(d.addressesAtChange))
         if withAddress {
             try w.key("address"); try w.string(addressText(d.address))
