@@ -193,3 +193,88 @@ public final class SealedEnvelope {
         b.baseAddress!.assumingMemoryBound(to: UInt8.self)
     }
 }
+
+/// What a sealed stream frame is for (docs/security.md §5.2): 24 bytes of associated data, so
+/// a frame opens only in its own stream, direction and place.
+///
+///   02 ‖ device id (6, LE) ‖ stream nonce (12) ‖ direction (1: 00 up, 01 down) ‖ frame (4, LE)
+///
+/// The stream nonce is the nonce of the endpoint's frame 0 (an empty "hello" envelope): random,
+/// chosen by the endpoint, and known to the device once frame 0 arrives, before any other.
+public struct StreamFrameContext: Sendable {
+    public static let kind: UInt8 = 0x02
+    public static let length = 24
+    public enum Direction: UInt8, Sendable { case up = 0, down = 1 }
+
+    public var deviceID: UInt64
+    public var streamNonce: InlineArray<12, UInt8>
+    public var direction: Direction
+    public var frame: UInt32
+
+    public init(deviceID: UInt64, streamNonce: InlineArray<12, UInt8>, direction: Direction, frame: UInt32) {
+        self.deviceID = deviceID & 0xFFFF_FFFF_FFFF
+        self.streamNonce = streamNonce
+        self.direction = direction
+        self.frame = frame
+    }
+
+    /// The stream nonce of an endpoint's frame 0: its envelope's nonce (§5.1, bytes 1–12).
+    public static func streamNonce(ofFrameZero envelope: UnsafeRawBufferPointer) -> InlineArray<12, UInt8>? {
+        guard envelope.count >= SealedEnvelope.overhead, envelope[0] == SealedEnvelope.version else { return nil }
+        var n: InlineArray<12, UInt8> = .init(repeating: 0)
+        for i in 0..<12 { n[i] = envelope[1 + i] }
+        return n
+    }
+
+    public func withUnsafeBytes<R>(_ body: (UnsafeRawBufferPointer) throws(SealError) -> R) throws(SealError) -> R {
+        var b: InlineArray<24, UInt8> = .init(repeating: 0)
+        b[0] = StreamFrameContext.kind
+        for i in 0..<6 { b[1 + i] = UInt8(truncatingIfNeeded: deviceID >> (8 * UInt64(i))) }
+        for i in 0..<12 { b[7 + i] = streamNonce[i] }
+        b[19] = direction.rawValue
+        for i in 0..<4 { b[20 + i] = UInt8(truncatingIfNeeded: frame >> (8 * UInt32(i))) }
+        let span = b.span
+        var result: Result<R, SealError>!
+        span.withUnsafeBytes { raw in
+            do throws(SealError) { result = .success(try body(raw)) } catch { result = .failure(error) }
+        }
+        return try result.get()
+    }
+}
+
+extension SealedEnvelope {
+    /// Seals one stream frame's data. Frame 0 up is the endpoint's hello: pass `context` nil and
+    /// an empty plaintext; its own nonce becomes the stream nonce, and its context carries it.
+    public func sealFrame(_ plaintext: UnsafeRawBufferPointer, for context: StreamFrameContext,
+                          into out: UnsafeMutableRawBufferPointer,
+                          nonce: UnsafeRawBufferPointer? = nil) throws(SealError) -> Int {
+        try context.withUnsafeBytes { (c) throws(SealError) -> Int in try seal(plaintext, context: c, into: out, nonce: nonce) }
+    }
+
+    /// Opens one stream frame's data; `authenticationFailed` unless it was sealed for exactly
+    /// this stream, direction and frame number.
+    public func openFrame(_ envelope: UnsafeRawBufferPointer, for context: StreamFrameContext,
+                          into out: UnsafeMutableRawBufferPointer) throws(SealError) -> Int {
+        try context.withUnsafeBytes { (c) throws(SealError) -> Int in try open(envelope, context: c, into: out) }
+    }
+
+    /// The endpoint's frame 0: an empty envelope whose random nonce is the stream nonce, sealed
+    /// with a context that carries that nonce (§5.2). Returns the envelope's length (29).
+    public func sealHello(deviceID: UInt64, into out: UnsafeMutableRawBufferPointer,
+                          nonce: UnsafeRawBufferPointer? = nil) throws(SealError) -> Int {
+        // Array.withUnsafeBytes rethrows untyped: a buffer of our own keeps the errors typed.
+        let chosen = UnsafeMutableRawBufferPointer.allocate(byteCount: SealedEnvelope.nonceLength, alignment: 1)
+        defer { chosen.deallocate() }
+        if let nonce {
+            precondition(nonce.count == SealedEnvelope.nonceLength, "a GCM nonce here is 12 bytes")
+            chosen.copyMemory(from: nonce)
+        } else {
+            do throws(CryptoError) { try randomBytes(chosen) } catch { throw .crypto(error) }
+        }
+        var n: InlineArray<12, UInt8> = .init(repeating: 0)
+        for i in 0..<12 { n[i] = chosen[i] }
+        let context = StreamFrameContext(deviceID: deviceID, streamNonce: n, direction: .up, frame: 0)
+        return try sealFrame(UnsafeRawBufferPointer(start: nil, count: 0), for: context, into: out,
+                             nonce: UnsafeRawBufferPointer(chosen))
+    }
+}

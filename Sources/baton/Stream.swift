@@ -1,5 +1,6 @@
 import ArgumentParser
 import BatonGateway
+import BatonKeys
 import BatonMQTT
 import BatonRelay
 import BatonWire
@@ -17,7 +18,9 @@ struct StreamCommand: ParsableCommand {
             Exit status: 0 both directions closed cleanly (stdin reached its end, the device closed \
             and everything was written); 1 the stream was refused or aborted (the reason on stderr: \
             unreachable, busy, protocol, idle, gone, cancelled); 3 no gateway answered the open in \
-            time; 130 interrupted (the device is told: reset cancelled).
+            time; 130 interrupted (the device is told: reset cancelled). With --key, every frame's \
+            data is sealed for the device's group (docs/security.md §5.2): the gateways and the \
+            broker carry ciphertext only.
             """)
 
     @Argument(help: "The device id: 12 hex digits, as in <prefix>/activities/<device> (colons allowed).")
@@ -29,6 +32,8 @@ struct StreamCommand: ParsableCommand {
     var window = 16
     @Option(name: .customLong("max-data"), help: "Bytes per frame each way (1–65535).")
     var maxData = 1024
+    @Option(name: .long, help: "The group secret file (BATON-GROUP-V1:…, docs/security.md §1): seal and open every frame's data, for a keyed group's device.")
+    var key: String?
 
     /// DEVICE as topics spell it: 12 lowercase hex digits.
     var deviceText: String { device.lowercased().filter { $0 != ":" } }
@@ -50,9 +55,21 @@ struct StreamCommand: ParsableCommand {
         // Ctrl-C and SIGTERM become a byte on a pipe the loop polls, so the loop can still tell
         // the device (reset cancelled); SIGPIPE is ignored, so a closed stdout is an error we report.
         let stop = StopSignals()
+        // The payload key comes from the group secret; gateways never hold it (docs/security.md §6).
+        var sealer: SealedEnvelope? = nil
+        if let key {
+            do {
+                sealer = try SealedEnvelope(key: GroupKeys.derive(secret: GroupSecret.load(path: key)).payloadKey)
+            } catch {
+                throw ValidationError("--key \(key): \(error)")
+            }
+            guard maxData > SealedEnvelope.overhead else {
+                throw ValidationError("--max-data must be more than \(SealedEnvelope.overhead) with --key: a sealed frame carries that much besides its data")
+            }
+        }
         var session = StreamSession(client: client, device: deviceText, id: id, prefix: options.prefix,
                                     broker: options.broker, window: window, maxData: maxData,
-                                    timeout: timeout)
+                                    timeout: timeout, sealer: sealer)
         let status = session.run(stop: stop)
         if status != 0 { throw ExitCode(status) }
     }
@@ -108,6 +125,13 @@ struct StreamSession: ~Copyable {
     var everConnected = false
     /// Device frames dropped because one before them was lost (the gateway resends them).
     var gaps = 0
+    /// With `--key`: seals our frames and opens the device's (docs/security.md §5.2); the
+    /// stream nonce is our frame 0's, set when it is sent.
+    let sealer: SealedEnvelope?
+    let deviceID: UInt64
+    var streamNonce: InlineArray<12, UInt8>?
+    /// One sealed frame on its way into `up`.
+    let sealed: UnsafeMutableRawBufferPointer
 
     /// An open with no open frame back is published again after this: the broker may have
     /// lost it (docs/relay.md §7.2).
@@ -120,8 +144,11 @@ struct StreamSession: ~Copyable {
     static let writeChunk = 4096
 
     init(client: consuming MQTTClient, device: String, id: String, prefix: String, broker: String,
-         window: Int, maxData: Int, timeout seconds: Double) {
+         window: Int, maxData: Int, timeout seconds: Double, sealer: SealedEnvelope? = nil) {
         self.client = client
+        self.sealer = sealer
+        deviceID = UInt64(device, radix: 16) ?? 0
+        sealed = .allocate(byteCount: maxData, alignment: 8)
         up = StreamSender(capacity: window, maxData: maxData)
         self.window = window
         self.maxData = maxData
@@ -141,6 +168,7 @@ struct StreamSession: ~Copyable {
     deinit {
         output.deallocate()
         input.deallocate()
+        sealed.deallocate()
     }
 
     /// Runs the stream to its end; the exit status.
@@ -270,6 +298,7 @@ struct StreamSession: ~Copyable {
         case .open:
             // A repeat (answering our repeated open) says the same again.
             up.peerOpened(window: m.window, maxData: m.maxData)
+            if let sealer, streamNonce == nil { return sendHello(sealer, now: now) }
         case .data:
             return payload.withUnsafeBytes { take(frame: m.number, bytes: UnsafeRawBufferPointer(rebasing: $0[m.body])) }
         case .ack:
@@ -304,6 +333,34 @@ struct StreamSession: ~Copyable {
         return nil
     }
 
+    /// Sealed streams (docs/security.md §5.2): our frame 0 is an empty envelope whose nonce is
+    /// the stream nonce; the device sends no data before it has it.
+    mutating func sendHello(_ sealer: SealedEnvelope, now: ContinuousClock.Instant) -> Int32? {
+        guard up.maxData > SealedEnvelope.overhead else {
+            return breach("the device's max data \(up.maxData) leaves no room for a sealed frame (\(SealedEnvelope.overhead) bytes besides the data)")
+        }
+        let n: Int
+        do throws(SealError) { n = try sealer.sealHello(deviceID: deviceID, into: sealed) } catch {
+            say("sealing: \(error)")
+            send(Self.reset(.cancelled))
+            return 1
+        }
+        let hello = UnsafeRawBufferPointer(rebasing: sealed[..<n])
+        streamNonce = StreamFrameContext.streamNonce(ofFrameZero: hello)
+        return pushUp(hello, now: now)
+    }
+
+    /// One frame's bytes (sealed already, if sealing) into `up`, kept for resending, and out.
+    mutating func pushUp(_ bytes: UnsafeRawBufferPointer, now: ContinuousClock.Instant) -> Int32? {
+        if up.inFlight == 0 { retryAt = now + Self.retry }
+        let number = up.push(bytes)
+        let data = Self.message(.data, body: bytes.count) { w throws(WireError) in
+            try LinkMessage.encodeData(frame: number, bytes: bytes, into: &w)
+        }
+        send(data)
+        return nil
+    }
+
     /// A data frame from the device: into its slot when it is the next one.
     mutating func take(frame n: UInt32, bytes: UnsafeRawBufferPointer) -> Int32? {
         // Distances are wrapping (§5.1's 32-bit numbers): below 2³¹ is at or after.
@@ -322,9 +379,19 @@ struct StreamSession: ~Copyable {
             // bounded the bytes by `maxData`.
             let slot = Int(n % UInt32(window))
             precondition(bytes.count <= maxData && n &- written < UInt32(window), "stdout slots overrun")
-            UnsafeMutableRawBufferPointer(rebasing: output[slot * maxData ..< slot * maxData + bytes.count])
-                .copyMemory(from: bytes)
-            outputCounts[slot] = bytes.count
+            let into = UnsafeMutableRawBufferPointer(rebasing: output[slot * maxData ..< slot * maxData + maxData])
+            if let sealer {
+                guard let nonce = streamNonce else { return breach("data frame \(n) before our frame 0 (docs/security.md §5.2)") }
+                let context = StreamFrameContext(deviceID: deviceID, streamNonce: nonce, direction: .down, frame: n)
+                do throws(SealError) { outputCounts[slot] = try sealer.openFrame(bytes, for: context, into: into) } catch {
+                    send(Self.error(.protocolError, detail: "frame \(n) did not open"))
+                    say("the device's frame \(n) did not open with this key (another group's key, a stream that is not sealed, or altered on the way): \(error)")
+                    return 1
+                }
+            } else {
+                UnsafeMutableRawBufferPointer(rebasing: into[..<bytes.count]).copyMemory(from: bytes)
+                outputCounts[slot] = bytes.count
+            }
         case .duplicate:
             // A resend: our ack was lost or is on its way. Say it again.
             acknowledge()
@@ -352,7 +419,9 @@ struct StreamSession: ~Copyable {
 
     /// One read from stdin, as one data frame; its end, as the close.
     mutating func readInput(now: ContinuousClock.Instant) -> Int32? {
-        let n = read(STDIN_FILENO, input.baseAddress, min(up.maxData, input.count))
+        // Sealed, each frame carries 29 bytes besides the data (checked at the device's open).
+        let room = sealer == nil ? up.maxData : up.maxData - SealedEnvelope.overhead
+        let n = read(STDIN_FILENO, input.baseAddress, min(room, input.count))
         if n < 0 {
             if errno == EINTR || errno == EAGAIN { return nil }
             let why = String(cString: strerror(errno))
@@ -367,13 +436,15 @@ struct StreamSession: ~Copyable {
             return nil
         }
         let bytes = UnsafeRawBufferPointer(rebasing: input[..<n])
-        if up.inFlight == 0 { retryAt = now + Self.retry }
-        let number = up.push(bytes)
-        let data = Self.message(.data, body: n) { w throws(WireError) in
-            try LinkMessage.encodeData(frame: number, bytes: bytes, into: &w)
+        guard let sealer, let nonce = streamNonce else { return pushUp(bytes, now: now) }
+        let context = StreamFrameContext(deviceID: deviceID, streamNonce: nonce, direction: .up, frame: up.next)
+        let count: Int
+        do throws(SealError) { count = try sealer.sealFrame(bytes, for: context, into: sealed) } catch {
+            say("sealing: \(error)")
+            send(Self.reset(.cancelled))
+            return 1
         }
-        send(data)
-        return nil
+        return pushUp(UnsafeRawBufferPointer(rebasing: sealed[..<count]), now: now)
     }
 
     /// Writes what stdout takes now, then acknowledges the frames written whole.
