@@ -111,3 +111,60 @@ private func open(_ env: [UInt8], _ ctx: PayloadContext = context, key: PayloadK
         #expect(SealError.unsupportedVersion(2).description.contains("version 2"))
     }
 }
+
+/// docs/security.md §5.2, stream frames: a frame opens only in its own stream, direction and
+/// place; frame 0 is the endpoint's hello and its nonce is the stream nonce.
+@Suite struct SealedStreamFrameTests {
+    let device: UInt64 = 0x7CEC_7226_0003
+
+    func sealFrame(_ s: SealedEnvelope, _ plain: [UInt8], _ c: StreamFrameContext) throws -> [UInt8] {
+        var out = [UInt8](repeating: 0, count: plain.count + SealedEnvelope.overhead)
+        let n = try plain.withUnsafeBytes { p in try out.withUnsafeMutableBytes { o in try s.sealFrame(p, for: c, into: o) } }
+        return Array(out[..<n])
+    }
+
+    func openFrame(_ s: SealedEnvelope, _ env: [UInt8], _ c: StreamFrameContext) throws -> [UInt8] {
+        var out = [UInt8](repeating: 0, count: env.count)
+        let n = try env.withUnsafeBytes { e in try out.withUnsafeMutableBytes { o in try s.openFrame(e, for: c, into: o) } }
+        return Array(out[..<n])
+    }
+
+    @Test func aFrameOpensOnlyInItsOwnStreamDirectionAndPlace() throws {
+        let s = try SealedEnvelope(key: vectorKeys.payloadKey)
+        var hello = [UInt8](repeating: 0, count: SealedEnvelope.overhead)
+        let n = try hello.withUnsafeMutableBytes { try s.sealHello(deviceID: device, into: $0) }
+        #expect(n == 29)
+        let nonce = try #require(hello.withUnsafeBytes { StreamFrameContext.streamNonce(ofFrameZero: $0) })
+        #expect((0..<12).allSatisfy { nonce[$0] == hello[1 + $0] }, "the stream nonce is frame 0's own nonce")
+        let zero = StreamFrameContext(deviceID: device, streamNonce: nonce, direction: .up, frame: 0)
+        #expect(try openFrame(s, hello, zero) == [], "the device opens the hello with the nonce it carries")
+
+        let up5 = StreamFrameContext(deviceID: device, streamNonce: nonce, direction: .up, frame: 5)
+        let env = try sealFrame(s, Array("chapter 3, page 12".utf8), up5)
+        #expect(try openFrame(s, env, up5) == Array("chapter 3, page 12".utf8))
+        var other = nonce; other[0] ^= 1
+        for wrong in [StreamFrameContext(deviceID: device, streamNonce: nonce, direction: .down, frame: 5),
+                      StreamFrameContext(deviceID: device, streamNonce: nonce, direction: .up, frame: 6),
+                      StreamFrameContext(deviceID: device, streamNonce: other, direction: .up, frame: 5),
+                      StreamFrameContext(deviceID: device ^ 1, streamNonce: nonce, direction: .up, frame: 5)] {
+            #expect(throws: SealError.authenticationFailed) { try openFrame(s, env, wrong) }
+        }
+        // A payload envelope is not a stream frame, and the other way round (kind 01 vs 02).
+        var payload = [UInt8](repeating: 0, count: 64)
+        let p = try [UInt8](repeating: 7, count: 10).withUnsafeBytes { plain in
+            try payload.withUnsafeMutableBytes { try s.sealPayload(plain, for: PayloadContext(deviceID: device, sequence: 5), into: $0) }
+        }
+        #expect(throws: SealError.authenticationFailed) { try openFrame(s, Array(payload[..<p]), up5) }
+    }
+
+    @Test func twoHellosNeverShareAStreamNonce() throws {
+        let s = try SealedEnvelope(key: vectorKeys.payloadKey)
+        var seen = Set<[UInt8]>()
+        for _ in 0..<100 {
+            var hello = [UInt8](repeating: 0, count: 29)
+            _ = try hello.withUnsafeMutableBytes { try s.sealHello(deviceID: device, into: $0) }
+            seen.insert(Array(hello[1..<13]))
+        }
+        #expect(seen.count == 100)
+    }
+}
