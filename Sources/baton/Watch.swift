@@ -45,6 +45,8 @@ struct WatchCommand: ParsableCommand {
                         try client.subscribe("\(prefix)/gateways/+/status", qos: 1)
                         // Was-continued events (docs/relay.md §3): not retained, news only.
                         try client.subscribe("\(prefix)/continued/+", qos: 1)
+                        // The people: devices named by their IRK (docs/security.md §10).
+                        try client.subscribe("\(prefix)/apple/+", qos: 1)
                     } catch {
                         throw ValidationError("subscribe: \(error)")
                     }
@@ -77,6 +79,8 @@ struct WatchView {
     let prefix: String
     let redraw: Bool
     var activities: [String: Activity] = [:]
+    /// Named devices (`apple.irks`) by id: where each person's phone or watch is.
+    var people: [String: (name: String, room: String, gateway: String)] = [:]
     var gateways: [String: String] = [:]
     var dirty = false
 
@@ -105,6 +109,22 @@ struct WatchView {
             } else {
                 changed("\(device) \(a.state) in \(a.room) (gateway \(a.gateway), seq \(a.seq), type \(a.type))")
             }
+        } else if rest.count == 2, rest[0] == "apple" {
+            let id = rest[1]
+            if m.payload.isEmpty {
+                if let gone = people.removeValue(forKey: id) { changed("\(gone.name) left \(gone.room)") }
+                return
+            }
+            // Only named devices: the others are pseudonyms per gateway (docs/mqtt.md §3).
+            guard let o = try? JSONSerialization.jsonObject(with: Data(m.payload)) as? [String: Any],
+                  o["resolved"] as? Bool == true, let name = o["name"] as? String else { return }
+            let now = (name: name, room: o["room"] as? String ?? "?", gateway: o["gateway"] as? String ?? "?")
+            let before = people.updateValue(now, forKey: id)
+            if let before, before.room != now.room {
+                changed("\(name) moved to \(now.room) from \(before.room)")
+            } else if before == nil {
+                changed("\(name) in \(now.room)")
+            }
         } else if rest.count == 2, rest[0] == "continued" {
             guard let o = try? JSONSerialization.jsonObject(with: Data(m.payload)) as? [String: Any] else { return }
             let at = o["at"] as? String ?? "?", room = o["room"] as? String ?? "?"
@@ -117,6 +137,7 @@ struct WatchView {
 
     mutating func reset() {
         activities.removeAll()
+        people.removeAll()
         gateways.removeAll()
         dirty = true
     }
@@ -144,6 +165,12 @@ struct WatchView {
         for (device, a) in sorted {
             out += pad(a.room, 15) + " " + pad(device, 13) + " " + pad(a.type, 9) + " " + pad(String(a.seq), 6) + " "
                 + pad(a.state, 16) + " " + a.gateway + " (" + (gateways[a.gateway] ?? "?") + ")\n"
+        }
+        if !people.isEmpty {
+            out += "ROOM            PERSON'S DEVICE\n"
+            for (_, p) in people.sorted(by: { ($0.value.room, $0.value.name) < ($1.value.room, $1.value.name) }) {
+                out += pad(p.room, 15) + " " + p.name + "\n"
+            }
         }
         out += "\(activities.count) activities; gateways: "
         out += gateways.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ") + "\n"

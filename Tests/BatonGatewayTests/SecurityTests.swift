@@ -308,6 +308,15 @@ private func finishedStats(_ broker: MosquittoBroker, _ gateway: GatewayProcess)
         let seen = (try? String(contentsOf: everything, encoding: .utf8)) ?? ""
         let named = seen.split(separator: "\n").filter { $0.hasPrefix("baton/apple/\(appleID) ") }
         #expect(!named.isEmpty && named.allSatisfy { $0.contains("\"gateway\":\"hall\"") }, "\(named)")
+
+        // `baton watch --once` shows where the person is; not the strangers' pseudonyms.
+        let out = dir.appendingPathComponent("watch.out")
+        let status = try ChildProcess.run(batonBinary.path, ["watch", "--broker", "mqtt://127.0.0.1:\(broker.port)", "--once"],
+                                          stdout: out.path, stderr: dir.appendingPathComponent("watch.err").path,
+                                          timeout: .seconds(20))
+        let printed = (try? String(contentsOf: out, encoding: .utf8)) ?? ""
+        #expect(status == 0 && printed.split(separator: "\n").contains { $0.hasPrefix("Hall ") && $0.hasSuffix(" Anna's iPhone") },
+                "\(printed)")
     }
 }
 
