@@ -81,12 +81,10 @@ public final class BeaconVerifier {
     public let companyID: UInt16
     private let tagger: BeaconTagger
     private let groupResolver: DeviceIDResolver
-    private let identityResolvers: [DeviceIDResolver]
-
-    /// Per identity n: the last two on-air ids it used (2n current, 2n + 1 the one before, so
-    /// the old and new id interleaving at a rotation costs no second search); `.max` = none
-    /// yet, a value no 48-bit id has (0 would be taken for identity 0's id).
-    private var airIDs: [UInt64]
+    /// Every identity key IK_n, as IRKs: it remembers each identity's last two ids (so the old
+    /// and new id interleaving at a rotation costs no second search) and the latest ids that
+    /// resolve under none, as it does for phones' addresses (§10).
+    private let identityResolver: AddressResolver
     /// Per identity: the highest sequence heard, whether any was, and whether that sequence
     /// was invalidated.
     private var highest: [UInt16]
@@ -94,14 +92,15 @@ public final class BeaconVerifier {
     private var ended: [Bool]
 
     /// AES blocks spent resolving new ids (stats `security.resolutions`).
-    public private(set) var resolutions = 0
+    public var resolutions: Int { groupResolutions + identityResolver.resolutions }
+    private var groupResolutions = 0
     /// Beacons checked, verified, published unverified; and the drops by reason (stats `drops`).
     public private(set) var checked = 0
     public private(set) var verified = 0
     public private(set) var unverified = 0
     public private(set) var drops = DropCounts()
 
-    public var identities: Int { identityResolvers.count }
+    public let identities: Int
 
     public init(key: BeaconKey, identities: Int, policy: UnkeyedGroupPolicy,
                 companyID: UInt16 = ActivityBeacon.defaultCompanyID) throws(CryptoError) {
@@ -111,13 +110,11 @@ public final class BeaconVerifier {
         self.companyID = companyID
         tagger = try BeaconTagger(key: key)
         groupResolver = try DeviceIDResolver(key: key)
-        var resolvers: [DeviceIDResolver] = []
-        resolvers.reserveCapacity(identities)
-        for n in 0..<identities {
-            resolvers.append(try DeviceIDResolver(irk: try key.identityKey(number: UInt16(n))))
-        }
-        identityResolvers = resolvers
-        airIDs = Array(repeating: .max, count: 2 * identities)
+        var keys: [[UInt8]] = []
+        keys.reserveCapacity(identities)
+        for n in 0..<identities { keys.append(try key.identityKey(number: UInt16(n))) }
+        identityResolver = try AddressResolver(keys: keys)
+        self.identities = identities
         highest = Array(repeating: 0, count: identities)
         heard = Array(repeating: false, count: identities)
         ended = Array(repeating: false, count: identities)
@@ -143,12 +140,13 @@ public final class BeaconVerifier {
         let air = beacon.deviceID & 0xFFFF_FFFF_FFFF
         // Cheapest first: an id already resolved (a scan), a group-wide id (one AES block, §3),
         // and only then every identity key (once per rotation of an identity's id).
-        var identity = knownIdentity(air)
+        var identity = identityResolver.remembered(air)
         if identity == nil {
-            if Self.isResolvableShape(air) { resolutions &+= 1 }
+            if Self.isResolvableShape(air) { groupResolutions &+= 1 }
             // A group-wide id: the table's own sequence check covers it while it is current.
             if groupResolver.resolves(air) { return .verified(identity: nil) }
-            identity = resolveIdentity(air)
+            // An id is shaped as a random resolvable address (Core 5.4, Vol 3, Part C, §10.8.2.3).
+            identity = identityResolver.resolve(address: air, addressType: 1)
         }
         guard let n = identity else { return .dropped(Self.unresolvedID) }
         guard acceptSequence(beacon, identity: n) else { return .dropped(Self.replayed) }
@@ -165,35 +163,13 @@ public final class BeaconVerifier {
         // Every identity id of the group, not only those below this gateway's
         // `security.identities`: another gateway of the building may be set to more.
         if air >> 16 == UInt64(groupHash) { return .dropped(Self.impersonation) }
-        if Self.isResolvableShape(air) { resolutions &+= 1 }
+        if Self.isResolvableShape(air) { groupResolutions &+= 1 }
         if groupResolver.resolves(air) { return .dropped(Self.impersonation) }
         return .unverified
     }
 
     /// prand's top bits are 0b01: only then does resolving cost an AES block (§3).
     private static func isResolvableShape(_ air: UInt64) -> Bool { air & 0xC000_0000_0000 == 0x4000_0000_0000 }
-
-    private func knownIdentity(_ air: UInt64) -> Int? {
-        // Proof: airIDs holds 2 × identities entries, at most 2,048: a linear scan of UInt64s is
-        // cheaper than one AES block, and needs no hash table.
-        for i in airIDs.indices where airIDs[i] == air { return i >> 1 }
-        return nil
-    }
-
-    /// Tries every identity key on an id not seen before (Core 5.4, Vol 3, Part C, §10.8.2.3).
-    private func resolveIdentity(_ air: UInt64) -> Int? {
-        let prand = UInt32(truncatingIfNeeded: air >> 24) & 0xFF_FFFF
-        guard prand & 0xC0_0000 == 0x40_0000 else { return nil }
-        for n in identityResolvers.indices {
-            resolutions &+= 1
-            if identityResolvers[n].resolves(air) {
-                airIDs[2 * n + 1] = airIDs[2 * n]
-                airIDs[2 * n] = air
-                return n
-            }
-        }
-        return nil
-    }
 
     /// An identity's sequence never goes back (§3.1): an older one, or the same one without
     /// the invalidated flag after it was invalidated, is a replay. Remembered for the gateway's

@@ -126,13 +126,28 @@ public final class AddressResolver {
 
     public var count: Int { resolvers.count }
 
+    /// The index of the key `address` resolved under lately (one of its last two), without
+    /// any AES: a scan of at most 2 × count values.
+    public func remembered(_ address: UInt64) -> Int? {
+        let a = address & 0xFFFF_FFFF_FFFF
+        for i in known.indices where known[i] == a { return i >> 1 }
+        return nil
+    }
+
+    /// Resolves under raw 16-byte keys, most significant byte first (a device's identity keys,
+    /// docs/security.md §3.1, are IRKs in all but name).
+    public convenience init(keys: [[UInt8]]) throws(CryptoError) {
+        try self.init(irks: keys.map { IdentityResolvingKey(bytes: $0) })
+    }
+
     public init(irks: [IdentityResolvingKey]) throws(CryptoError) {
         var r: [DeviceIDResolver] = []
         r.reserveCapacity(irks.count)
         for k in irks { r.append(try DeviceIDResolver(irk: k.bytes)) }
         resolvers = r
-        known = Array(repeating: 0, count: 2 * irks.count)
-        strangers = Array(repeating: 0, count: Self.strangerMemory)
+        // No 48-bit address is `.max`: an empty place never matches (0 would match address 0).
+        known = Array(repeating: .max, count: 2 * irks.count)
+        strangers = Array(repeating: .max, count: Self.strangerMemory)
     }
 
     /// The index of the IRK that `address` (48 bits, most significant byte first as printed)
@@ -141,7 +156,7 @@ public final class AddressResolver {
     public func resolve(address: UInt64, addressType: UInt8) -> Int? {
         guard addressType == 1, address & 0xC000_0000_0000 == 0x4000_0000_0000 else { return nil }
         let a = address & 0xFFFF_FFFF_FFFF
-        for i in known.indices where known[i] == a { return i >> 1 }
+        if let i = remembered(a) { return i }
         guard !resolvers.isEmpty else { return nil }
         for s in strangers where s == a { return nil }
         for i in resolvers.indices {

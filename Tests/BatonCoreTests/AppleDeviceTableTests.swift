@@ -27,13 +27,13 @@ private let phoneWatching = """
     10 05 1B 1C 7A 8D 2E
     """
 /// A Mac with universal clipboard data: Handoff only (clipboard 0x08, sequence 0x0042, tag 0x17).
-private let macHandoff = """
+let macHandoff = """
     02 01 1A
     13 FF 4C 00
     0C 0E 08 42 00 17 A0 A1 A2 A3 A4 A5 A6 A7 A8 A9
     """
 /// An iPad with no current activity: Nearby Info only.
-private let padNearbyInfo = """
+let padNearbyInfo = """
     02 01 1A
     0A FF 4C 00
     10 05 1B 1C 7A 8D 2E
@@ -75,13 +75,13 @@ private func hear(_ table: inout AppleDeviceTable, _ advert: [UInt8], from addre
     return changes
 }
 
-private func devices(_ table: borrowing AppleDeviceTable) -> [AppleDevice] {
+func devices(_ table: borrowing AppleDeviceTable) -> [AppleDevice] {
     var all: [AppleDevice] = []
     table.forEach { all.append($0) }
     return all
 }
 
-private func expire(_ table: inout AppleDeviceTable, at t: Instant) -> [AppleChange] {
+func expire(_ table: inout AppleDeviceTable, at t: Instant) -> [AppleChange] {
     var changes: [AppleChange] = []
     table.expire(now: t) { changes.append($0) }
     return changes

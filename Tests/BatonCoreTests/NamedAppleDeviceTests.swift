@@ -18,18 +18,7 @@ private let phoneReading = """
     0C 0E 00 34 12 AB 00 11 22 33 44 55 66 77 88 99
     10 05 1B 1C 7A 8D 2E
     """
-/// A Mac with universal clipboard data: Handoff only (sequence 0x0042, tag 0x17).
-private let macHandoff = """
-    02 01 1A
-    13 FF 4C 00
-    0C 0E 08 42 00 17 A0 A1 A2 A3 A4 A5 A6 A7 A8 A9
-    """
-/// An iPad with no current activity: Nearby Info only.
-private let padNearbyInfo = """
-    02 01 1A
-    0A FF 4C 00
-    10 05 1B 1C 7A 8D 2E
-    """
+// `macHandoff` and `padNearbyInfo` are AppleDeviceTableTests' adverts.
 
 /// The user's phone: `apple.irks[0]`, published under this id (IdentityResolvingKey.stableID).
 private let phone = AppleIdentity(index: 0, id: 0xF76D_FA55)
@@ -61,17 +50,7 @@ private func hear(_ table: inout AppleDeviceTable, _ advert: String?, from addre
     return changes
 }
 
-private func devices(_ table: borrowing AppleDeviceTable) -> [AppleDevice] {
-    var all: [AppleDevice] = []
-    table.forEach { all.append($0) }
-    return all
-}
-
-private func expire(_ table: inout AppleDeviceTable, at t: Instant) -> [AppleChange] {
-    var changes: [AppleChange] = []
-    table.expire(now: t) { changes.append($0) }
-    return changes
-}
+// `devices(_:)` and `expire(_:at:)` are AppleDeviceTableTests' helpers.
 
 @Suite("Named Apple devices (docs/security.md §10)")
 struct NamedAppleDeviceTableTests {

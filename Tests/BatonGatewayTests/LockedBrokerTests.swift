@@ -7,6 +7,25 @@ import Foundation
 import Testing
 
 @Suite struct LockedBrokerTests {
+    /// board/mosquitto-baton.acl, as a building's broker loads it.
+    static let exampleACL = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
+        .appendingPathComponent("../../board/mosquitto-baton.acl").standardized.path
+
+    /// The hall's config on the locked broker: `tls` is its broker.tls line.
+    func hallYAML(port: Int, capture: GeneratedCapture, tls: String) -> String {
+        """
+        gateway: {id: hall, room: Hall}
+        broker:
+          url: mqtts://127.0.0.1:\(port)
+          reconnect-min: 100ms
+          reconnect-max: 1s
+          tls: \(tls)
+        radio: {source: "capture:\(capture.path)", paced: false}
+        rooms: {settle: 0s}
+        status: {interval: 1s}
+        """
+    }
+
     /// A CA and a broker certificate for 127.0.0.1 (subjectAltName, so hostname checks pass).
     func makeCertificates(in dir: URL) throws -> (ca: String, cert: String, key: String) {
         let p = dir.path
@@ -58,24 +77,15 @@ import Testing
         let certs = try makeCertificates(in: dir)
         let hall = try makeClientCertificate("hall", ca: certs.ca, in: dir)
         let ha = try makeClientCertificate("homeassistant", ca: certs.ca, in: dir)
-        let acl = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
-            .appendingPathComponent("../../board/mosquitto-baton.acl").standardized.path
+        let acl = Self.exampleACL
         let broker = try MosquittoBroker(extraConfig: [
             "cafile \(certs.ca)", "certfile \(certs.cert)", "keyfile \(certs.key)", "acl_file \(acl)",
             "require_certificate true", "use_identity_as_username true", "allow_anonymous false",
         ])
         let capture = try GeneratedCapture(in: dir, devices: 6, reports: 200, seed: 22)
-        let gateway = try GatewayProcess(yaml: """
-            gateway: {id: hall, room: Hall}
-            broker:
-              url: mqtts://127.0.0.1:\(broker.port)
-              reconnect-min: 100ms
-              reconnect-max: 1s
-              tls: {ca-file: \(certs.ca), cert-file: \(hall.cert), key-file: \(hall.key)}
-            radio: {source: "capture:\(capture.path)", paced: false}
-            rooms: {settle: 0s}
-            status: {interval: 1s}
-            """, in: dir)
+        let gateway = try GatewayProcess(yaml: hallYAML(port: broker.port, capture: capture,
+                                                        tls: "{ca-file: \(certs.ca), cert-file: \(hall.cert), key-file: \(hall.key)}"),
+                                         in: dir)
         let asHA = ["--cafile", certs.ca, "--cert", ha.cert, "--key", ha.key]
         let online = eventually(within: 15, every: 0.5) { () -> String? in
             let r = try? read("baton/activities/+", port: broker.port, login: asHA, in: dir)
@@ -93,8 +103,7 @@ import Testing
     /// `psk_file`); the key never reaches the log or the stats; a wrong key is refused.
     @Test func aGatewayLogsInWithAPreSharedKey() throws {
         let dir = try scratchDirectory("locked-psk")
-        let acl = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
-            .appendingPathComponent("../../board/mosquitto-baton.acl").standardized.path
+        let acl = Self.exampleACL
         let hallKey = "4a6f1c22e5b0d9a8b7c6d5e4f3a2b1c0", haKey = "00112233445566778899aabbccddeeff"
         let pskFile = dir.appendingPathComponent("broker-psk").path
         try "hall:\(hallKey)\nhomeassistant:\(haKey)\n".write(toFile: pskFile, atomically: true, encoding: .utf8)
@@ -104,17 +113,8 @@ import Testing
             "allow_anonymous false",
         ])
         let capture = try GeneratedCapture(in: dir, devices: 6, reports: 200, seed: 23)
-        let gateway = try GatewayProcess(yaml: """
-            gateway: {id: hall, room: Hall}
-            broker:
-              url: mqtts://127.0.0.1:\(broker.port)
-              reconnect-min: 100ms
-              reconnect-max: 1s
-              tls: {psk-identity: hall, psk-file: hall.psk}
-            radio: {source: "capture:\(capture.path)", paced: false}
-            rooms: {settle: 0s}
-            status: {interval: 1s}
-            """, in: dir)
+        let gateway = try GatewayProcess(yaml: hallYAML(port: broker.port, capture: capture,
+                                                        tls: "{psk-identity: hall, psk-file: hall.psk}"), in: dir)
         let asHA = ["--psk", haKey, "--psk-identity", "homeassistant"]
         let online = eventually(within: 15, every: 0.5) { () -> String? in
             let r = try? read("baton/activities/+", port: broker.port, login: asHA, in: dir)
@@ -135,8 +135,7 @@ import Testing
     @Test func aGatewayWorksThroughTLSAndTheACLAndNobodyElseWritesItsTopics() throws {
         let dir = try scratchDirectory("locked")
         let certs = try makeCertificates(in: dir)
-        let acl = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
-            .appendingPathComponent("../../board/mosquitto-baton.acl").standardized.path
+        let acl = Self.exampleACL
         let broker = try MosquittoBroker(users: ["hall": "hall-secret", "homeassistant": "ha-secret"], extraConfig: [
             "cafile \(certs.ca)", "certfile \(certs.cert)", "keyfile \(certs.key)", "acl_file \(acl)",
         ])

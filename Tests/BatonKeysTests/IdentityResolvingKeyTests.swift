@@ -161,16 +161,9 @@ struct IdentityResolvingKeyTests {
                 h = HKDF(algorithm=hashes.SHA256(), length=4, salt=None, info=b"baton v1 apple id").derive(k)
                 print(block[13:].hex(), h[::-1].hex())
             """
-        let p = Process()
-        p.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
-        p.arguments = ["-c", script] + cases.map { hexString($0.0) + ":" + String(format: "%06x", $0.1) }
-        let out = Pipe()
-        p.standardOutput = out
-        p.standardError = out
-        try p.run()
-        let text = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        p.waitUntilExit()
-        try #require(p.terminationStatus == 0, "python3: \(text) (apt install python3-cryptography if it is missing)")
+        let (status, text) = try runPython("/usr/bin/python3",
+                                           ["-c", script] + cases.map { hexString($0.0) + ":" + String(format: "%06x", $0.1) })
+        try #require(status == 0, "python3: \(text) (apt install python3-cryptography if it is missing)")
         var ours: [String] = []
         for (key, prand) in cases {
             let hash = try DeviceIDResolver(irk: key).hash(prand: prand)

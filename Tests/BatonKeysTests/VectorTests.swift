@@ -182,15 +182,21 @@ func advertisement(_ beacon: ActivityBeacon, _ auth: some BeaconAuthenticator) t
         let python = "/usr/bin/python3"
         let here = #filePath
         let script = here[..<here.lastIndex(of: "/")!] + "/Interop/vectors.py"
-        let p = Process()
-        p.executableURL = URL(fileURLWithPath: python)
-        p.arguments = [String(script)]
-        let out = Pipe()
-        p.standardOutput = out
-        p.standardError = out
-        try p.run()
-        let text = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        p.waitUntilExit()
-        #expect(p.terminationStatus == 0, "vectors.py: \(text) (apt install python3-cryptography if it is missing)")
+        let (status, text) = try runPython(python, [String(script)])
+        #expect(status == 0, "vectors.py: \(text) (apt install python3-cryptography if it is missing)")
     }
+}
+
+/// Runs a Python interpreter with `arguments`: its exit status and everything it printed.
+func runPython(_ python: String, _ arguments: [String]) throws -> (status: Int32, text: String) {
+    let p = Process()
+    p.executableURL = URL(fileURLWithPath: python)
+    p.arguments = arguments
+    let out = Pipe()
+    p.standardOutput = out
+    p.standardError = out
+    try p.run()
+    let text = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+    p.waitUntilExit()
+    return (p.terminationStatus, text)
 }
