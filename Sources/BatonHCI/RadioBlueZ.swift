@@ -13,6 +13,15 @@
 // The socket also shows the kernel's own Command Complete events (every raw socket sees every
 // packet that passes its filter); CommandFlow matches opcodes and uses only their credits.
 //
+// The kernel also scans and connects on the same controller, and it does not put Baton's scan
+// back. Seen on the real stack (docs/vm.md): to open an L2CAP link (the gateway's own fetch),
+// the kernel disables scanning, runs its own accept-list scan, disables it again, creates the
+// connection, and leaves scanning off; the gateway would hear nothing until its watchdog. So
+// the socket also lets through command packets, which the kernel copies to every raw socket
+// but the sender (hci_sock.c `hci_send_to_sock`): when another party (the kernel, for itself
+// or bluetoothd) sends a scan command, the init sequence runs again once the kernel has been
+// quiet for `rescanAfter`.
+//
 // Privileges: the raw socket passes LE Meta events and accepts LE scan commands only with
 // CAP_NET_RAW (hci_sock.c `hci_sec_filter` limits everyone else to a few read-only commands
 // and events); bringing a down adapter up (HCIDEVUP) needs CAP_NET_ADMIN.
@@ -37,6 +46,19 @@ public struct RadioBlueZ: RadioSource, ~Copyable {
     /// Vol 4, Part E, §5.4.4), and packets that were not events.
     public private(set) var malformedEvents = 0
     public private(set) var nonEventPackets = 0
+    /// Scan commands someone else sent (the kernel, for its own connections or bluetoothd);
+    /// each burst of them is followed by setting Baton's scan again.
+    public private(set) var scanCommandsSeen = 0
+    /// Times Baton's scan was set again after someone else changed it.
+    public private(set) var rescans = 0
+    /// When the last scan command of someone else was seen; nil when none is pending.
+    private var foreignScanAt: ContinuousClock.Instant? = nil
+
+    /// How long the kernel must have sent no scan command before Baton sets its scan again.
+    /// Its connect sequence (disable, accept list, parameters, enable, disable, LE Create
+    /// Connection) takes tens of milliseconds once the device advertises; half a second lets it
+    /// finish instead of racing it, and costs at most that much listening.
+    public static let rescanAfter: Duration = .milliseconds(500)
 
     /// Packets per `poll` call, so the other descriptors of the loop get their turn.
     public static let maxReadsPerPoll = 16
@@ -49,6 +71,8 @@ public struct RadioBlueZ: RadioSource, ~Copyable {
     static let hciDevUp: UInt = 0x4004_48C9
     /// <bluetooth/hci.h>: `HCI_EVENT_PKT 0x04`.
     static let eventPacketType: UInt8 = 0x04
+    /// <bluetooth/hci.h>: `HCI_COMMAND_PKT 0x01`.
+    static let commandPacketType: UInt8 = 0x01
     /// <bluetooth/hci.h>: the anonymous enum of device flags starts `HCI_UP` = bit 0.
     static let hciUpFlag: UInt32 = 1 << 0
     /// <bluetooth/hci.h>: `HCI_DEV_NONE 0xffff`, so device ids are 0…0xFFFE.
@@ -111,7 +135,11 @@ public struct RadioBlueZ: RadioSource, ~Copyable {
 
     public var wantsWrite: Bool { txSent < txCount }
     public var state: RadioState { flow.state }
-    public var nextDeadline: ContinuousClock.Instant? { flow.deadline }
+    public var nextDeadline: ContinuousClock.Instant? {
+        guard let at = foreignScanAt else { return flow.deadline }
+        let rescan = at + Self.rescanAfter
+        return flow.deadline.map { min($0, rescan) } ?? rescan
+    }
     public var localVersion: HCILocalVersion? { flow.localVersion }
     public var leFeatures: LEFeatures? { flow.leFeatures }
     public var usesExtendedScanning: Bool { flow.usesExtendedScanning }
@@ -120,6 +148,7 @@ public struct RadioBlueZ: RadioSource, ~Copyable {
         // A datagram is written whole or not at all, so nothing is ever half sent here.
         txCount = 0
         txSent = 0
+        foreignScanAt = nil
         flow.start(now: now)
         try pump(now: now)
     }
@@ -143,6 +172,14 @@ public struct RadioBlueZ: RadioSource, ~Copyable {
                 break
             }
             if n == 0 { break }
+            if rx[0] == Self.commandPacketType {
+                // Someone else's command (ours are not copied back to us): §5.4.1 opcode.
+                if n >= 3, Self.changesScan(HCIOpcode(rawValue: UInt16(rx[1]) | UInt16(rx[2]) << 8)) {
+                    scanCommandsSeen &+= 1
+                    foreignScanAt = now
+                }
+                continue
+            }
             guard rx[0] == Self.eventPacketType else {
                 nonEventPackets &+= 1
                 continue
@@ -164,6 +201,14 @@ public struct RadioBlueZ: RadioSource, ~Copyable {
             onEvent(event)
         }
         eventsDelivered &+= delivered
+        if firstError == nil, let at = foreignScanAt, now >= at + Self.rescanAfter, flow.state == .scanning {
+            // The kernel is done with the controller's scan: set ours again, from the top.
+            foreignScanAt = nil
+            rescans &+= 1
+            txCount = 0
+            txSent = 0
+            flow.start(now: now)
+        }
         if firstError == nil {
             do {
                 try flow.checkDeadline(now: now)
@@ -300,15 +345,22 @@ public struct RadioBlueZ: RadioSource, ~Copyable {
         "scanning through \(adapter)'s raw HCI socket needs CAP_NET_RAW (run as root, or grant it: AmbientCapabilities=CAP_NET_RAW CAP_NET_ADMIN in the systemd unit, or `setcap cap_net_raw,cap_net_admin+ep` on the binary)"
     }
 
-    /// The socket filter (hci_sock.c `hci_sock_setsockopt`, HCI_FILTER): event packets only,
-    /// and of those Command Complete (0x0E), Command Status (0x0F), Hardware Error (0x10) and
-    /// LE Meta (0x3E). Opcode 0: Command Complete/Status for every opcode pass, because
+    /// Commands after which the controller no longer scans as Baton set it (§7.8.10, §7.8.11,
+    /// §7.8.64, §7.8.65).
+    static func changesScan(_ opcode: HCIOpcode) -> Bool {
+        opcode == .leSetScanEnable || opcode == .leSetScanParameters
+            || opcode == .leSetExtendedScanEnable || opcode == .leSetExtendedScanParameters
+    }
+
+    /// The socket filter (hci_sock.c `hci_sock_setsockopt`, HCI_FILTER): command packets (the
+    /// kernel's own, see the top of this file) and event packets, and of the events Command
+    /// Complete (0x0E), Command Status (0x0F), Hardware Error (0x10) and LE Meta (0x3E). Opcode 0: Command Complete/Status for every opcode pass, because
     /// CommandFlow matches opcodes itself and uses every credit.
     /// Bit layout as in <bluetooth/hci_lib.h>: `hci_filter_set_ptype` sets bit (type & 31) of
     /// type_mask; `hci_filter_set_event` sets bit (event & 63) of the 64-bit event_mask pair.
     static func eventFilter() -> hci_filter {
         var f = hci_filter()
-        f.type_mask = 1 << UInt32(eventPacketType)
+        f.type_mask = 1 << UInt32(eventPacketType) | 1 << UInt32(commandPacketType)
         var low: UInt32 = 0
         var high: UInt32 = 0
         for code: UInt32 in [0x0E, 0x0F, UInt32(CommandFlow.hardwareErrorCode), 0x3E] {

@@ -82,6 +82,8 @@ public enum LinkError: Error, Sendable, Equatable, CustomStringConvertible {
     case tooLarge(size: Int, mtu: Int)
     /// Any other OS error.
     case os(Errno)
+    /// The device side (`L2CAPListener`) cannot listen where it was asked to (the text says why).
+    case cannotListen(String)
     public var description: String {
         switch self {
         case .noBluetooth(let text):
@@ -94,6 +96,8 @@ public enum LinkError: Error, Sendable, Equatable, CustomStringConvertible {
             "a link message of \(size) bytes is larger than the link's MTU of \(mtu) bytes (docs/protocol.md §5: a device sends nothing above the gateway's MTU, relay.payload-max + 3, and accepts at least 512)"
         case .os(let e):
             "device link: \(e)"
+        case .cannotListen(let text):
+            "cannot offer a device link: \(text)"
         }
     }
 }
@@ -511,7 +515,7 @@ public struct L2CAPLink: DeviceLink {
         // L2CAP_MODE_LE_FLOWCTL (l2cap_sock_bind), the mode BT_RCVMTU applies to.
         var local = sockaddr_l2()
         local.l2_family = sa_family_t(AF_BLUETOOTH)
-        local.l2_bdaddr = try adapterAddress()
+        local.l2_bdaddr = try Self.adapterAddress(adapter)
         local.l2_bdaddr_type = UInt8(BDADDR_LE_PUBLIC)
         let bound = withUnsafePointer(to: &local) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
@@ -565,7 +569,7 @@ public struct L2CAPLink: DeviceLink {
 
     /// The adapter's own address through libbluetooth, which takes "hciN" or an address
     /// (lib/hci.c `hci_devid`, `hci_devba`; both only find adapters that are up).
-    private func adapterAddress() throws(LinkError) -> bdaddr_t {
+    static func adapterAddress(_ adapter: String) throws(LinkError) -> bdaddr_t {
         var address = bdaddr_t()
         let id = hci_devid(adapter)
         if id < 0 || hci_devba(id, &address) < 0 {
@@ -582,6 +586,115 @@ public struct L2CAPLink: DeviceLink {
             }
         }
         return address
+    }
+}
+
+/// The device's side of BlueZ L2CAP LE credit-based channels: a listening socket on the
+/// beacon's PSM (docs/protocol.md §5). `baton device` holds one; each gateway that opens a
+/// link is one accepted socket, which behaves exactly as the gateway's own channel: one read is
+/// one SDU, one write is one SDU.
+///
+/// The kernel accepts the LE Credit Based Connection Request itself (l2cap_core.c
+/// `l2cap_le_connect_req`, matching the listening channel by PSM, source address and an LE
+/// source address type) and answers it with the MTU set here (BT_RCVMTU, inherited by every
+/// accepted channel in `l2cap_sock_init`). Security level low: no pairing is asked for, as a
+/// gateway connects without bonding (docs/security.md: payloads are sealed end to end instead).
+/// Listening on a PSM below 0x0080 needs CAP_NET_BIND_SERVICE (l2cap_sock_bind); the dynamic
+/// range 0x0080…0x00FF, or PSM 0 (the kernel picks one of them), needs nothing.
+public struct L2CAPListener: ~Copyable {
+    public let fd: Int32
+    /// The PSM listened on (the kernel's choice when 0 was asked for).
+    public let psm: UInt16
+    public let adapter: String
+
+    /// Listens on `adapter` ("hci1" or its address) at `psm` (0: a dynamic PSM the kernel picks),
+    /// taking SDUs up to `receiveMTU` bytes (23…65535, Core 5.4, Vol 3, Part A, §4.22).
+    public init(adapter: String, psm: UInt16, receiveMTU: Int, backlog: Int32 = 8) throws(LinkError) {
+        precondition(receiveMTU >= L2CAPLink.minimumMTU && receiveMTU <= 65_535,
+                     "an LE credit-based channel's MTU is 23…65535 (Core 5.4, Vol 3, Part A, §4.22), not \(receiveMTU)")
+        guard psm <= 0x00FF else {
+            throw .cannotListen("PSM 0x\(hex(psm)) is not an LE PSM (0x0001 to 0x00FF, Core 5.4, Vol 3, Part A, §4.22)")
+        }
+        // The adapter's public address; all zero (BDADDR_ANY) when it has none and advertises
+        // from a static random address, which the kernel then matches as "any".
+        let address = try L2CAPLink.adapterAddress(adapter)
+        let type = Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue)
+        let fd = socket(AF_BLUETOOTH, type, BTPROTO_L2CAP)
+        if fd < 0 {
+            let e = errno
+            if e == EAFNOSUPPORT { throw .noBluetooth("this kernel has no Bluetooth (AF_BLUETOOTH unavailable)") }
+            throw .os(Errno(e, call: "socket(AF_BLUETOOTH, BTPROTO_L2CAP)"))
+        }
+        func fail(_ error: LinkError) -> LinkError { Syscall.close(fd); return error }
+        var local = sockaddr_l2()
+        local.l2_family = sa_family_t(AF_BLUETOOTH)
+        local.l2_psm = psm.littleEndian
+        local.l2_bdaddr = address
+        // An LE address type makes this an LE listener (l2cap_sock_bind: LE_FLOWCTL mode);
+        // public or random does not matter for matching (l2cap_global_chan_by_psm only asks "LE").
+        local.l2_bdaddr_type = UInt8(BDADDR_LE_PUBLIC)
+        let bound = withUnsafePointer(to: &local) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                Glibc.bind(fd, $0, socklen_t(MemoryLayout<sockaddr_l2>.stride))
+            }
+        }
+        if bound < 0 {
+            let e = errno
+            switch e {
+            case EADDRINUSE: throw fail(.cannotListen("PSM 0x\(hex(psm)) on \(adapter) is taken by another program (choose another with --psm, or 0 for any)"))
+            case EACCES: throw fail(.cannotListen("PSM 0x\(hex(psm)) is below 0x0080 and needs CAP_NET_BIND_SERVICE (use 0x0080…0x00FF, or 0 for any)"))
+            default: throw fail(.os(Errno(e, call: "bind(L2CAP)")))
+            }
+        }
+        var mtu = UInt16(receiveMTU)
+        if setsockopt(fd, SOL_BLUETOOTH, BT_RCVMTU, &mtu, socklen_t(MemoryLayout<UInt16>.size)) < 0 {
+            throw fail(.os(Errno(errno, call: "setsockopt(BT_RCVMTU)")))
+        }
+        if Glibc.listen(fd, backlog) < 0 { throw fail(.os(Errno(errno, call: "listen(L2CAP)"))) }
+        // The PSM the kernel gave (l2cap_add_psm picks a free dynamic one for 0).
+        var bound2 = sockaddr_l2()
+        var length = socklen_t(MemoryLayout<sockaddr_l2>.stride)
+        let named = withUnsafeMutablePointer(to: &bound2) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
+        }
+        if named < 0 { throw fail(.os(Errno(errno, call: "getsockname(L2CAP)"))) }
+        self.fd = fd
+        self.psm = UInt16(littleEndian: bound2.l2_psm)
+        self.adapter = adapter
+    }
+
+    deinit { Syscall.close(fd) }
+
+    /// Accepts one waiting gateway: its socket (non-blocking, close-on-exec, owned by the
+    /// caller) and its address. Nil when nobody is waiting.
+    public func accept() throws(LinkError) -> (fd: Int32, peer: LinkAddress)? {
+        var peer = sockaddr_l2()
+        var length = socklen_t(MemoryLayout<sockaddr_l2>.stride)
+        let listener = fd
+        let got: Int?
+        do throws(Errno) {
+            got = try Syscall.call("accept(L2CAP)") {
+                withUnsafeMutablePointer(to: &peer) {
+                    $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Int(Glibc.accept(listener, $0, &length)) }
+                }
+            }
+        } catch {
+            // ECONNABORTED: the gateway gave up before we took it; nothing to serve.
+            if error.code == ECONNABORTED { return nil }
+            throw .os(error)
+        }
+        guard let got else { return nil }
+        let child = Int32(got)
+        // accept4 is not in Glibc's Swift module; this program starts no processes, so nothing
+        // inherits the descriptor between the two calls.
+        _ = fcntl(child, F_SETFD, FD_CLOEXEC)
+        _ = fcntl(child, F_SETFL, fcntl(child, F_GETFL) | O_NONBLOCK)
+        let b = peer.l2_bdaddr.b
+        let address = UInt64(b.0) | UInt64(b.1) << 8 | UInt64(b.2) << 16 | UInt64(b.3) << 24
+            | UInt64(b.4) << 32 | UInt64(b.5) << 40
+        // BlueZ's BDADDR_LE_RANDOM (2) is HCI's random (1) (<bluetooth/bluetooth.h>).
+        let random = peer.l2_bdaddr_type == UInt8(BDADDR_LE_RANDOM)
+        return (child, LinkAddress(address: address, addressType: random ? 1 : 0, psm: psm))
     }
 }
 

@@ -2,9 +2,13 @@
 // links"): simulated devices answer fetches, hear was-continued, and echo continuation streams.
 //
 // Every room listens on `DIR/<room>.link` (Unix SOCK_SEQPACKET: one packet = one SDU, as an
-// L2CAP LE credit-based channel delivers them). The links of a building share a fixed pool of
-// `Building.linkCapacity` slots, each with its own echo buffer, all allocated at start; a
-// connection beyond that is closed at once and counted. Nothing is queued per link beyond one
+// L2CAP LE credit-based channel delivers them). The same server also runs `baton device`'s
+// side of real L2CAP channels (`DeviceLinkServer(device:)`, `adopt`): what a device answers
+// comes from a `LinkDeviceModel`, the simulator's scenario or the one real device.
+//
+// The links of a building share a fixed pool of `Building.linkCapacity` slots, each with its
+// own echo buffer, all allocated at start; a connection beyond that is closed at once and
+// counted. Nothing is queued per link beyond one
 // pending answer: a slot builds its next SDU when the socket can take it, so a gateway that
 // stops reading stops the device (the socket says EAGAIN) without the simulator growing.
 import BatonHCI
@@ -46,6 +50,49 @@ extension ScenarioPlayer {
     func isSilent(_ device: Int) -> Bool { devices[device].silent }
     func supportsStreams(_ device: Int) -> Bool { devices[device].beacon.flags.contains(.supportsStreams) }
     func deviceName(_ device: Int) -> String { devices[device].name }
+}
+
+/// What a device answers on its links (docs/protocol.md §5.2, §5.3): the simulator's devices
+/// (`ScenarioPlayer`) or `baton device`'s one activity. `device` is the index the server was
+/// given for the link (the scenario's device index; always 0 for `baton device`).
+public protocol LinkDeviceModel: AnyObject {
+    /// The answer to a fetch for `sequence`: the payload (at the current sequence, which may be
+    /// newer than the one asked), or fetch-refused with its reason.
+    func fetchAnswer(device: Int, asked sequence: UInt16) -> LinkFetchAnswer
+    /// Whether the device's beacon says it supports streams; an open on a device that does not
+    /// is a protocol error.
+    func offersStreams(device: Int) -> Bool
+    /// The device's beacon id and name, for the was-continued messages it hears.
+    func linkDeviceID(_ device: Int) -> UInt64
+    func linkDeviceName(_ device: Int) -> String
+}
+
+/// A fetch's answer (docs/protocol.md §5.2).
+public enum LinkFetchAnswer: Sendable, Equatable {
+    case payload(sequence: UInt16, bytes: [UInt8])
+    case refused(FetchRefusal)
+}
+
+extension ScenarioPlayer: LinkDeviceModel {
+    public func fetchAnswer(device d: Int, asked: UInt16) -> LinkFetchAnswer {
+        if activityGone(device: d, asked: asked) { return .refused(.notCurrent) }
+        let sequence = self.sequence(device: d)
+        var payload = self.payload(device: d, sequence: sequence)
+        if let sealer = devices[d].sealer, !payload.isEmpty {
+            // A keyed group's device seals for (its id, the sequence): gateways relay ciphertext
+            // (docs/security.md §5.2).
+            var sealed = [UInt8](repeating: 0, count: SealedEnvelope.sealedLength(plaintextCount: payload.count))
+            let context = PayloadContext(deviceID: devices[d].id, sequence: sequence)
+            let n = payload.withUnsafeBytes { p in
+                sealed.withUnsafeMutableBytes { out in try? sealer.sealPayload(p, for: context, into: out) }
+            }
+            payload = n.map { Array(sealed[..<$0]) } ?? []
+        }
+        return payload.isEmpty ? .refused(.refused) : .payload(sequence: sequence, bytes: payload)
+    }
+    public func offersStreams(device: Int) -> Bool { supportsStreams(device) }
+    public func linkDeviceID(_ device: Int) -> UInt64 { deviceID(device) }
+    public func linkDeviceName(_ device: Int) -> String { deviceName(device) }
 }
 
 extension Building {
@@ -183,6 +230,9 @@ struct LinkSlot {
         case stream
         /// Sending error `02`, then closing.
         case failing
+        /// The stream is over and its close sent; waiting for the gateway to hang up (an
+        /// adopted L2CAP channel: see `hangsUpFirst`), at most `closingGrace`.
+        case closing
     }
 
     var fd: Int32 = -1
@@ -198,6 +248,12 @@ struct LinkSlot {
     /// The last send found the socket full: wait for POLLOUT.
     var blocked = false
     var errorDetail = ""
+    /// Whether the device hangs up as soon as a stream is over. The simulator's Unix socket
+    /// delivers what was sent before a close; an L2CAP channel does not: closing it drops the
+    /// SDUs still waiting for the gateway's credits (seen on the real stack, docs/vm.md), the
+    /// stream's close among them. So an adopted channel leaves the hang-up to the gateway,
+    /// which hangs up once it has the close (docs/relay.md §7).
+    var hangsUpFirst = true
 
     // The stream (docs/protocol.md §5.3), from the device's side.
     var openPending = false
@@ -226,8 +282,12 @@ struct LinkSlot {
     var frameCount = 0
 }
 
-final class DeviceLinkServer {
-    static let capacity = 64
+/// The device's side of device links (docs/protocol.md §5): fetch answers, was-continued, and
+/// echo streams, for every link at once from one poll loop. The simulator's rooms accept on
+/// their Unix sockets (§5.5 connect message first); `baton device` accepts L2CAP channels
+/// itself and hands each to `adopt`, which starts it connected.
+public final class DeviceLinkServer {
+    public static let capacity = 64
     /// The device's side of a stream: 8 frames of 1 KiB buffered (docs/protocol.md §5.3 open).
     static let window = 8
     static let maxData = 1024
@@ -235,14 +295,21 @@ final class DeviceLinkServer {
     /// The largest SDU a gateway sends: a data frame (5 + max data); one more byte tells a
     /// longer one apart.
     static let receiveBytes = 5 + maxData + 1
+    /// The receive MTU a real L2CAP channel asks for: the largest SDU a gateway sends.
+    public static let receiveMTU = 5 + maxData
     /// The largest SDU a device sends: a payload message (3 + 65535).
     static let sendBytes = 3 + 65535
+    /// How long an adopted channel waits for the gateway to hang up after the stream's close.
+    static let closingGrace: Duration = .seconds(10)
 
     let paths: [String]
     var listeners: [Int32] = []
     var slots: [LinkSlot]
     private(set) var counts: [LinkCounts]
-    let player: ScenarioPlayer
+    /// The simulator's scenario: who is in range, which PSM (nil for `baton device`).
+    let player: ScenarioPlayer?
+    /// What the devices answer.
+    let model: any LinkDeviceModel
     /// Real time a device takes to answer (the scenario's link-latency at its speed).
     let latency: Duration
     let ring: UnsafeMutableRawBufferPointer
@@ -255,19 +322,10 @@ final class DeviceLinkServer {
     var pollBase = 0
     var closed = false
 
-    init(player: ScenarioPlayer, directory base: String) throws(BuildingError) {
-        self.player = player
+    convenience init(player: ScenarioPlayer, directory base: String) throws(BuildingError) {
         let scenario = player.scenario
-        paths = scenario.rooms.map { base + "/" + $0.id + ".link" }
-        counts = Array(repeating: LinkCounts(), count: scenario.rooms.count)
-        slots = Array(repeating: LinkSlot(), count: Self.capacity)
-        precondition(LinkSlot().frames.count == Self.window, "a slot keeps one length per frame of the window")
-        latency = .seconds(scenario.radio.linkLatency / scenario.speed)
-        ring = .allocate(byteCount: Self.capacity * Self.ringBytes, alignment: 8)
-        rx = .allocate(byteCount: Self.receiveBytes, alignment: 8)
-        tx = .allocate(byteCount: Self.sendBytes, alignment: 8)
-        chunk = .allocate(byteCount: Self.ringBytes, alignment: 8)
-        polled.reserveCapacity(Self.capacity)
+        self.init(player: player, model: player, paths: scenario.rooms.map { base + "/" + $0.id + ".link" },
+                  rooms: scenario.rooms.count, latency: .seconds(scenario.radio.linkLatency / scenario.speed))
         for path in paths {
             do throws(BuildingError) {
                 // Non-blocking: accept runs until EAGAIN.
@@ -279,12 +337,58 @@ final class DeviceLinkServer {
         }
     }
 
+    /// `baton device`'s side: no listening sockets of its own (the caller accepts L2CAP channels
+    /// and `adopt`s them), one device (index 0) answering from `model` without delay.
+    public convenience init(device model: any LinkDeviceModel) {
+        self.init(player: nil, model: model, paths: [], rooms: 1, latency: .zero)
+    }
+
+    private init(player: ScenarioPlayer?, model: any LinkDeviceModel, paths: [String], rooms: Int, latency: Duration) {
+        self.player = player
+        self.model = model
+        self.paths = paths
+        counts = Array(repeating: LinkCounts(), count: rooms)
+        slots = Array(repeating: LinkSlot(), count: Self.capacity)
+        precondition(LinkSlot().frames.count == Self.window, "a slot keeps one length per frame of the window")
+        self.latency = latency
+        ring = .allocate(byteCount: Self.capacity * Self.ringBytes, alignment: 8)
+        rx = .allocate(byteCount: Self.receiveBytes, alignment: 8)
+        tx = .allocate(byteCount: Self.sendBytes, alignment: 8)
+        chunk = .allocate(byteCount: Self.ringBytes, alignment: 8)
+        polled.reserveCapacity(Self.capacity)
+    }
+
     deinit {
         close()
         ring.deallocate(); rx.deallocate(); tx.deallocate(); chunk.deallocate()
     }
 
-    func close() {
+    /// What the links counted (`baton device`: one entry).
+    public var linkCounts: [LinkCounts] { counts }
+
+    /// Links open now.
+    public var openLinks: Int { slots.reduce(0) { $0 + ($1.fd >= 0 ? 1 : 0) } }
+
+    /// Takes a connected channel (an accepted L2CAP socket: non-blocking, one SDU per read) for
+    /// `device`. It starts connected: the first message says whether it is a fetch or a stream
+    /// link. False, and the descriptor closed, when every slot is in use (counted as `full`).
+    @discardableResult
+    public func adopt(fd: Int32, device: Int = 0) -> Bool {
+        guard let i = slots.firstIndex(where: { $0.fd < 0 }) else {
+            counts[0].full += 1
+            Glibc.close(fd)
+            return false
+        }
+        slots[i] = LinkSlot()
+        slots[i].fd = fd
+        slots[i].phase = .connected
+        slots[i].device = device
+        slots[i].hangsUpFirst = false
+        counts[0].links += 1
+        return true
+    }
+
+    public func close() {
         guard !closed else { return }
         closed = true
         for i in slots.indices where slots[i].fd >= 0 { hangUp(i) }
@@ -295,7 +399,7 @@ final class DeviceLinkServer {
     // MARK: The poll loop's side
 
     /// Appends the listeners and every link that waits for something.
-    func addPollFDs(_ fds: inout [pollfd]) {
+    public func addPollFDs(_ fds: inout [pollfd]) {
         pollBase = fds.count
         for fd in listeners { fds.append(pollfd(fd: fd, events: Int16(POLLIN), revents: 0)) }
         polled.removeAll(keepingCapacity: true)
@@ -316,16 +420,16 @@ final class DeviceLinkServer {
 
     /// The nearest time a pending answer may go, if any. A blocked link waits for POLLOUT
     /// instead, so it does not count (else a full socket would spin the loop).
-    var nextDue: ContinuousClock.Instant? {
+    public var nextDue: ContinuousClock.Instant? {
         var due: ContinuousClock.Instant?
-        for i in slots.indices where slots[i].fd >= 0 && !slots[i].blocked && waitingToAnswer(i) {
+        for i in slots.indices where slots[i].fd >= 0 && (slots[i].phase == .closing || !slots[i].blocked && waitingToAnswer(i)) {
             due = min(due ?? slots[i].due, slots[i].due)
         }
         return due
     }
 
     /// Accepts, reads and answers after a poll.
-    func handle(_ fds: [pollfd], continued: (LinkContinuation) -> Void) {
+    public func handle(_ fds: [pollfd], continued: (LinkContinuation) -> Void) {
         for r in listeners.indices where fds[pollBase + r].revents != 0 { accept(room: r) }
         for (k, i) in polled.enumerated() {
             let revents = fds[pollBase + listeners.count + k].revents
@@ -340,12 +444,16 @@ final class DeviceLinkServer {
 
     /// Answers what is due, moves streams on, and drops the links of devices that walked out
     /// of range (the gateway sees its link drop, as with a radio).
-    func service() {
-        let threshold = player.scenario.radio.heardDownTo
+    public func service() {
+        let now = ContinuousClock.now
         for i in slots.indices where slots[i].fd >= 0 {
             let s = slots[i]
-            if s.phase != .connecting, s.phase != .failing,
-               player.meanRSSI(device: s.device, room: s.room) < threshold {
+            if s.phase == .closing {
+                if s.due <= now { hangUp(i) }  // the gateway did not hang up: do it now
+                continue
+            }
+            if let player, s.phase != .connecting, s.phase != .failing,
+               player.meanRSSI(device: s.device, room: s.room) < player.scenario.radio.heardDownTo {
                 hangUp(i)
                 continue
             }
@@ -393,6 +501,8 @@ final class DeviceLinkServer {
         for k in 0..<6 { address |= UInt64(sdu[2 + k]) << (8 * UInt64(k)) }
         let psm = UInt16(sdu[8]) | UInt16(sdu[9]) << 8
         let r = slots[i].room
+        // Only the simulator's listeners accept connections that start .connecting.
+        guard let player else { preconditionFailure("a real channel is adopted connected") }
         // Simulated devices have random static addresses (address type 1) only.
         let status: UInt8
         if sdu[1] == 1, let d = player.deviceIndex(address: address) {
@@ -468,6 +578,9 @@ final class DeviceLinkServer {
         }
         let r = slots[i].room, d = slots[i].device
         switch (m.type, slots[i].phase) {
+        case (_, .closing):
+            // The stream is over; whatever the gateway still says needs no answer.
+            break
         case (.reset, _), (.error, _):
             // The gateway gave up: nothing to answer (§5.3).
             hangUp(i)
@@ -479,10 +592,10 @@ final class DeviceLinkServer {
             slots[i].phase = .fetch
             counts[r].continued += 1
             let room = String(decoding: UnsafeRawBufferPointer(rebasing: sdu[m.body]), as: UTF8.self)
-            continued(LinkContinuation(device: d, deviceID: player.deviceID(d), name: player.deviceName(d), room: room,
+            continued(LinkContinuation(device: d, deviceID: model.linkDeviceID(d), name: model.linkDeviceName(d), room: room,
                                        sequence: UInt16(truncatingIfNeeded: m.number), linkRoom: r))
         case (.open, .connected):
-            guard player.supportsStreams(d) else {
+            guard model.offersStreams(device: d) else {
                 fail(i, "this device offers no streams (its beacon says so)")
                 return
             }
@@ -562,7 +675,7 @@ final class DeviceLinkServer {
         while slots[i].fd >= 0, !slots[i].blocked {
             let s = slots[i]
             switch s.phase {
-            case .free, .connected:
+            case .free, .connected, .closing:
                 return
             case .connecting:
                 guard let status = s.status, s.due <= now else { return }
@@ -596,27 +709,18 @@ final class DeviceLinkServer {
     /// A fetch's answer (docs/protocol.md §5.2): the payload at the current sequence, or
     /// fetch-refused.
     func answer(_ i: Int, _ asked: UInt16) -> Bool {
-        let d = slots[i].device
-        if player.activityGone(device: d, asked: asked) {
-            return send(i, count: 4) { w throws(WireError) in try LinkMessage.encodeFetchRefused(sequence: asked, .notCurrent, into: &w) }
-        }
-        let sequence = player.sequence(device: d)
-        var payload = player.payload(device: d, sequence: sequence)
-        if let sealer = player.devices[d].sealer, !payload.isEmpty {
-            // A keyed group's device seals for (its id, the sequence): gateways relay ciphertext
-            // (docs/security.md §5.2).
-            var sealed = [UInt8](repeating: 0, count: SealedEnvelope.sealedLength(plaintextCount: payload.count))
-            let context = PayloadContext(deviceID: player.devices[d].id, sequence: sequence)
-            let n = payload.withUnsafeBytes { p in
-                sealed.withUnsafeMutableBytes { out in try? sealer.sealPayload(p, for: context, into: out) }
+        switch model.fetchAnswer(device: slots[i].device, asked: asked) {
+        case .refused(let reason):
+            return send(i, count: 4) { w throws(WireError) in try LinkMessage.encodeFetchRefused(sequence: asked, reason, into: &w) }
+        case .payload(let sequence, let payload):
+            // Empty, or over what one SDU carries (3 + 65535): refused (§5.2 `03`, `02`).
+            guard !payload.isEmpty, payload.count <= Self.sendBytes - 3 else {
+                let reason: FetchRefusal = payload.isEmpty ? .refused : .tooLarge
+                return send(i, count: 4) { w throws(WireError) in try LinkMessage.encodeFetchRefused(sequence: asked, reason, into: &w) }
             }
-            payload = n.map { Array(sealed[..<$0]) } ?? []
-        }
-        guard !payload.isEmpty else {
-            return send(i, count: 4) { w throws(WireError) in try LinkMessage.encodeFetchRefused(sequence: asked, .refused, into: &w) }
-        }
-        return payload.withUnsafeBytes { p in
-            send(i, count: 3 + p.count) { w throws(WireError) in try LinkMessage.encodePayload(sequence: sequence, payload: p, into: &w) }
+            return payload.withUnsafeBytes { p in
+                send(i, count: 3 + p.count) { w throws(WireError) in try LinkMessage.encodePayload(sequence: sequence, payload: p, into: &w) }
+            }
         }
     }
 
@@ -661,7 +765,12 @@ final class DeviceLinkServer {
             guard send(i, count: 5, { w throws(WireError) in try LinkMessage.encodeClose(end: s.sent, into: &w) }) else { return false }
             slots[i].closeSent = true
             // Both directions closed, every frame acknowledged: the stream is over.
-            hangUp(i)
+            if slots[i].hangsUpFirst {
+                hangUp(i)
+            } else {
+                slots[i].phase = .closing
+                slots[i].due = .now + Self.closingGrace
+            }
             return false
         }
         return false

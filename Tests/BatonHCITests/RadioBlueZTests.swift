@@ -119,6 +119,7 @@ struct RadioBlueZTests {
         var reference = hci_filter()
         hci_filter_clear(&reference)
         hci_filter_set_ptype(Int32(HCI_EVENT_PKT), &reference)
+        hci_filter_set_ptype(Int32(HCI_COMMAND_PKT), &reference)
         hci_filter_set_event(Int32(EVT_CMD_COMPLETE), &reference)
         hci_filter_set_event(Int32(EVT_CMD_STATUS), &reference)
         hci_filter_set_event(0x10, &reference)  // EVT_HARDWARE_ERROR
@@ -128,8 +129,8 @@ struct RadioBlueZTests {
         #expect(ours.event_mask.0 == reference.event_mask.0)
         #expect(ours.event_mask.1 == reference.event_mask.1)
         #expect(ours.opcode == 0)
-        // And the bits by hand: type 4; events 14, 15, 16 in the low word, 62 in the high word.
-        #expect(ours.type_mask == 0x0000_0010)
+        // And the bits by hand: types 1 and 4; events 14, 15, 16 in the low word, 62 in the high word.
+        #expect(ours.type_mask == 0x0000_0012)
         #expect(ours.event_mask.0 == 0x0001_C000)
         #expect(ours.event_mask.1 == 0x4000_0000)
         #expect(MemoryLayout<hci_filter>.stride == 16)  // sizeof(struct hci_ufilter) in the kernel

@@ -1,0 +1,181 @@
+#!/bin/bash
+# Runs INSIDE the VM (scripts/vm/test starts it; docs/vm.md): the gateway and `baton device`
+# against the real Linux Bluetooth stack. btvirt has joined two LE controllers: hci0 is the
+# gateway's (scanner, L2CAP central), hci1 the device's (advertiser, L2CAP peripheral).
+# Every check prints PASS or FAIL with what a user would look at; the first FAIL ends the test.
+#
+# Environment: BATON (the baton binary), VMTEST_OUT (a host directory for the logs), BATON_TESTS
+# (optional: the host's test bundle, whose Bluetooth-aware unit tests run here first).
+set -u
+BATON="${BATON:?BATON names the baton binary}"
+OUT="${VMTEST_OUT:-/tmp/vmtest}"
+W=/tmp/vmtest
+mkdir -p "$W" "$OUT"
+T0=$(date +%s.%N)
+PREFIX=baton
+BROKER=mqtt://127.0.0.1:1883
+DEVICE=5a123456789a          # the device's fixed id (open group: docs/protocol.md §2.4)
+TOPIC=$PREFIX/activities/$DEVICE
+pids=()
+
+elapsed() { awk -v a="$T0" -v b="$(date +%s.%N)" 'BEGIN{printf "%5.1fs", b-a}'; }
+step() { echo "[$(elapsed)] $*"; }
+pass() { echo "[$(elapsed)] PASS: $*"; }
+fail() {
+  echo "[$(elapsed)] FAIL: $*"
+  for f in "$W"/*.log; do echo "---- $(basename "$f") (last 25 lines)"; tail -25 "$f"; done
+  echo "---- dmesg (Bluetooth)"; dmesg | grep -i bluetooth | tail -10
+  finish 1
+}
+finish() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  cp "$W"/*.log "$OUT"/ 2>/dev/null
+  exit "$1"
+}
+mg() { script -qec "btmgmt $*" /dev/null | tr -d '\r'; }   # btmgmt prints nothing without a tty
+
+# The retained activity, or nothing after $1 seconds.
+activity() { mosquitto_sub -h 127.0.0.1 -t "$TOPIC" -C 1 -W "$1" 2>/dev/null; }
+# Waits up to $1 s for the retained activity to match the regex $2; prints the last message seen.
+wait_activity() {
+  local end=$((SECONDS + $1)) msg=""
+  while [ $SECONDS -lt $end ]; do
+    msg=$(activity 2)
+    if [[ "$msg" =~ $2 ]]; then echo "$msg"; return 0; fi
+    sleep 0.3
+  done
+  echo "$msg"
+  return 1
+}
+# Waits up to $1 s for the topic to have no retained message (cleared).
+wait_cleared() {
+  local end=$((SECONDS + $1))
+  while [ $SECONDS -lt $end ]; do
+    [ -z "$(activity 1)" ] && return 0
+    sleep 0.3
+  done
+  return 1
+}
+
+start_gateway() {
+  "$BATON" gateway --broker "$BROKER" --radio hci0 --room Hall --id hall >>"$W/gateway.log" 2>&1 &
+  GW=$!
+  pids+=("$GW")
+}
+stop_gateway() {
+  kill -TERM "$GW" 2>/dev/null
+  wait "$GW" 2>/dev/null
+}
+
+step "controllers: $(hciconfig | grep -c '^hci') (kernel $(uname -r))"
+A1=$(hciconfig hci1 | awk '/BD Address/{print $3}')
+[ -n "$A1" ] || fail "hci1 has no address"
+mg -i hci0 power on >/dev/null
+mg -i hci1 power on >/dev/null
+
+if [ -n "${BATON_TESTS:-}" ]; then
+  # The unit tests that take the other branch with Bluetooth in the kernel (hci99 is not found,
+  # the kernel answers Invalid Index, ...): run from the host's build, here.
+  step "unit tests that ask this kernel about Bluetooth"
+  "$BATON_TESTS" --testing-library swift-testing \
+    --filter 'RadioBlueZTests|ManagementTests|L2CAPListenerTests|DeviceCommandTests|DeviceLinkTests|DeviceLinkAdoptTests' \
+    >"$W/unit-tests.log" 2>&1 || fail "unit tests failed with Bluetooth in the kernel: $(grep -E '✘' "$W/unit-tests.log" | head -5)"
+  pass "$(grep -E 'Test run with' "$W/unit-tests.log" | sed 's/\x1b\[[0-9;]*m//g')"
+fi
+
+step "mosquitto on the VM's loopback"
+cat >"$W/mosquitto.conf" <<EOF
+listener 1883 127.0.0.1
+allow_anonymous true
+persistence false
+user root
+EOF
+mosquitto -c "$W/mosquitto.conf" >"$W/mosquitto.log" 2>&1 &
+pids+=($!)
+for i in $(seq 1 50); do mosquitto_pub -h 127.0.0.1 -t vmtest/ping -m x 2>/dev/null && break; sleep 0.1; done
+mosquitto_pub -h 127.0.0.1 -t vmtest/ping -m x || fail "mosquitto does not accept connections"
+
+step "gateway on hci0"
+start_gateway
+
+step "device on hci1 ($A1): baton device"
+echo '{"position": 42, "chapter": "three"}' >"$W/info.json"
+mkfifo "$W/device.ctl"
+"$BATON" device --adapter hci1 --type com.example.reader.article --title "Chapter 3" \
+  --url https://example.com/chapter-3 --user-info "$W/info.json" --id "$DEVICE" --group a1b2c3d4 \
+  --sequence 7 <"$W/device.ctl" >"$W/device.log" 2>&1 &
+DEV=$!
+pids+=("$DEV")
+exec 3>"$W/device.ctl"   # the device's stdin: one command a line (save, end)
+
+msg=$(wait_activity 30 '"seq":7[,}]') || fail "no retained activity with seq 7 on $TOPIC within 30 s (last: ${msg:-nothing})"
+for want in "\"device\":\"$DEVICE\"" '"room":"Hall"' '"group":"a1b2c3d4"' '"supports_streams":true' '"has_web_url":true' \
+            '"type_hash":"be9b4bb7"'; do
+  [[ "$msg" == *"$want"* ]] || fail "the activity lacks $want: $msg"
+done
+[[ "$msg" =~ \"psm\":(12[89]|1[3-9][0-9]|2[0-5][0-9])[,}] ]] || fail "the activity names no dynamic LE PSM: $msg"
+pass "the gateway published the device's activity: $msg"
+
+step "save: the sequence goes up"
+echo '{"position": 43, "chapter": "three"}' >"$W/info.json"
+echo save >&3
+msg=$(wait_activity 20 '"seq":8[,}]') || fail "a save did not bump the sequence to 8 (last: ${msg:-nothing})"
+[[ "$msg" == *'"change":"saved"'* ]] || fail "the change is not \"saved\": $msg"
+pass "after a save the broker has seq 8, change saved"
+
+step "fetch through the gateway: the payload over a real L2CAP CoC"
+python3 -c 'import sys, cbor2
+sys.stdout.buffer.write(cbor2.dumps({0: 1, 1: "com.example.reader.article", 2: "Chapter 3",
+  3: cbor2.CBORTag(32, "https://example.com/chapter-3"), 5: {"position": 43, "chapter": "three"}}, canonical=True))' \
+  >"$W/expected.cbor" || fail "python3-cbor2 could not encode the expected payload"
+timeout 30 "$BATON" fetch "$DEVICE" --broker "$BROKER" --cbor --timeout 20 >"$W/fetched.cbor" 2>"$W/fetch.log" ||
+  fail "baton fetch failed (exit $?): $(cat "$W/fetch.log")"
+cmp -s "$W/expected.cbor" "$W/fetched.cbor" ||
+  fail "the fetched payload differs from the device's: got $(od -An -tx1 "$W/fetched.cbor" | tr -d '\n'), want $(od -An -tx1 "$W/expected.cbor" | tr -d '\n')"
+pass "baton fetch --cbor returned the exact $(stat -c %s "$W/expected.cbor") payload bytes (Python cbor2 encodes the same)"
+
+step "continued: the device is told where"
+timeout 30 "$BATON" fetch "$DEVICE" --broker "$BROKER" --timeout 20 --continue "Office TV" >"$W/fetched.json" 2>>"$W/fetch.log" ||
+  fail "baton fetch --continue failed (exit $?): $(cat "$W/fetch.log")"
+for i in $(seq 1 50); do grep -q '^continued in Office TV (seq 8)' "$W/device.log" && break; sleep 0.2; done
+grep -q '^continued in Office TV (seq 8)' "$W/device.log" || fail "baton device did not hear that it was continued in Office TV"
+pass "baton device printed: $(grep '^continued in' "$W/device.log")"
+
+step "stream: 1 MiB each way through the gateway and the device's echo"
+head -c 1048576 /dev/urandom >"$W/up.bin"
+t=$SECONDS
+timeout 120 "$BATON" stream "$DEVICE" --broker "$BROKER" <"$W/up.bin" >"$W/down.bin" 2>"$W/stream.log" ||
+  fail "baton stream failed (exit $?): $(cat "$W/stream.log")"
+up=$(sha256sum <"$W/up.bin" | cut -d' ' -f1); down=$(sha256sum <"$W/down.bin" | cut -d' ' -f1)
+[ "$up" = "$down" ] || fail "the echo differs: sent sha256 $up, got $down ($(stat -c %s "$W/down.bin") bytes)"
+pass "1 MiB up and its echo down in $((SECONDS - t)) s, sha256 $up both ways"
+
+step "save after the links: the gateway still hears the device"
+# To connect, the kernel turned the gateway's scan off and left it off (docs/radio.md):
+# RadioBlueZ must have set it again, or this save is never heard.
+echo save >&3
+msg=$(wait_activity 20 '"seq":9[,}]') || fail "a save after the fetch and the stream was not heard (last: ${msg:-nothing})"
+pass "after the links a save still reaches the broker: seq 9"
+
+step "gateway restart: the activity is published again"
+stop_gateway
+mosquitto_pub -h 127.0.0.1 -t "$TOPIC" -r -n   # clear it, so only a new publish can bring it back
+[ -z "$(activity 1)" ] || fail "could not clear the retained activity before the restart"
+start_gateway
+msg=$(wait_activity 30 '"seq":9[,}]') || fail "the restarted gateway did not publish the activity again (last: ${msg:-nothing})"
+pass "the restarted gateway republished seq 9"
+
+step "end: the activity is invalidated and the topic cleared"
+echo end >&3
+wait_cleared 20 || fail "the retained activity was not cleared after end: $(activity 1)"
+pass "the topic is cleared"
+exec 3>&-
+for i in $(seq 1 100); do kill -0 "$DEV" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$DEV" 2>/dev/null && fail "baton device did not stop within 10 s of end"
+wait "$DEV"; rc=$?
+[ $rc -eq 0 ] || fail "baton device exited $rc"
+pass "baton device stopped: $(tail -1 "$W/device.log")"
+
+stop_gateway
+step "done"
+finish 0
