@@ -223,6 +223,10 @@ public struct LinkChannel: ~Copyable {
             // possible on LE CoC, but the kernel has the last word).
             if error.code == EMSGSIZE { throw .tooLarge(size: sdu.count, mtu: sendMTU) }
             let broken = linkBroke(error)
+            // The peer hung up. What it sent before is still in the socket, and may be its last
+            // words (a device's error frame, docs/protocol.md §5.4): `poll` reads them, then the
+            // end. Closing here would throw them away unread.
+            if error.code == EPIPE || error.code == ECONNRESET { throw broken }
             fail(broken)
             throw broken
         }
@@ -356,11 +360,20 @@ public struct LinkChannel: ~Copyable {
     /// Reads SDUs until EAGAIN (the socket keeps nothing back for a later turn, so poll()
     /// reporting POLLIN again is never needed to empty it).
     private mutating func drain(_ buffer: UnsafeMutableRawBufferPointer, _ onSDU: (UnsafeRawBufferPointer) -> Void) {
+        var resetSeen = false
         while case .open = state {
             let got: Int?
             do {
                 got = try Self.receive(fd, into: buffer)
             } catch {
+                // A peer that closed with our messages unread leaves ECONNRESET on our socket,
+                // and recv reports it before the records still queued (net/core/datagram.c
+                // checks sock_error first): the peer's last words, a device's error frame among
+                // them, come on the next read. Once.
+                if error.code == ECONNRESET, !resetSeen {
+                    resetSeen = true
+                    continue
+                }
                 fail(linkBroke(error))
                 return
             }

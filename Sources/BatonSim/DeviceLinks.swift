@@ -65,6 +65,14 @@ public protocol LinkDeviceModel: AnyObject {
     /// The device's beacon id and name, for the was-continued messages it hears.
     func linkDeviceID(_ device: Int) -> UInt64
     func linkDeviceName(_ device: Int) -> String
+    /// A keyed group's device seals its streams (docs/security.md §5.2) with this; nil: the
+    /// stream's bytes go as they are.
+    func streamSealer(device: Int) -> SealedEnvelope?
+}
+
+extension LinkDeviceModel {
+    /// An open group's device: nothing sealed.
+    public func streamSealer(device: Int) -> SealedEnvelope? { nil }
 }
 
 /// A fetch's answer (docs/protocol.md §5.2).
@@ -74,6 +82,8 @@ public enum LinkFetchAnswer: Sendable, Equatable {
 }
 
 extension ScenarioPlayer: LinkDeviceModel {
+    public func streamSealer(device d: Int) -> SealedEnvelope? { devices[d].sealer }
+
     public func fetchAnswer(device d: Int, asked: UInt16) -> LinkFetchAnswer {
         if activityGone(device: d, asked: asked) { return .refused(.notCurrent) }
         let sequence = self.sequence(device: d)
@@ -280,6 +290,9 @@ struct LinkSlot {
     var frames = InlineArray<8, UInt16>(repeating: 0)
     var firstFrame = 0
     var frameCount = 0
+    /// A sealed stream (docs/security.md §5.2): the gateway's frame 0 gave the stream nonce.
+    var sealed = false
+    var streamNonce: InlineArray<12, UInt8>?
 }
 
 /// The device's side of device links (docs/protocol.md §5): fetch answers, was-continued, and
@@ -317,6 +330,8 @@ public final class DeviceLinkServer {
     let tx: UnsafeMutableRawBufferPointer
     /// One echo frame's bytes, taken out of a ring in order.
     let chunk: UnsafeMutableRawBufferPointer
+    /// A sealed stream's frame on its way out (an echo chunk sealed), or in (a frame opened).
+    let sealedChunk: UnsafeMutableRawBufferPointer
     /// Which slot each polled descriptor after the listeners is, for the turn in progress.
     var polled: [Int] = []
     var pollBase = 0
@@ -355,12 +370,13 @@ public final class DeviceLinkServer {
         rx = .allocate(byteCount: Self.receiveBytes, alignment: 8)
         tx = .allocate(byteCount: Self.sendBytes, alignment: 8)
         chunk = .allocate(byteCount: Self.ringBytes, alignment: 8)
+        sealedChunk = .allocate(byteCount: Self.receiveBytes + SealedEnvelope.overhead, alignment: 8)
         polled.reserveCapacity(Self.capacity)
     }
 
     deinit {
         close()
-        ring.deallocate(); rx.deallocate(); tx.deallocate(); chunk.deallocate()
+        ring.deallocate(); rx.deallocate(); tx.deallocate(); chunk.deallocate(); sealedChunk.deallocate()
     }
 
     /// What the links counted (`baton device`: one entry).
@@ -603,6 +619,12 @@ public final class DeviceLinkServer {
             slots[i].peerWindow = UInt32(m.window)
             slots[i].peerMaxData = Int(m.maxData)
             slots[i].openPending = true
+            slots[i].sealed = model.streamSealer(device: d) != nil
+            slots[i].streamNonce = nil
+            if slots[i].sealed, slots[i].peerMaxData <= SealedEnvelope.overhead {
+                fail(i, "max data \(m.maxData) leaves no room for a sealed frame (docs/security.md §5.2)")
+                return
+            }
             counts[r].streams += 1
         case (.data, .stream):
             data(i, m, sdu)
@@ -650,17 +672,46 @@ public final class DeviceLinkServer {
             fail(i, "data frame \(m.number) beyond the window (acked up to \(s.acked), window \(Self.window))")
             return
         }
+        var body = UnsafeRawBufferPointer(rebasing: sdu[m.body])
+        if s.sealed {
+            // docs/security.md §5.2: frame 0 is the endpoint's hello, whose nonce is the
+            // stream's; every frame opens only for this stream, direction and number.
+            guard let sealer = model.streamSealer(device: s.device) else { return fail(i, "the device lost its key") }
+            if s.streamNonce == nil {
+                guard m.number == 0, let n = StreamFrameContext.streamNonce(ofFrameZero: body) else {
+                    return fail(i, "a sealed stream starts with the endpoint's hello (docs/security.md §5.2)")
+                }
+                slots[i].streamNonce = n
+            }
+            let context = StreamFrameContext(deviceID: model.linkDeviceID(s.device), streamNonce: slots[i].streamNonce!,
+                                             direction: .up, frame: m.number)
+            let n: Int
+            do throws(SealError) { n = try sealer.openFrame(body, for: context, into: sealedChunk) } catch {
+                return fail(i, "frame \(m.number) did not open: another group's key, not sealed, or altered")
+            }
+            body = UnsafeRawBufferPointer(rebasing: UnsafeRawBufferPointer(sealedChunk)[..<n])
+            if n == 0 {
+                // Nothing to echo (the hello): taken and echoed at once, unless frames wait
+                // before it, whose echo then covers it.
+                if s.frameCount == 0 { slots[i].echoed &+= 1 } else {
+                    slots[i].frames[(s.firstFrame + s.frameCount) % Self.window] = 0
+                    slots[i].frameCount += 1
+                }
+                slots[i].received &+= 1
+                return
+            }
+        }
         // Proof of room: queued frames = received - echoed ≤ received - acked < window, each at
         // most maxData bytes (decode's limit), and the ring holds window × maxData.
-        precondition(s.frameCount < Self.window && s.queued + m.body.count <= Self.ringBytes, "echo queue overrun")
+        precondition(s.frameCount < Self.window && s.queued + body.count <= Self.ringBytes, "echo queue overrun")
         let base = i * Self.ringBytes
         var at = (s.head + s.queued) % Self.ringBytes
-        for b in sdu[m.body] {
+        for b in body {
             ring[base + at] = b
             at = at + 1 == Self.ringBytes ? 0 : at + 1
         }
-        slots[i].queued += m.body.count
-        slots[i].frames[(s.firstFrame + s.frameCount) % Self.window] = UInt16(m.body.count)
+        slots[i].queued += body.count
+        slots[i].frames[(s.firstFrame + s.frameCount) % Self.window] = UInt16(body.count)
         slots[i].frameCount += 1
         // Frame numbers are 32 bits on the wire (§5.1): they wrap, and every comparison above
         // is a wrapping distance.
@@ -736,15 +787,26 @@ public final class DeviceLinkServer {
         }
         // Echo: at most the gateway's window of unacknowledged frames, each at most its max data.
         if s.queued > 0, !s.closeSent, s.sent &- s.peerAcked < s.peerWindow {
-            let k = min(s.queued, s.peerMaxData)
+            let k = min(s.queued, s.sealed ? s.peerMaxData - SealedEnvelope.overhead : s.peerMaxData)
             let base = i * Self.ringBytes
             // The ring wraps at most once within k ≤ ringBytes bytes: copy them in order.
             let first = min(k, Self.ringBytes - s.head)
             chunk.baseAddress!.copyMemory(from: ring.baseAddress! + base + s.head, byteCount: first)
             if first < k { (chunk.baseAddress! + first).copyMemory(from: ring.baseAddress! + base, byteCount: k - first) }
-            let bytes = UnsafeRawBufferPointer(rebasing: UnsafeRawBufferPointer(chunk)[..<k])
-            let sentOK = send(i, count: LinkMessage.encodedCount(.data, bodyCount: k)) { w throws(WireError) in
-                try LinkMessage.encodeData(frame: s.sent, bytes: bytes, into: &w)
+            var bytes = UnsafeRawBufferPointer(rebasing: UnsafeRawBufferPointer(chunk)[..<k])
+            if s.sealed, let sealer = model.streamSealer(device: s.device), let nonce = s.streamNonce {
+                let context = StreamFrameContext(deviceID: model.linkDeviceID(s.device), streamNonce: nonce,
+                                                 direction: .down, frame: s.sent)
+                // Proof: k ≤ peerMaxData − 29 ≤ maxData, and sealedChunk holds maxData + 35.
+                guard let n = try? sealer.sealFrame(bytes, for: context, into: sealedChunk) else {
+                    fail(i, "sealing the echo failed")
+                    return false
+                }
+                bytes = UnsafeRawBufferPointer(rebasing: UnsafeRawBufferPointer(sealedChunk)[..<n])
+            }
+            let body = bytes
+            let sentOK = send(i, count: LinkMessage.encodedCount(.data, bodyCount: body.count)) { w throws(WireError) in
+                try LinkMessage.encodeData(frame: s.sent, bytes: body, into: &w)
             }
             guard sentOK else { return false }
             consume(i, k)

@@ -1,5 +1,6 @@
 import ArgumentParser
 import BatonHCI
+import BatonKeys
 import BatonRelay
 import BatonSim
 import BatonWire
@@ -219,6 +220,8 @@ final class DeviceActivity: LinkDeviceModel {
     func offersStreams(device: Int) -> Bool { settings.streams }
     func linkDeviceID(_ device: Int) -> UInt64 { id }
     func linkDeviceName(_ device: Int) -> String { ActivityBeacon.deviceIDText(id) }
+    /// An open group's device: its streams go in the clear (keys are the simulator's for now).
+    func streamSealer(device: Int) -> SealedEnvelope? { nil }
 }
 
 /// A JSON value as userInfo (docs/radio.md "baton device", userInfo): objects, arrays, strings, numbers

@@ -46,6 +46,7 @@ let relayScenario = """
         group-secret: \(daveSecret)
         identity: 4
         rotate: 2
+        streams: true
         at: kitchen
     """
 
@@ -412,6 +413,50 @@ let streamBroker = ["set_tcp_nodelay true"]
         }
         #expect(stats != nil, "the hall never counted the stream as finished: \(last.map { "\($0)" } ?? "no stats")")
         #expect(stats?["open"] as? Int == 0)
+        b.stopAll()
+    }
+
+    /// Issue 7 part 3: a stream to a keyed group's device is sealed end to end
+    /// (docs/security.md §5.2): the bytes arrive whole, and nothing on the broker is plaintext.
+    @Test func aSealedStreamCrossesTheBuildingAsCiphertext() throws {
+        let broker = try MosquittoBroker(extraConfig: streamBroker)
+        let b = try RelayBuilding(name: "stream-sealed", brokers: [broker])
+        let owned = eventually(within: 15) { () -> Bool? in
+            json((try? broker.retained("baton/activities/\(dave)"))?["baton/activities/\(dave)"] ?? [])?["verified"] as? Bool
+        }
+        try #require(owned == true, "dave's activity was never published, verified")
+        try "\(daveSecret)\n".write(to: b.dir.appendingPathComponent("dave.key"), atomically: true, encoding: .utf8)
+        let other = GroupSecret(bytes: Array(repeating: 0x42, count: GroupSecret.byteCount)).text
+        try "\(other)\n".write(to: b.dir.appendingPathComponent("other.key"), atomically: true, encoding: .utf8)
+        let everything = b.dir.appendingPathComponent("everything.bin")
+        let sub = try ChildProcess("/usr/bin/mosquitto_sub", ["-h", "127.0.0.1", "-p", "\(broker.port)", "-v", "-t", "#"],
+                                   stdout: everything.path)
+        defer { sub.signal(SIGKILL); _ = sub.wait(timeout: .seconds(5)) }
+        usleep(300_000)
+        let url = "mqtt://127.0.0.1:\(broker.port)"
+
+        let sent = try randomFile(b.dir, "in.bin", megabytes: 1)
+        let status = try shell("'\(batonBinary.path)' stream \(dave) --key dave.key --broker \(url) < in.bin > out.bin 2> err.txt", in: b.dir)
+        let err = (try? String(contentsOf: b.dir.appendingPathComponent("err.txt"), encoding: .utf8)) ?? ""
+        #expect(status == 0, "the sealed stream failed: \(err)")
+        #expect(try sha256(b.dir.appendingPathComponent("out.bin")) == sent, "the bytes that came back differ")
+
+        // An endpoint without the key, or with another group's: refused with error protocol.
+        try Data("hello".utf8).write(to: b.dir.appendingPathComponent("small.bin"))
+        for (k, (key, says)) in [("", "hello"), ("--key other.key", "did not open")].enumerated() {
+            let st = try shell("'\(batonBinary.path)' stream \(dave) \(key) --broker \(url) < small.bin > /dev/null 2> refused\(k).txt", in: b.dir)
+            let said = (try? String(contentsOf: b.dir.appendingPathComponent("refused\(k).txt"), encoding: .utf8)) ?? ""
+            #expect(st == 1 && said.contains(says), "\(key.isEmpty ? "no key" : key): exit \(st), \(said)")
+        }
+
+        // Nothing on the broker ever held the plaintext.
+        usleep(500_000)
+        let seen = (try? Data(contentsOf: everything)).map { [UInt8]($0) } ?? []
+        let plain = (try? Data(contentsOf: b.dir.appendingPathComponent("in.bin"))).map { [UInt8]($0) } ?? []
+        #expect(seen.count > plain.count, "the subscriber saw less than the stream carried")
+        for at in [0, 300_000, plain.count - 64] {
+            #expect(!contains(seen, Array(plain[at ..< at + 40])), "plaintext at \(at) crossed the broker")
+        }
         b.stopAll()
     }
 

@@ -411,6 +411,34 @@ struct L2CAPLinkTests {
         #expect(received == [answer])
     }
 
+    @Test("A device's last words survive its hang-up: closing with our messages unread (ECONNRESET first), or after our send failed (EPIPE)")
+    func lastWordsBeforeAHangUp() throws {
+        for sendAfter in [false, true] {
+            var pair: [Int32] = [-1, -1]
+            try #require(socketpair(AF_UNIX, Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &pair) == 0)
+            let device = pair[1]
+            let buffer = makeBuffer(64)
+            defer { buffer.deallocate() }
+            var channel = LinkChannel(fd: pair[0], handshake: .none, sendMTU: 100)
+            try #require(turn(&channel, buffer))
+            // The gateway's frame, which the device never reads: closing leaves ECONNRESET here.
+            #expect(try send(&channel, bytes("13 00 00 00 00")))
+            let error = bytes("02 02 62 61 64")  // error protocol "bad"
+            _ = error.withUnsafeBytes { Glibc.send(device, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            shutdown(device, Int32(SHUT_RDWR))
+            close(device)
+            if sendAfter {
+                // The peer is gone: the send fails, and the channel still holds what it said.
+                #expect(throws: LinkError.self) { try send(&channel, bytes("12 00 00 00 00 08 00")) }
+                #expect(channel.state == .open, "closed on EPIPE: the device's error would be thrown away")
+            }
+            var received: [[UInt8]] = []
+            try #require(turn(&channel, buffer) { received.append(Array($0)) })
+            #expect(received == [error], "sendAfter \(sendAfter)")
+            #expect(channel.state == .closed(.closed))
+        }
+    }
+
     @Test("Handshake .none: a refused connect (SO_ERROR ECONNREFUSED) closes with unreachable, naming the PSM")
     func noneRefused() throws {
         // A TCP port bound but not listening answers SYN with RST: the same SO_ERROR path a
