@@ -46,6 +46,12 @@ struct DeviceCommand: ParsableCommand {
     var psm = "0"
     @Option(help: "The first sequence number (default: the clock's seconds mod 65536, so a restarted device is newer).")
     var sequence: Int?
+    @Option(help: "The group secret file (BATON-GROUP-V1:…, docs/security.md §1): tag every beacon, rotate the id, seal payloads and streams. Replaces --id and --group.")
+    var key: String?
+    @Option(help: "With --key: this device's number in its group, for one stable identity across rotation (docs/security.md §3.1).")
+    var identity: Int?
+    @Option(help: "With --key: seconds between id rotations (default 900, BLE privacy's 15 minutes; 0: never).")
+    var rotate: Double?
     @Flag(name: .customLong("no-streams"), help: "Say the activity supports no continuation streams.")
     var noStreams = false
     @Option(help: "Seconds the ended beacon stays on the air before the device stops.")
@@ -94,12 +100,25 @@ struct DeviceCommand: ParsableCommand {
         }
         guard linger >= 0, linger <= 600 else { throw ValidationError("--linger must be 0–600 seconds") }
         if let sequence, !(0...0xFFFF).contains(sequence) { throw ValidationError("--sequence must be 0–65535") }
+        var keys: GroupKeys? = nil
+        if let key {
+            guard id == nil else { throw ValidationError("--id and --key do not go together: a keyed device's ids are drawn from its key (docs/security.md §3)") }
+            guard group == "00000000" else { throw ValidationError("--group and --key do not go together: the key gives the group hash (docs/security.md §2.2)") }
+            do { keys = try GroupKeys.derive(secret: GroupSecret.load(path: key)) } catch {
+                throw ValidationError("--key \(key): \(error)")
+            }
+        } else if identity != nil || rotate != nil {
+            throw ValidationError("--identity and --rotate need --key: only a keyed group's ids rotate and resolve")
+        }
+        if let identity, !(0...0xFFFF).contains(identity) { throw ValidationError("--identity must be 0–65535") }
+        if let rotate, !(0...86_400).contains(rotate) { throw ValidationError("--rotate must be 0–86400 seconds") }
         let settings = DeviceSettings(
             adapter: adapter, activityType: activityType, title: title, url: url, userInfoFile: userInfoFile,
             id: try id.map { try hex($0, digits: 12, "--id") }, group: UInt32(try hex(group, digits: 8, "--group")),
             companyID: UInt16(company), psm: UInt16(psmValue),
             sequence: UInt16(truncatingIfNeeded: sequence ?? Int(time(nil))), streams: !noStreams,
-            linger: .milliseconds(Int64(linger * 1000)))
+            linger: .milliseconds(Int64(linger * 1000)), keys: keys, identity: identity.map { UInt16($0) },
+            rotate: keys == nil ? .zero : .milliseconds(Int64((rotate ?? 900) * 1000)))
         // The payload must be valid before anything goes on the air.
         do {
             _ = try DeviceActivity.content(settings)
@@ -125,6 +144,11 @@ struct DeviceSettings {
     var sequence: UInt16
     var streams: Bool
     var linger: Duration
+    /// A keyed group's device (docs/security.md): its keys, its identity number, how often its
+    /// id rotates (zero: never). nil keys: the open group.
+    var keys: GroupKeys? = nil
+    var identity: UInt16? = nil
+    var rotate: Duration = .zero
 }
 
 /// Errors of the device's own making: a bad activity or user-info file.
@@ -135,8 +159,14 @@ struct DeviceError: Error, CustomStringConvertible {
 /// The device's one activity: the beacon it advertises and the payload it answers fetches with.
 final class DeviceActivity: LinkDeviceModel {
     let settings: DeviceSettings
-    let id: UInt64
+    /// The id fetches and streams name the device by (topics' `<device>`): a keyed device's
+    /// identity id (security.md §3.1), or the id on air.
+    private(set) var id: UInt64
     private(set) var beacon: ActivityBeacon
+    /// A keyed group's device: tags its beacons, makes its rotating ids, seals (security.md).
+    let tagger: BeaconTagger?
+    let idMaker: DeviceIDResolver?
+    let sealer: SealedEnvelope?
     private(set) var payload: [UInt8]
     /// The sequence the activity began at: a fetch for an older one is refused (§5.2).
     let activityStart: UInt16
@@ -150,11 +180,28 @@ final class DeviceActivity: LinkDeviceModel {
         var flags: BeaconFlags = []
         if settings.streams { flags.insert(.supportsStreams) }
         if settings.url != nil { flags.insert(.hasWebURL) }
+        if let keys = settings.keys {
+            tagger = try BeaconTagger(key: keys.beaconKey)
+            let irk = try settings.identity.map { try keys.beaconKey.identityKey(number: $0) }
+            idMaker = try irk.map { try DeviceIDResolver(irk: $0) } ?? DeviceIDResolver(key: keys.beaconKey)
+            sealer = try SealedEnvelope(key: keys.payloadKey)
+        } else {
+            tagger = nil; idMaker = nil; sealer = nil
+        }
         beacon = ActivityBeacon(flags: flags, sequence: settings.sequence,
                                 activityTypeHash: activityTypeHash(settings.activityType.utf8),
-                                groupHash: settings.group, deviceID: id, psm: psm)
+                                groupHash: settings.keys?.groupHash ?? settings.group, deviceID: id, psm: psm)
         activityStart = settings.sequence
         payload = try Self.content(settings).encoded(limits: Self.limits)
+        try rotate()
+    }
+
+    /// A keyed device draws a new id (docs/security.md §3; the adapter's own address rotates
+    /// with the kernel's privacy setting, not here). Nothing for an open group's device.
+    func rotate() throws {
+        guard let idMaker, let keys = settings.keys else { return }
+        beacon.deviceID = try idMaker.newDeviceID()
+        id = settings.identity.map { DeviceIdentity.id(groupHash: keys.groupHash, number: $0) } ?? beacon.deviceID
     }
 
     /// The payload content from the flags and the user-info file as it is now.
@@ -204,7 +251,11 @@ final class DeviceActivity: LinkDeviceModel {
             var w = ByteWriter(raw)
             // Proof: the buffer is exactly advertisementLength bytes.
             do throws(WireError) {
-                try beacon.encodeAdvertisement(companyID: settings.companyID, authenticator: OpenGroup(), into: &w)
+                if let tagger {
+                    try beacon.encodeAdvertisement(companyID: settings.companyID, authenticator: tagger, into: &w)
+                } else {
+                    try beacon.encodeAdvertisement(companyID: settings.companyID, authenticator: OpenGroup(), into: &w)
+                }
             } catch { preconditionFailure("31 bytes fit: \(error)") }
         }
         return bytes
@@ -215,13 +266,19 @@ final class DeviceActivity: LinkDeviceModel {
     func fetchAnswer(device: Int, asked: UInt16) -> LinkFetchAnswer {
         // Gone: ended, or the fetch names a sequence before this activity began (§5.2 `01`).
         if ended || Int16(bitPattern: asked &- activityStart) < 0 { return .refused(.notCurrent) }
-        return .payload(sequence: beacon.sequence, bytes: payload)
+        guard let sealer else { return .payload(sequence: beacon.sequence, bytes: payload) }
+        // Sealed for (the id it is fetched under, the sequence): security.md §5.2.
+        var sealed = [UInt8](repeating: 0, count: SealedEnvelope.sealedLength(plaintextCount: payload.count))
+        let context = PayloadContext(deviceID: id, sequence: beacon.sequence)
+        let n = payload.withUnsafeBytes { p in sealed.withUnsafeMutableBytes { try? sealer.sealPayload(p, for: context, into: $0) } }
+        guard let n else { return .refused(.notCurrent) }
+        return .payload(sequence: beacon.sequence, bytes: Array(sealed[..<n]))
     }
     func offersStreams(device: Int) -> Bool { settings.streams }
     func linkDeviceID(_ device: Int) -> UInt64 { id }
     func linkDeviceName(_ device: Int) -> String { ActivityBeacon.deviceIDText(id) }
-    /// An open group's device: its streams go in the clear (keys are the simulator's for now).
-    func streamSealer(device: Int) -> SealedEnvelope? { nil }
+    /// A keyed group's device seals its streams (security.md §5.2); an open group's does not.
+    func streamSealer(device: Int) -> SealedEnvelope? { sealer }
 }
 
 /// A JSON value as userInfo (docs/radio.md "baton device", userInfo): objects, arrays, strings, numbers
@@ -360,6 +417,7 @@ struct DeviceRunner: ~Copyable {
         var stdinOpen = true
         var line: [UInt8] = []
         var endsAt: ContinuousClock.Instant?
+        var rotateAt: ContinuousClock.Instant? = settings.rotate > .zero ? .now + settings.rotate : nil
         var fds: [pollfd] = []
         fds.reserveCapacity(3 + DeviceLinkServer.capacity)
         var status: Int32 = 0
@@ -372,12 +430,23 @@ struct DeviceRunner: ~Copyable {
             server.addPollFDs(&fds)
             var wake = server.nextDue
             if let endsAt { wake = min(wake ?? endsAt, endsAt) }
+            if let rotateAt { wake = min(wake ?? rotateAt, rotateAt) }
             let timeout = wake.map { w -> Int32 in
                 let d = w - .now
                 return d <= .zero ? 0 : Int32(min(d.components.seconds * 1000 + d.components.attoseconds / 1_000_000_000_000_000 + 1, 60_000))
             } ?? 1000
             _ = Glibc.poll(&fds, nfds_t(fds.count), timeout)
 
+            if let at = rotateAt, ContinuousClock.now >= at, endsAt == nil {
+                rotateAt = at + settings.rotate
+                do {
+                    try activity.rotate()
+                    try advertise()
+                    say("rotated: on air as \(ActivityBeacon.deviceIDText(activity.beacon.deviceID))")
+                } catch {
+                    FileHandle.standardError.write(Data("baton device: rotating: \(error)\n".utf8))
+                }
+            }
             var commands: [String] = []
             if fds[0].revents != 0 {
                 var byte: UInt8 = 0

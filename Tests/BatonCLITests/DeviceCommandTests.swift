@@ -2,6 +2,7 @@
 // command checks its options, prints what it would send (--print-payload), and says that the
 // kernel has no Bluetooth; the advertising and the links themselves run in the VM test
 // (Tests/VM/bluez-test.sh, docs/vm.md).
+import BatonKeys
 import BatonTestSupport
 import BatonWire
 import Foundation
@@ -69,12 +70,37 @@ import Testing
         (["--type", "a.b", "--group", "xyz"], "--group must be at most 8 hex digits"),
         (["--type", "a.b", "--sequence", "65536"], "--sequence must be 0–65535"),
         (["--type", "a.b", "--user-info", "/nonexistent/info.json"], "cannot read the file"),
+        (["--type", "a.b", "--identity", "3"], "--identity and --rotate need --key"),
+        (["--type", "a.b", "--key", "/nonexistent/group.key"], "--key /nonexistent/group.key"),
     ])
     func badOptionsAreRefusedBeforeAnythingGoesOnTheAir(_ arguments: [String], _ message: String) throws {
         let r = try run(binaries.appendingPathComponent("baton"), ["device"] + arguments + ["--print-payload"])
         #expect(r.status == 64)
         #expect(r.stderr.contains(message), "stderr: \(r.stderr)")
         #expect(r.stdout.isEmpty)
+    }
+
+    /// docs/security.md: with a group secret the beacon carries the group's hash and a tag that
+    /// verifies, under an id of device 3's identity key, as a gateway with the beacon key checks it.
+    @Test func aKeyedDeviceTagsItsBeaconAndResolvesToItsIdentity() throws {
+        let secret = "BATON-GROUP-V1:AAAQEAYEAUDAOCAJBIFQYDIOB4QL"  // §8.1
+        let file = try temporaryFile("group.key", Array("\(secret)\n".utf8))
+        let keys = try GroupKeys.derive(secret: try GroupSecret(text: secret))
+        let verifier = try BeaconVerifier(key: keys.beaconKey, identities: 4, policy: .ignore)
+        var ids = Set<[UInt8]>()
+        for _ in 0..<3 {
+            let p = try printed(["--type", "a.b", "--key", file, "--identity", "3", "--sequence", "9"])
+            var beacon = try p.advertisement.withUnsafeBytes { raw in
+                try ActivityBeacon.decode(value: UnsafeRawBufferPointer(rebasing: raw[7...]))
+            }
+            let verdict = p.advertisement.withUnsafeBytes { verifier.check(&beacon, advertisingData: $0) }
+            #expect(verdict == .verified(identity: 3), "\(verdict)")
+            #expect(beacon.deviceID == DeviceIdentity.id(groupHash: keys.groupHash, number: 3))
+            ids.insert(Array(p.advertisement[19..<25]))
+        }
+        #expect(ids.count == 3, "every start draws a new id")
+        let r = try run(binaries.appendingPathComponent("baton"), ["device", "--type", "a.b", "--key", file, "--id", "1", "--print-payload"])
+        #expect(r.status == 64 && r.stderr.contains("--id and --key do not go together"), "\(r.stderr)")
     }
 
     @Test func userInfoMustBeAJSONObject() throws {
