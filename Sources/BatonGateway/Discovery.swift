@@ -77,6 +77,38 @@ public enum Discovery {
         try w.endObject()
     }
 
+    /// A device the user named by its IRK (docs/security.md §10): the room it is in, as the
+    /// room that owns it says; the whole Apple entry as attributes. One device per name, so a
+    /// person shows in Home Assistant as "Anna's iPhone: Room Kitchen", available while the
+    /// publishing gateway is online.
+    public static func personRoom(name: String, appleID: UInt32, topics: Topics, version: String,
+                                  into w: inout JSONWriter) throws(WireError) {
+        let node = Topics.personNode(appleID)
+        try w.beginObject()
+        try w.key("name"); try w.string("Room")
+        try w.key("unique_id"); try w.string("\(node)_room")
+        try w.key("icon"); try w.string("mdi:map-marker-account")
+        try w.key("value_template"); try w.string("{{ value_json.room if value_json is defined else None }}")
+        try w.key("state_topic"); try w.string(topics.apple(appleID))
+        try w.key("json_attributes_topic"); try w.string(topics.apple(appleID))
+        try w.key("availability"); try w.beginArray()
+        try w.beginObject()
+        try w.key("topic"); try w.string(topics.status)
+        try w.key("payload_available"); try w.string("online")
+        try w.key("payload_not_available"); try w.string("offline")
+        try w.endObject()
+        try w.endArray()
+        try w.key("device"); try w.beginObject()
+        try w.key("identifiers"); try w.beginArray(); try w.string(node); try w.endArray()
+        try w.key("name"); try w.string(name)
+        try w.key("manufacturer"); try w.string(manufacturer)
+        try w.key("model"); try w.string("Phone or watch, by its IRK")
+        try w.key("via_device"); try w.string(topics.gatewayNode)
+        try w.endObject()
+        try origin(version: version, into: &w)
+        try w.endObject()
+    }
+
     static func origin(version: String, into w: inout JSONWriter) throws(WireError) {
         try w.key("origin"); try w.beginObject()
         try w.key("name"); try w.string("Baton")

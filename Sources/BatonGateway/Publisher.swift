@@ -113,8 +113,10 @@ public struct Publisher: ~Copyable {
         case .appeared, .handoffChanged, .kindsChanged:
             guard mqtt.isConnected else { counters.changesWhileAway &+= 1; return }
             publishApple(change.device)
+            if change.kind == .appeared { publishPersonDiscovery(change.device) }
         case .expired, .evicted:
-            clear(.apple(change.device.id), removeDiscovery: false)
+            // A named device's Home Assistant entity goes with it (an unnamed one has none).
+            clear(.apple(change.device.id), removeDiscovery: change.device.identity != nil)
         }
     }
 
@@ -131,13 +133,27 @@ public struct Publisher: ~Copyable {
     /// This gateway's room took over a named Apple device: its entry goes out from here now.
     public mutating func tookOver(_ d: AppleDevice) {
         guard mqtt.isConnected else { counters.changesWhileAway &+= 1; return }
+        publishPersonDiscovery(d)
         publishApple(d)
+    }
+
+    /// The Room sensor of a named device, its availability following this gateway's status
+    /// (Discovery.personRoom). Nothing for an unnamed device.
+    private mutating func publishPersonDiscovery(_ d: AppleDevice) {
+        guard discovery, let name = appleName(d) else { return }
+        var w = JSONWriter(scratch)
+        do throws(WireError) {
+            try Discovery.personRoom(name: name, appleID: d.id, topics: topics, version: version, into: &w)
+        } catch {
+            return log.error("discovery JSON did not fit 4 KiB (our bug): \(error)")
+        }
+        _ = publish(topics.personRoomConfig(d.id), w.written)
     }
 
     /// Clears a named Apple device's entry: it left this room's table, or nobody hears it and
     /// its owner is offline.
     public mutating func clearApple(_ id: UInt32, forOthers: Bool) {
-        clear(.apple(id), removeDiscovery: false)
+        clear(.apple(id), removeDiscovery: true)
         if forOthers { counters.clearedForOthers &+= 1 }
     }
 
@@ -183,7 +199,8 @@ public struct Publisher: ~Copyable {
                 }
                 sent = publish(topics.activity(id), empty: true) && sent
             case .apple(let id):
-                sent = publish(topics.apple(id), empty: true)
+                if removeDiscovery && discovery { sent = publish(topics.personRoomConfig(id), empty: true) && sent }
+                sent = publish(topics.apple(id), empty: true) && sent
             }
         }
         if sent {
@@ -321,6 +338,7 @@ public struct Publisher: ~Copyable {
         apple.forEach { d in
             // A named device only from the room that owns it (docs/security.md §10).
             guard d.identity == nil || ownership.owns(AppleDevice.roomsID(d.id)) else { return }
+            publishPersonDiscovery(d)
             publishApple(d)
         }
         // Retained entries naming this gateway that it no longer holds (a restart of the

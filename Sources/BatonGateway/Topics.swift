@@ -86,6 +86,11 @@ public struct Topics: Sendable, Equatable {
     public func deviceActivityConfig(_ deviceID: UInt64) -> String {
         "\(discoveryPrefix)/sensor/\(Self.deviceNode(deviceID))/activity/config"
     }
+    /// A device named by its IRK (`apple.irks`): a person's phone or watch, one Room sensor.
+    public static func personNode(_ appleID: UInt32) -> String { "baton_apple_\(appleText(appleID))" }
+    public func personRoomConfig(_ appleID: UInt32) -> String {
+        "\(discoveryPrefix)/sensor/\(Self.personNode(appleID))/room/config"
+    }
 
     /// A device id in topics: 12 lowercase hex digits, most significant byte first
     /// (docs/protocol.md §2.4 prints it the same way, with colons).

@@ -309,6 +309,15 @@ private func finishedStats(_ broker: MosquittoBroker, _ gateway: GatewayProcess)
         let named = seen.split(separator: "\n").filter { $0.hasPrefix("baton/apple/\(appleID) ") }
         #expect(!named.isEmpty && named.allSatisfy { $0.contains("\"gateway\":\"hall\"") }, "\(named)")
 
+        // Home Assistant gets one device per person, with a Room sensor whose availability is
+        // the owning gateway's (docs/mqtt.md §4); strangers get none.
+        let configs = try broker.retained("homeassistant/sensor/+/room/config").filter { $0.key.contains("baton_apple_") }
+        #expect(Array(configs.keys) == ["homeassistant/sensor/baton_apple_\(appleID)/room/config"], "\(configs.keys)")
+        let config = try #require(json(configs.values.first ?? []))
+        #expect((config["device"] as? [String: Any])?["name"] as? String == "Anna's iPhone")
+        #expect(config["state_topic"] as? String == "baton/apple/\(appleID)")
+        #expect(((config["availability"] as? [[String: Any]])?.first?["topic"] as? String) == "baton/gateways/hall/status")
+
         // `baton watch --once` shows where the person is; not the strangers' pseudonyms.
         let out = dir.appendingPathComponent("watch.out")
         let status = try ChildProcess.run(batonBinary.path, ["watch", "--broker", "mqtt://127.0.0.1:\(broker.port)", "--once"],
