@@ -222,7 +222,12 @@ struct ConfigFileReader {
             if let e = s["capacity"], let n = integer(e, 1...100_000) { c.apple.capacity = n }
             if let e = s["expiry"], let d = duration(e, atLeast: .seconds(1)) { c.apple.expiry = d }
             if let e = s["publish-address"], let b = bool(e) { c.appleAddresses = b }
-            if let e = s["irks"] { readIRKs(e, into: &c) }
+            if let e = s["irks"] {
+                readIRKs(e, into: &c)
+                if c.apple.tracking == .off, !c.appleIRKs.isEmpty {
+                    report(line: e.keyLine, e.key, "apple.tracking is off, so no Apple device is followed, named or not: set it to handoff or all")
+                }
+            }
         }
         if let s = subsection(top["rooms"]) { readRooms(s, into: &c) }
         c.rooms.forgetAfter = c.table.expiry
@@ -384,8 +389,12 @@ struct ConfigFileReader {
                 report(line: e.keyLine, e.key, "TLS-PSK and certificates do not go together: remove broker.tls.\(name) or the pre-shared key")
             }
         }
-        if let e = identity, let id = text(e, expected: "the PSK identity the broker knows"), !id.isEmpty, let key {
-            tls.psk = MQTTPSK(identity: id, hexKey: key)
+        if let e = identity, let id = text(e, expected: "the PSK identity the broker knows") {
+            if id.isEmpty {
+                report(e.value, e.key, "expected the identity the broker's psk_file lists, got \"\"")
+            } else if let key {
+                tls.psk = MQTTPSK(identity: id, hexKey: key)
+            }
         }
     }
 

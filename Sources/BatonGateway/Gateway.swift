@@ -364,7 +364,8 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
                     // docs/security.md §4.4: the tag, the id, an identity's sequence. A device
                     // with an identity goes into the table under its identity's id. The verifier
                     // counts what it drops.
-                    if case .dropped = verifier.check(&beacon, advertisingData: r.data) { return }
+                    let value = heard.content.beaconValue ?? UnsafeRawBufferPointer(start: nil, count: 0)
+                    if case .dropped = verifier.check(&beacon, beaconValue: value) { return }
                 }
                 table.hear(beacon, rssi: r.rssi, address: r.address, addressType: r.addressType, now: now) { change in
                     publisher.activityChanged(change, owned: ownership.owns(change.activity.deviceID))
@@ -625,7 +626,9 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
             } else if change.from == me, let to = change.to {
                 log.info("device \(device): moved to \(ownership.id(of: to)) (\(change.reason))")
             } else if change.reason == .forgotten {
-                let named = change.device >> 32 == 0xFFFF ? UInt32(truncatingIfNeeded: change.device) : nil
+                // The rooms id of a named Apple device (`ffff‖id`), unless an activity holds that id.
+                let named = change.device >> 32 == 0xFFFF && table.activity(deviceID: change.device) == nil
+                    ? UInt32(truncatingIfNeeded: change.device) : nil
                 if change.from == me {
                     if table.activity(deviceID: change.device)?.state == .current {
                         publisher.clearActivity(change.device, forOthers: false)

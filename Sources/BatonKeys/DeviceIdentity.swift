@@ -123,8 +123,18 @@ public final class BeaconVerifier {
     /// Checks `beacon`, decoded from `advertisingData` (the report's bytes as received). On
     /// `.verified(identity: n)` the beacon's device id has been replaced by the identity's id.
     public func check(_ beacon: inout ActivityBeacon, advertisingData: UnsafeRawBufferPointer) -> BeaconVerdict {
+        // The record the decoder takes, found the decoder's way (AdvertisementContent).
+        let value = (try? AdvertisementContent.decode(advertisingData, beaconCompanyID: companyID))?.beaconValue
+        return check(&beacon, beaconValue: value ?? UnsafeRawBufferPointer(start: nil, count: 0))
+    }
+
+    /// Checks `beacon`, decoded from `beaconValue` (`AdvertisementContent.beaconValue`: the
+    /// 24 bytes after the company id, inside the advertisement as received). The tag is checked
+    /// over exactly those bytes and the company id before them (§4): an advertisement with two
+    /// beacon records cannot have one's tag vouch for the other.
+    public func check(_ beacon: inout ActivityBeacon, beaconValue: UnsafeRawBufferPointer) -> BeaconVerdict {
         checked &+= 1
-        let verdict = verdict(&beacon, advertisingData: advertisingData)
+        let verdict = verdict(&beacon, value: beaconValue)
         switch verdict {
         case .verified: verified &+= 1
         case .unverified: unverified &+= 1
@@ -133,10 +143,15 @@ public final class BeaconVerifier {
         return verdict
     }
 
-    private func verdict(_ beacon: inout ActivityBeacon, advertisingData: UnsafeRawBufferPointer) -> BeaconVerdict {
+    private func verdict(_ beacon: inout ActivityBeacon, value: UnsafeRawBufferPointer) -> BeaconVerdict {
         guard beacon.groupHash == groupHash else { return checkUnkeyed(beacon) }
         // The tag first: it is one MIC, and nothing about a forgery is worth more work (§4.3).
-        guard tagger.verify(advertisingData: advertisingData, companyID: companyID) else { return .dropped(Self.badTag) }
+        // Proof of the pointer arithmetic: a beacon value always follows its 2-byte company id
+        // in the same manufacturer AD (AdvertisementContent.decode).
+        guard value.count == ActivityBeacon.valueLength, let base = value.baseAddress,
+              tagger.verify(signed: UnsafeRawBufferPointer(start: base - 2, count: ActivityBeacon.signedLength),
+                            tag: UnsafeRawBufferPointer(rebasing: value[20..<24]))
+        else { return .dropped(Self.badTag) }
         let air = beacon.deviceID & 0xFFFF_FFFF_FFFF
         // Cheapest first: an id already resolved (a scan), a group-wide id (one AES block, §3),
         // and only then every identity key (once per rotation of an identity's id).

@@ -408,8 +408,10 @@ public struct StreamRelay: ~Copyable {
             counters.framesDown &+= 1
             publish(sdu, to: slot.topics.down, mqtt: &mqtt)
         case .ack:
-            slot.deviceAck = (message.number, message.window)
-            publish(sdu, to: slot.topics.down, mqtt: &mqtt)
+            // The window goes on capped at Wg, as the device's open was (§7.2): the endpoint
+            // must never have more in flight than the up queue holds.
+            slot.deviceAck = (message.number, min(message.window, UInt16(clamping: config.streamWindow)))
+            republishDeviceAck(s, mqtt: &mqtt)
             finishIfDone(s, mqtt: &mqtt)
         case .close:
             guard message.number == slot.down.next else {

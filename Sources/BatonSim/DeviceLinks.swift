@@ -293,6 +293,9 @@ struct LinkSlot {
     /// A sealed stream (docs/security.md §5.2): the gateway's frame 0 gave the stream nonce.
     var sealed = false
     var streamNonce: InlineArray<12, UInt8>?
+    /// The id the stream was opened to (§5.2's context): a group-wide keyed device's id
+    /// rotates on air during a stream, the stream's context does not.
+    var streamDeviceID: UInt64 = 0
 }
 
 /// The device's side of device links (docs/protocol.md §5): fetch answers, was-continued, and
@@ -617,10 +620,12 @@ public final class DeviceLinkServer {
             }
             slots[i].phase = .stream
             slots[i].peerWindow = UInt32(m.window)
-            slots[i].peerMaxData = Int(m.maxData)
+            // Our echo chunks and their sealed envelopes are sized for our own max data.
+            slots[i].peerMaxData = min(Int(m.maxData), Self.maxData)
             slots[i].openPending = true
             slots[i].sealed = model.streamSealer(device: d) != nil
             slots[i].streamNonce = nil
+            slots[i].streamDeviceID = model.linkDeviceID(d)
             if slots[i].sealed, slots[i].peerMaxData <= SealedEnvelope.overhead {
                 fail(i, "max data \(m.maxData) leaves no room for a sealed frame (docs/security.md §5.2)")
                 return
@@ -683,7 +688,7 @@ public final class DeviceLinkServer {
                 }
                 slots[i].streamNonce = n
             }
-            let context = StreamFrameContext(deviceID: model.linkDeviceID(s.device), streamNonce: slots[i].streamNonce!,
+            let context = StreamFrameContext(deviceID: s.streamDeviceID, streamNonce: slots[i].streamNonce!,
                                              direction: .up, frame: m.number)
             let n: Int
             do throws(SealError) { n = try sealer.openFrame(body, for: context, into: sealedChunk) } catch {
@@ -795,7 +800,7 @@ public final class DeviceLinkServer {
             if first < k { (chunk.baseAddress! + first).copyMemory(from: ring.baseAddress! + base, byteCount: k - first) }
             var bytes = UnsafeRawBufferPointer(rebasing: UnsafeRawBufferPointer(chunk)[..<k])
             if s.sealed, let sealer = model.streamSealer(device: s.device), let nonce = s.streamNonce {
-                let context = StreamFrameContext(deviceID: model.linkDeviceID(s.device), streamNonce: nonce,
+                let context = StreamFrameContext(deviceID: s.streamDeviceID, streamNonce: nonce,
                                                  direction: .down, frame: s.sent)
                 // Proof: k ≤ peerMaxData − 29 ≤ maxData, and sealedChunk holds maxData + 35.
                 guard let n = try? sealer.sealFrame(bytes, for: context, into: sealedChunk) else {

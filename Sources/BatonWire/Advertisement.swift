@@ -16,6 +16,10 @@ public struct AdvertisementContent {
     public var companyID: UInt16?
     /// The activity beacon, when a manufacturer AD carries the configured company id.
     public var beacon: ActivityBeacon?
+    /// The bytes `beacon` was decoded from (its 24-byte value, right after the company id):
+    /// what its tag must be checked over, so a second beacon record in the same advertisement
+    /// cannot lend its tag to the one decoded (docs/security.md §4.3).
+    public var beaconValue: UnsafeRawBufferPointer?
     /// The Apple manufacturer value (after 0x004C), its TLV chain already validated:
     /// iterate it with `continuityMessages`.
     public var apple: UnsafeRawBufferPointer?
@@ -62,6 +66,7 @@ public struct AdvertisementContent {
                 let valueAt = ad.offset &+ 4
                 if m.companyID == beaconCompanyID {
                     do throws(WireError) { c.beacon = try ActivityBeacon.decode(value: m.value) } catch { throw error.shifted(by: valueAt) }
+                    c.beaconValue = m.value
                 } else if m.companyID == appleCompanyID {
                     do throws(WireError) { _ = try ContinuityIterator(validating: m.value) } catch { throw error.shifted(by: valueAt) }
                     c.apple = m.value

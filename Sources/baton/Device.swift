@@ -111,14 +111,27 @@ struct DeviceCommand: ParsableCommand {
             throw ValidationError("--identity and --rotate need --key: only a keyed group's ids rotate and resolve")
         }
         if let identity, !(0...0xFFFF).contains(identity) { throw ValidationError("--identity must be 0–65535") }
+        // An identity's sequence must never go back (docs/security.md §3.1): gateways remember
+        // it. Without --sequence, the last one this machine used is kept in a file.
+        var sequenceFile: String? = nil
+        var first = sequence.map { UInt16(truncatingIfNeeded: $0) }
+        if let keys, let identity {
+            let home = ProcessInfo.processInfo.environment["HOME"] ?? "/tmp"
+            let dir = ProcessInfo.processInfo.environment["XDG_STATE_HOME"] ?? home + "/.local/state"
+            sequenceFile = dir + "/baton/device-" + String(format: "%08x-%d", keys.groupHash, identity) + ".sequence"
+            if first == nil, let text = try? String(contentsOfFile: sequenceFile!, encoding: .utf8),
+               let last = UInt16(text.trimmingCharacters(in: .whitespacesAndNewlines)) {
+                first = last &+ 1
+            }
+        }
         if let rotate, !(0...86_400).contains(rotate) { throw ValidationError("--rotate must be 0–86400 seconds") }
         let settings = DeviceSettings(
             adapter: adapter, activityType: activityType, title: title, url: url, userInfoFile: userInfoFile,
             id: try id.map { try hex($0, digits: 12, "--id") }, group: UInt32(try hex(group, digits: 8, "--group")),
             companyID: UInt16(company), psm: UInt16(psmValue),
-            sequence: UInt16(truncatingIfNeeded: sequence ?? Int(time(nil))), streams: !noStreams,
+            sequence: first ?? UInt16(truncatingIfNeeded: Int(time(nil))), streams: !noStreams,
             linger: .milliseconds(Int64(linger * 1000)), keys: keys, identity: identity.map { UInt16($0) },
-            rotate: keys == nil ? .zero : .milliseconds(Int64((rotate ?? 900) * 1000)))
+            rotate: keys == nil ? .zero : .milliseconds(Int64((rotate ?? 900) * 1000)), sequenceFile: sequenceFile)
         // The payload must be valid before anything goes on the air.
         do {
             _ = try DeviceActivity.content(settings)
@@ -149,6 +162,8 @@ struct DeviceSettings {
     var keys: GroupKeys? = nil
     var identity: UInt16? = nil
     var rotate: Duration = .zero
+    /// Where an identity's last sequence is kept between runs (`~/.local/state/baton/…`).
+    var sequenceFile: String? = nil
 }
 
 /// Errors of the device's own making: a bad activity or user-info file.
@@ -380,6 +395,18 @@ struct DeviceRunner: ~Copyable {
         signal(SIGPIPE, SIG_IGN)
     }
 
+    /// Writes the sequence going on the air to `sequenceFile`, so the next run starts after it.
+    func keepSequence() {
+        guard let path = settings.sequenceFile else { return }
+        let dir = (path as NSString).deletingLastPathComponent
+        do {
+            try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+            try "\(activity.beacon.sequence)\n".write(toFile: path, atomically: true, encoding: .utf8)
+        } catch {
+            FileHandle.standardError.write(Data("baton device: cannot keep the sequence in \(path): \(error); give --sequence next time, above \(activity.beacon.sequence)\n".utf8))
+        }
+    }
+
     /// "00:AA:01:01:00:01 (public)": how a gateway sees this device.
     static func addressText(_ info: ControllerInformation) -> String {
         let a = info.address
@@ -397,6 +424,7 @@ struct DeviceRunner: ~Copyable {
     /// advertising starts (BlueZ's btvirt, docs/vm.md) hear the change; a real radio hears it on
     /// the next advertising event either way.
     mutating func advertise() throws {
+        keepSequence()
         try mgmt.removeAdvertising(instance: instance)
         let data = activity.advertisement()
         try data.withUnsafeBytes { p throws in

@@ -298,6 +298,9 @@ struct StreamSession: ~Copyable {
         case .open:
             // A repeat (answering our repeated open) says the same again.
             up.peerOpened(window: m.window, maxData: m.maxData)
+            if sealer != nil, up.maxData <= SealedEnvelope.overhead {
+                return breach("the device's max data \(up.maxData) leaves no room for a sealed frame (\(SealedEnvelope.overhead) bytes besides the data)")
+            }
             if let sealer, streamNonce == nil { return sendHello(sealer, now: now) }
         case .data:
             return payload.withUnsafeBytes { take(frame: m.number, bytes: UnsafeRawBufferPointer(rebasing: $0[m.body])) }
@@ -336,9 +339,6 @@ struct StreamSession: ~Copyable {
     /// Sealed streams (docs/security.md §5.2): our frame 0 is an empty envelope whose nonce is
     /// the stream nonce; the device sends no data before it has it.
     mutating func sendHello(_ sealer: SealedEnvelope, now: ContinuousClock.Instant) -> Int32? {
-        guard up.maxData > SealedEnvelope.overhead else {
-            return breach("the device's max data \(up.maxData) leaves no room for a sealed frame (\(SealedEnvelope.overhead) bytes besides the data)")
-        }
         let n: Int
         do throws(SealError) { n = try sealer.sealHello(deviceID: deviceID, into: sealed) } catch {
             say("sealing: \(error)")

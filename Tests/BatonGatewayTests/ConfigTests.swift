@@ -502,6 +502,7 @@ private func urlReason(_ text: String) -> String {
                     .appleIRKs.count == 64)
         #expect(!(problems("apple:\n  irks:\n    Anna: \(hex.dropLast(2))\n") ?? "").contains(hex.dropLast(2)),
                 "the key is printed back")
+        #expect(problems("apple:\n  tracking: off\n  irks:\n    Anna: \(hex)\n")?.contains("apple.irks: apple.tracking is off") == true)
     }
 
     /// docs/config.md "broker.tls": a pre-shared key instead of certificates, never both.
@@ -524,6 +525,8 @@ private func urlReason(_ text: String) -> String {
                     .contains("give broker.tls.psk or broker.tls.psk-file, not both") == true)
         #expect(problems("broker:\n  url: mqtt://broker\n  tls:\n    psk-identity: hall\n    psk: abcd\n")?
                     .contains("TLS settings need an mqtts:// broker.url") == true)
+        #expect(problems(url + "    psk-identity: \"\"\n    psk: abcd\n")?
+                    .contains("broker.tls.psk-identity: expected the identity the broker's psk_file lists") == true)
     }
 
     /// docs/config.md "security": the key is checked whole at start, with its line.

@@ -73,6 +73,34 @@ private func drops(_ verifier: BeaconVerifier) -> [String: Int] {
 }
 
 @Suite struct BeaconVerifierTests {
+    /// A reviewer's forgery: a recorded, tagged beacon followed by a second beacon record in the
+    /// same (extended) advertisement, untagged, with a far newer sequence. The decoder keeps the
+    /// last record; its tag must be the one checked, or the forgery verifies and then locks the
+    /// real device out as a replay.
+    @Test func aSecondBeaconRecordCannotBorrowTheFirstOnesTag() throws {
+        let verifier = try BeaconVerifier(key: beaconKey, identities: 4, policy: .ignore)
+        let id = try identityID(3)
+        let genuine = try tagged(beacon(id: id, sequence: 100))
+        var forgedBeacon = beacon(id: id, sequence: 30_100)
+        forgedBeacon.activityTypeHash = 0xDEAD_BEEF
+        let forged = try advertisement(forgedBeacon, OpenGroup())
+        for (advert, expected) in [(genuine + forged[3...], BeaconVerdict.dropped(BeaconVerifier.badTag)),
+                                   (forged + genuine[3...], .verified(identity: 3))] {
+            try advert.withUnsafeBytes { raw in
+                let content = try AdvertisementContent.decode(raw, beaconCompanyID: verifier.companyID)
+                var b = try #require(content.beacon)
+                let value = try #require(content.beaconValue)
+                #expect(verifier.check(&b, beaconValue: value) == expected)
+                // The advertisement-wide check finds the same record the decoder does.
+                var again = try #require(content.beacon)
+                #expect(verifier.check(&again, advertisingData: raw) == expected)
+            }
+        }
+        // The real device's next save still goes through.
+        #expect(try hear(tagged(beacon(id: try identityID(3, prand: 0x4B_CDEF), sequence: 101)), by: verifier).verdict
+                == .verified(identity: 3))
+    }
+
     // MARK: Identities (§3.1)
 
     @Test func aBeaconOfAnIdentityIsPublishedUnderTheIdentityID() throws {

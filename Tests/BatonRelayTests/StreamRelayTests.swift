@@ -360,6 +360,18 @@ struct StreamRelayTests {
         #expect(rig.relay.drops.total == 2)
     }
 
+    @Test("§7.2, §7.3: the device's open and its acks reach the endpoint with their window capped at Wg")
+    func theEndpointsWindowStaysWithinTheQueue() throws {
+        let rig = try Rig(RelayConfig(streamWindow: 4))
+        try rig.openStream("s1", reader, endpointOpen: frame("10 4000 0004"), deviceOpen: frame("10 4000 0004"))
+        #expect(rig.down("s1").last == frame("10 0400 0004"), "open: window 64 offered, 4 told")
+        try rig.up("s1", frame("11 00000000 61"))
+        try rig.waitDevice(reader, 2)
+        try rig.fromDevice(reader, frame("12 01000000 4000"))  // ack 1, window 64
+        try rig.waitDown("s1", 2)
+        #expect(rig.down("s1").last == frame("12 01000000 0400"), "ack: window 64 from the device, 4 told")
+    }
+
     @Test("§7.3 endpoint → device: frames the link has no room for wait in the stream's queue and go in order on POLLOUT, close last; none is dropped, none waits for a resend")
     func upWaitsForTheLinksCredits() throws {
         let rig = try Rig(RelayConfig(streamWindow: 32))
