@@ -78,6 +78,9 @@ public struct ActivityTableCounters: Sendable, Equatable {
     public var evicted = 0
     /// Beacons with an older sequence than the entry holds (RFC 1982): ignored.
     public var staleSequence = 0
+    /// Relayed copies (flag bit 3): another gateway re-advertising an activity current in
+    /// another room. They say nothing about who is in this room: ignored (docs/table.md).
+    public var relayed = 0
     public init() {}
 }
 
@@ -120,6 +123,7 @@ public struct ActivityTable: ~Copyable {
     public mutating func hear(_ beacon: ActivityBeacon, rssi: Int8, address: UInt64, addressType: UInt8,
                               now: Instant, _ onChange: (ActivityChange) -> Void) {
         counters.beaconsHeard &+= 1
+        guard !beacon.flags.contains(.relayed) else { return ignoreRelayed() }
         let now = clock.clamp(now)
         // ActivityBeacon's init keeps 48 bits; a caller that set the field directly may not have.
         var beacon = beacon
@@ -188,6 +192,12 @@ public struct ActivityTable: ~Copyable {
         let changed = entries[slot].activity
         entries.moveToTail(slot, list: Self.list(changed.state))
         onChange(ActivityChange(kind: kind, activity: changed))
+    }
+
+    /// Counts a relayed copy, ignored: the device it describes is in another room, and taking
+    /// it would make this room's gateway sight it here (docs/rooms.md) and keep it alive.
+    public mutating func ignoreRelayed() {
+        counters.relayed &+= 1
     }
 
     /// Flags a subscriber sees on the activity topic (DESIGN.md "MQTT").

@@ -360,6 +360,9 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         decoder.decode(event: event, timestamp: timestamp) { heard in
             let r = heard.report
             if var beacon = heard.content.beacon {
+                // A relayed copy is for phones, not rooms (docs/table.md): before verification,
+                // so it is counted as what it is.
+                guard !beacon.flags.contains(.relayed) else { return table.ignoreRelayed() }
                 if let verifier = keys.verifier {
                     // docs/security.md §4.4: the tag, the id, an identity's sequence. A device
                     // with an identity goes into the table under its identity's id. The verifier
@@ -751,6 +754,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         if let verifier { for d in verifier.drops.sorted { try w.key(d.reason); try w.int(Int64(d.count)) } }
         let tc = table.counters
         if tc.staleSequence > 0 { try w.key("stale-sequence"); try w.int(Int64(tc.staleSequence)) }
+        if tc.relayed > 0 { try w.key("beacon-relayed"); try w.int(Int64(tc.relayed)) }
         try w.endObject()
         if let verifier {
             // docs/security.md §4.4; never the key itself (§6).

@@ -171,13 +171,19 @@ private func deviceIDs(_ table: borrowing ActivityTable) -> Set<UInt64> {
         #expect(table.activity(deviceID: phone)?.beacon.flags.contains(.hasWebURL) == true)
     }
 
-    @Test func aRelayedCopyOfTheSameSequenceIsNotAChange() {
-        var table = ActivityTable(config: .init())
+    @Test func aRelayedCopyIsIgnoredAndCounted() {
+        // docs/table.md: a relayed copy says the device is in another room; it changes nothing
+        // here, not even when the device was last heard, and a newer one makes no entry either.
+        var table = ActivityTable(config: .init(expiry: .seconds(60)))
         hear(&table, beacon(seq: 7), at: at(0))
-        var relayed = beacon(seq: 7, flags: [.supportsStreams, .relayed])
+        var relayed = beacon(seq: 8, flags: [.supportsStreams, .relayed])
         relayed.psm = 0x0091
-        #expect(hear(&table, relayed, at: at(1)).isEmpty)
-        #expect(hear(&table, beacon(seq: 7), at: at(2)).isEmpty)
+        #expect(hear(&table, relayed, at: at(30)).isEmpty)
+        #expect(table.activity(deviceID: phone)?.beacon.sequence == 7 && table.activity(deviceID: phone)?.lastSeen == at(0))
+        var stranger = beacon(seq: 1, flags: [.relayed])
+        stranger.deviceID = 0x5A00_0000_00FF
+        #expect(hear(&table, stranger, at: at(31)).isEmpty && table.count == 1)
+        #expect(table.counters.relayed == 2)
     }
 
     @Test func anEntryExpiresExactlyAtLastSeenPlusExpiry() {

@@ -120,6 +120,7 @@ private func finishedStats(_ broker: MosquittoBroker, _ gateway: GatewayProcess)
             try anna.advert(rotated),
             try anna.advert(first),                                              // beacon-replayed (seq 10 < 12)
             try far.advert(far.beacon(prand: 0x40_0001, sequence: 1)),           // beacon-unresolved-id
+            try anna.advert(anna.beacon(prand: 0x5E_DCBA, sequence: 13, flags: [.relayed])),  // beacon-relayed
             try anna.advert(rotated),
         ]
         let file = dir.appendingPathComponent("forged.btsnoop")
@@ -133,6 +134,7 @@ private func finishedStats(_ broker: MosquittoBroker, _ gateway: GatewayProcess)
         #expect(drops["beacon-unkeyed-group"] == 1, "\(drops)")
         #expect(drops["beacon-replayed"] == 1, "\(drops)")
         #expect(drops["beacon-unresolved-id"] == 1, "\(drops)")
+        #expect(drops["beacon-relayed"] == 1, "a relayed copy is for phones, not rooms: \(drops)")
         let security = try #require(o["security"] as? [String: Any])
         #expect(security["verified"] as? Int == 3 && security["unkeyed"] as? String == "ignore", "\(security)")
         #expect(security["group"] as? String == String(anna.groupHash, radix: 16).leftPad(8))
