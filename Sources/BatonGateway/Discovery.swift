@@ -59,13 +59,7 @@ public enum Discovery {
             try w.key("json_attributes_topic"); try w.string(topics.activity(deviceID))
         }
         try w.key("state_topic"); try w.string(topics.activity(deviceID))
-        try w.key("availability"); try w.beginArray()
-        try w.beginObject()
-        try w.key("topic"); try w.string(topics.status)
-        try w.key("payload_available"); try w.string("online")
-        try w.key("payload_not_available"); try w.string("offline")
-        try w.endObject()
-        try w.endArray()
+        try availability(topics, into: &w)
         try w.key("device"); try w.beginObject()
         try w.key("identifiers"); try w.beginArray(); try w.string(node); try w.endArray()
         try w.key("name"); try w.string("Baton device \(text)")
@@ -91,13 +85,7 @@ public enum Discovery {
         try w.key("value_template"); try w.string("{{ value_json.room if value_json is defined else None }}")
         try w.key("state_topic"); try w.string(topics.apple(appleID))
         try w.key("json_attributes_topic"); try w.string(topics.apple(appleID))
-        try w.key("availability"); try w.beginArray()
-        try w.beginObject()
-        try w.key("topic"); try w.string(topics.status)
-        try w.key("payload_available"); try w.string("online")
-        try w.key("payload_not_available"); try w.string("offline")
-        try w.endObject()
-        try w.endArray()
+        try availability(topics, into: &w)
         try w.key("device"); try w.beginObject()
         try w.key("identifiers"); try w.beginArray(); try w.string(node); try w.endArray()
         try w.key("name"); try w.string(name)
@@ -107,6 +95,18 @@ public enum Discovery {
         try w.endObject()
         try origin(version: version, into: &w)
         try w.endObject()
+    }
+
+    /// Available while this gateway's status topic says `online`: its entities go
+    /// "unavailable" with it.
+    static func availability(_ topics: Topics, into w: inout JSONWriter) throws(WireError) {
+        try w.key("availability"); try w.beginArray()
+        try w.beginObject()
+        try w.key("topic"); try w.string(topics.status)
+        try w.key("payload_available"); try w.string("online")
+        try w.key("payload_not_available"); try w.string("offline")
+        try w.endObject()
+        try w.endArray()
     }
 
     static func origin(version: String, into w: inout JSONWriter) throws(WireError) {
