@@ -31,7 +31,7 @@ enum ConfigSchema {
         ("rooms", ["sighting-interval", "sighting-step", "sighting-min-interval", "sighting-fresh", "lost-after",
                    "settle", "margin", "dwell", "capacity", "gateways"]),
         ("relay", ["link", "fetch-timeout", "link-idle", "fetches", "cache", "links", "payload-max", "streams",
-                   "stream-window", "stream-max-data", "stream-retry", "stream-idle"]),
+                   "stream-window", "stream-max-data", "stream-retry", "stream-idle", "readvertise"]),
         ("security", ["beacon-key", "beacon-key-file", "identities", "unkeyed"]),
         ("status", ["interval"]),
         ("log", ["level"]),
@@ -195,6 +195,9 @@ struct ConfigFileReader {
         }
     }
 
+    /// `relay.readvertise`, checked against the security section read after it.
+    var readvertiseEntry: ConfigEntry?
+
     mutating func report(line: Int?, _ key: String, _ message: String) {
         errors.append(ConfigError(file: file, line: line, key: key, message: message))
     }
@@ -233,6 +236,11 @@ struct ConfigFileReader {
         c.rooms.forgetAfter = c.table.expiry
         if let s = subsection(top["relay"]) { readRelay(s, into: &c) }
         if let s = subsection(top["security"]) { readSecurity(s, into: &c) }
+        if let e = readvertiseEntry, c.readvertise > 0, c.security.beaconKey == nil {
+            // A relayed beacon is tagged with the group's key, so a phone can tell it from a
+            // forgery (docs/relay.md §9); without a key there is nothing to tag it with.
+            report(e.value, e.key, "re-advertising needs the group's beacon key: set security.beacon-key (or beacon-key-file) too")
+        }
         if let s = subsection(top["status"]) {
             if let e = s["interval"], let d = duration(e, atLeast: .seconds(1)) { c.statusInterval = d }
         }
@@ -302,6 +310,12 @@ struct ConfigFileReader {
         }
         if let e = s["stream-idle"], let d = duration(e, atLeast: .seconds(1), atMost: .seconds(86_400)) {
             c.relay.streamIdle = d
+        }
+        // One mgmt advertising instance and one L2CAP listener each (docs/relay.md §9);
+        // controllers offer a handful of instances (BlueZ's software rotation: 5 by default).
+        if let e = s["readvertise"], let n = integer(e, 0...16) {
+            c.readvertise = n
+            readvertiseEntry = e
         }
     }
 

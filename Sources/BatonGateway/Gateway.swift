@@ -77,6 +77,14 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     /// Payload fetches this gateway answers, and streams it carries (docs/relay.md).
     var relay: FetchRelay
     var streams: StreamRelay
+    /// Other rooms' activities on this room's air, and the phones' links to them (docs/relay.md
+    /// §9); nil without `relay.readvertise`.
+    var readvertiser: Readvertiser?
+    let readvertiseRadio: ReadvertiseRadio?
+    let tagger: BeaconTagger?
+    var continuing: ContinuingLinks
+    /// Phone links this gateway could not take (accept failed, or the slot left the air).
+    var readvertiseErrors = 0
     /// The radio, the broker and the stop pipe, then the relay's links: reserved once.
     var pollFDs: [pollfd]
     var notifier: SystemdNotifier
@@ -99,8 +107,8 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     /// `keys` are `GatewayKeys.make(config)`: required when the config has keys
     /// (`GatewayLauncher` makes them, where a libcrypto failure can be reported).
     public init(config: GatewayConfig, radio: consuming Radio, reopen: (() throws(RadioError) -> Radio)? = nil,
-                mqtt: consuming MQTTClient, keys: GatewayKeys = .none, log: Logger,
-                environment: [String: String], now: ContinuousClock.Instant, unixMicroseconds: Int64) {
+                mqtt: consuming MQTTClient, keys: GatewayKeys = .none, readvertising: ReadvertiseRadio? = nil,
+                log: Logger, environment: [String: String], now: ContinuousClock.Instant, unixMicroseconds: Int64) {
         precondition(keys.matches(config), "the gateway's keys are GatewayKeys.make(config)")
         self.config = config
         self.verifier = keys.verifier
@@ -135,8 +143,18 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         self.relay = FetchRelay(config: config.relay, link: link, gatewayID: config.gatewayID, room: config.room,
                                 continuedRoot: topics.continuedRoot)
         self.streams = StreamRelay(config: config.relay, link: link, gatewayID: config.gatewayID)
+        self.readvertiseRadio = readvertising
+        self.tagger = keys.tagger
+        if let readvertising, let group = keys.verifier?.groupHash, keys.tagger != nil {
+            self.readvertiser = Readvertiser(groupHash: group, selfID: config.gatewayID, psms: readvertising.psms)
+            self.publisher.keepsActivities = true
+        } else {
+            self.readvertiser = nil
+        }
+        self.continuing = ContinuingLinks(config: config.relay, prefix: config.prefix, gatewayID: config.gatewayID,
+                                          room: config.room)
         self.pollFDs = []
-        self.pollFDs.reserveCapacity(3 + config.relay.links + config.relay.streams)
+        self.pollFDs.reserveCapacity(3 + 2 * config.relay.links + config.relay.streams + config.readvertise)
         self.notifier = SystemdNotifier(environment: environment)
         self.log = log
         self.startedAt = now
@@ -145,7 +163,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         self.nextStats = now + config.statusInterval
         self.mqttEvents = []
         self.mqttEvents.reserveCapacity(64)
-        self.statsScratch = .allocate(byteCount: 4096, alignment: 8)
+        self.statsScratch = .allocate(byteCount: 8192, alignment: 8)
     }
 
     deinit { statsScratch.deallocate() }
@@ -204,6 +222,12 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         relay.pollDescriptors(into: &pollFDs)
         let streamFDs = pollFDs.count
         streams.pollDescriptors(into: &pollFDs)
+        let listenerFDs = pollFDs.count
+        if let readvertiseRadio {
+            for l in readvertiseRadio.listeners { pollFDs.append(pollfd(fd: l.listener.fd, events: Int16(POLLIN), revents: 0)) }
+        }
+        let continuingFDs = pollFDs.count
+        continuing.pollDescriptors(into: &pollFDs)
         // EINTR (a signal) is just an early turn; the stop pipe says whether to stop.
         _ = pollFDs.withUnsafeMutableBufferPointer { Glibc.poll($0.baseAddress, nfds_t($0.count), timeout) }
         let fds = (pollFDs[0], pollFDs[1], pollFDs[2])
@@ -232,7 +256,12 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         // Device links, then fetch deadlines.
         if streamFDs > 3 { relay.poll(fds: pollFDs[3..<streamFDs], now: now, mqtt: &publisher.mqtt) }
         if let due = relay.nextDeadline, due <= now { relay.tick(now: now, mqtt: &publisher.mqtt) }
-        if pollFDs.count > streamFDs { streams.poll(fds: pollFDs[streamFDs...], now: now, mqtt: &publisher.mqtt) }
+        if listenerFDs > streamFDs { streams.poll(fds: pollFDs[streamFDs..<listenerFDs], now: now, mqtt: &publisher.mqtt) }
+        if continuingFDs > listenerFDs { acceptPhones(pollFDs[listenerFDs..<continuingFDs], now: now) }
+        if pollFDs.count > continuingFDs {
+            continuing.poll(fds: pollFDs[continuingFDs...], now: now, mqtt: &publisher.mqtt, streams: &streams)
+        }
+        if let due = continuing.nextDeadline, due <= now { continuing.tick(now: now) }
         if let due = streams.nextDeadline, due <= now { streams.tick(now: now, mqtt: &publisher.mqtt) }
         logLinkFailures()
 
@@ -245,6 +274,9 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         }
         if publisher.mqtt.isConnected, let due = publisher.retainedScanEnds, due <= now {
             publisher.endRetainedScan()
+            var ended: [Readvertiser.Change] = []
+            readvertiser?.retainedScanEnded { ended.append($0) }
+            for change in ended { readvertiseChanged(change) }
         }
         if publisher.mqtt.isConnected, let due = publisher.nextOrphanDeadline, due <= now {
             publisher.clearOrphans(table: table, apple: apple, ownership: ownership, now: now)
@@ -277,6 +309,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         consider(ownership.nextDeadline)
         consider(relay.nextDeadline)
         consider(streams.nextDeadline)
+        consider(continuing.nextDeadline)
         // Orphans are cleared only while connected; a past deadline must not spin the loop
         // while the broker is away.
         if publisher.mqtt.isConnected {
@@ -438,6 +471,13 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
                 sightings.reset()
                 sendSightings(now: now)
                 streams.reconnected(now: now, mqtt: &publisher.mqtt)
+                if readvertiser != nil {
+                    readvertiser?.reconnected()
+                    // The owners' answers to the phones' fetches (docs/relay.md §9).
+                    do throws(MQTTError) { try publisher.mqtt.subscribe(continuing.answerPattern, qos: 1) } catch {
+                        log.warning("subscribing to the answers for phones failed: \(error)")
+                    }
+                }
             case .refused(let reason):
                 log.error("\(reason)")
             case .disconnected(let reason):
@@ -492,9 +532,16 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         } else if let (device, id) = topics.streamOpen(inTopic: message.topic) {
             streamOpenRequested(message, device: device, id: id, now: now)
         } else if let id = topics.streamID(inTopic: message.topic, leaf: "up") {
-            if !streams.fromEndpoint(id: id, message.payload, now: now, mqtt: &publisher.mqtt) {
+            if !streams.fromBroker(id: id, leaf: "up", message.payload, now: now, mqtt: &publisher.mqtt) {
                 streams.dropped("stream-unknown")
             }
+        } else if let id = topics.streamID(inTopic: message.topic, leaf: "down") {
+            // The carrier's frames of a stream this gateway bridges for a phone (§7.5).
+            if !streams.fromBroker(id: id, leaf: "down", message.payload, now: now, mqtt: &publisher.mqtt) {
+                streams.dropped("stream-unknown")
+            }
+        } else if readvertiser != nil, message.topic.hasPrefix(continuing.answerRoot) {
+            answeredForPhone(message, now: now)
         } else if let id = topics.streamID(inTopic: message.topic, leaf: "gateway") {
             streams.carried(stream: id, by: String(decoding: message.payload, as: UTF8.self))
         } else if message.topic.hasPrefix(topics.streamOpenRoot) || message.topic.hasPrefix(topics.streamsRoot) {
@@ -504,6 +551,10 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
             // Under the sightings but not `<gateway>/<12 hex digits>`.
             sightingDrops.count("sighting-topic")
         } else {
+            if readvertiser != nil, let device = topics.deviceID(inActivityTopic: message.topic),
+               let change = readvertiser?.activity(device: device, payload: message.payload) {
+                readvertiseChanged(change)
+            }
             publisher.received(message, table: table, apple: apple, ownership: ownership, now: now)
         }
     }
@@ -693,10 +744,14 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     /// Status `offline` from us (a clean stop sends no will), then a clean DISCONNECT, which
     /// waits up to a second for the bytes to leave.
     mutating func shutdown() {
+        // Nothing of this gateway's stays on the air, connected or not (docs/relay.md §9).
+        continuing.stop()
+        readvertiseRadio?.withdrawAll()
         guard publisher.mqtt.isConnected else { return }
         // Every fetch taken gets its one answer, even now (docs/relay.md §4).
         relay.stop(mqtt: &publisher.mqtt)
         streams.stop(mqtt: &publisher.mqtt)
+
         publisher.stopListening()
         publisher.publish(publisher.topics.status, text: "offline")
         // Read what the broker still sends (the acks, our own `offline` coming back) until
@@ -717,6 +772,60 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         publisher.mqtt.disconnect()
     }
 
+    // MARK: re-advertising (docs/relay.md §9)
+
+    /// Puts a slot on the air or takes it off. The kernel's refusal is logged and counted; the
+    /// slot is tried again at the activity's next change.
+    mutating func readvertiseChanged(_ change: Readvertiser.Change) {
+        guard let readvertiseRadio, let readvertiser, let tagger else { return }
+        do throws(ManagementError) {
+            switch change {
+            case .advertise(let k):
+                try readvertiseRadio.advertise(k, readvertiser.advertisement(k, companyID: config.companyID, tagger: tagger))
+                if let a = readvertiser.slots[k] {
+                    log.info("re-advertising \(Topics.deviceText(a.device)) seq \(a.sequence) from gateway \(a.owner) on PSM 0x\(Topics.hex(UInt64(readvertiser.psms[k]), digits: 4))")
+                }
+            case .withdraw(let k):
+                try readvertiseRadio.withdraw(k)
+                log.debug("re-advertising slot \(k) ends")
+            }
+        } catch {
+            readvertiseErrors &+= 1
+            log.warning("re-advertising on \(readvertiseRadio.adapter): \(error)")
+        }
+    }
+
+    /// Phones connecting to the slots' PSMs (`fds`: one per listener, in slot order).
+    mutating func acceptPhones(_ fds: ArraySlice<pollfd>, now: ContinuousClock.Instant) {
+        guard let readvertiseRadio else { return }
+        for (k, fd) in zip(readvertiseRadio.listeners.indices, fds) where fd.revents != 0 {
+            let accepted: (fd: Int32, peer: LinkAddress)?
+            do throws(LinkError) { accepted = try readvertiseRadio.listeners[k].listener.accept() } catch {
+                readvertiseErrors &+= 1
+                log.warning("accepting a phone's link on \(readvertiseRadio.adapter): \(error)")
+                continue
+            }
+            guard let accepted else { continue }
+            let channel = LinkChannel(accepted: accepted.fd, peer: accepted.peer, l2cap: true)
+            guard let device = readvertiser?.slots[k]?.device else {
+                // The activity left the air between the phone's scan and its connect.
+                var c = channel
+                c.close()
+                continuing.refusedGone()
+                continue
+            }
+            log.debug("phone \(accepted.peer) continues \(Topics.deviceText(device))")
+            continuing.adopt(channel, device: device, now: now)
+        }
+    }
+
+    /// An owner's answer to a fetch asked for a phone.
+    mutating func answeredForPhone(_ message: MQTTMessage, now: ContinuousClock.Instant) {
+        let a = AnswerForPhone(message)
+        continuing.answered(topic: message.topic, correlation: a.correlation, status: a.status, sequence: a.sequence,
+                            payload: a.payload, now: now)
+    }
+
     // MARK: stats
 
     mutating func publishStats(now: ContinuousClock.Instant) {
@@ -724,7 +833,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         do throws(WireError) {
             try writeStats(now: now, into: &w)
         } catch {
-            return log.error("stats JSON did not fit 4 KiB (our bug): \(error)")
+            return log.error("stats JSON did not fit 8 KiB (our bug): \(error)")
         }
         publisher.publishStats(w.written)
     }
@@ -829,10 +938,37 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         try w.key("frames_queued"); try w.int(Int64(sc.framesQueued))
         try w.key("resent"); try w.int(Int64(sc.resent))
         try w.key("gone_for_others"); try w.int(Int64(sc.goneForOthers))
+        try w.key("bridged"); try w.int(Int64(sc.bridged))
+        try w.key("unanswered"); try w.int(Int64(sc.unanswered))
         try w.key("drops"); try w.beginObject()
         for d in streams.drops.sorted { try w.key(d.reason); try w.int(Int64(d.count)) }
         try w.endObject()
         try w.endObject()
+        if let readvertiser {
+            // docs/relay.md §9.
+            try w.key("readvertise"); try w.beginObject()
+            try w.key("capacity"); try w.int(Int64(readvertiser.slots.count))
+            try w.key("on_air"); try w.beginArray()
+            for a in readvertiser.slots {
+                guard let a else { continue }
+                try w.string(Topics.deviceText(a.device))
+            }
+            try w.endArray()
+            try w.key("errors"); try w.int(Int64(readvertiseErrors))
+            let cc = continuing.counters
+            try w.key("phone_links"); try w.int(Int64(cc.links))
+            try w.key("phone_links_open"); try w.int(Int64(continuing.openLinks))
+            try w.key("phone_links_refused"); try w.int(Int64(cc.refused))
+            try w.key("phone_fetches"); try w.int(Int64(cc.fetches))
+            try w.key("phone_payloads"); try w.int(Int64(cc.payloads))
+            try w.key("phone_refusals"); try w.int(Int64(cc.refusals))
+            try w.key("phone_streams"); try w.int(Int64(cc.streams))
+            try w.key("drops"); try w.beginObject()
+            for d in readvertiser.drops.sorted { try w.key(d.reason); try w.int(Int64(d.count)) }
+            for d in continuing.drops.sorted { try w.key(d.reason); try w.int(Int64(d.count)) }
+            try w.endObject()
+            try w.endObject()
+        }
         try w.endObject()
         try w.key("broker"); try w.beginObject()
         try w.key("connects"); try w.int(Int64(pc.connects))

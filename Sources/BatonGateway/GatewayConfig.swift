@@ -62,6 +62,9 @@ public struct GatewayConfig: Sendable, Equatable {
     /// Payload fetches (docs/relay.md): capacities and deadlines, and how devices are reached.
     public var relay: RelayConfig
     public var relayLink: RelayLinkSpec
+    /// Activities of the keyed group current in other rooms that this gateway re-advertises
+    /// for the phones in its room (`relay.readvertise`, docs/relay.md §9); 0: none.
+    public var readvertise: Int = 0
     /// Beacon verification (docs/security.md §4.4): the group's beacon key, if any.
     public var security: SecurityConfig
     /// The user's own devices by IRK (`apple.irks`, docs/security.md §10), in file order.

@@ -10,13 +10,16 @@ public struct GatewayKeys {
     public let addresses: AddressResolver?
     /// Per configured IRK, in file order: the id its entry is published under.
     public let appleIDs: [UInt32]
+    /// Tags the beacons this gateway re-advertises (`relay.readvertise`, docs/relay.md §9).
+    public let tagger: BeaconTagger?
 
     public static var none: GatewayKeys { GatewayKeys(verifier: nil, addresses: nil, appleIDs: []) }
 
-    init(verifier: BeaconVerifier?, addresses: AddressResolver?, appleIDs: [UInt32]) {
+    init(verifier: BeaconVerifier?, addresses: AddressResolver?, appleIDs: [UInt32], tagger: BeaconTagger? = nil) {
         self.verifier = verifier
         self.addresses = addresses
         self.appleIDs = appleIDs
+        self.tagger = tagger
     }
 
     public static func make(_ config: GatewayConfig) throws(CryptoError) -> GatewayKeys {
@@ -25,11 +28,15 @@ public struct GatewayKeys {
             verifier = try BeaconVerifier(key: key, identities: config.security.identities,
                                           policy: config.security.unkeyed, companyID: config.companyID)
         }
-        guard !config.appleIRKs.isEmpty else { return GatewayKeys(verifier: verifier, addresses: nil, appleIDs: []) }
+        var tagger: BeaconTagger? = nil
+        if config.readvertise > 0, let key = config.security.beaconKey { tagger = try BeaconTagger(key: key) }
+        guard !config.appleIRKs.isEmpty else {
+            return GatewayKeys(verifier: verifier, addresses: nil, appleIDs: [], tagger: tagger)
+        }
         var ids: [UInt32] = []
         for named in config.appleIRKs { ids.append(try named.irk.stableID()) }
         return GatewayKeys(verifier: verifier, addresses: try AddressResolver(irks: config.appleIRKs.map(\.irk)),
-                           appleIDs: ids)
+                           appleIDs: ids, tagger: tagger)
     }
 
     /// Whether these keys are the ones `config` asks for.

@@ -357,6 +357,7 @@ public struct Publisher: ~Copyable {
         var patterns = [topics.statusPattern, topics.sightingPattern, topics.fetchPattern, topics.streamOpenPattern,
                         topics.streamCarrierPattern]
         if retainedScanEnds != nil { patterns += [topics.activityPattern, topics.applePattern] }
+        else if keepsActivities { patterns.append(topics.activityPattern) }
         for pattern in patterns {
             do throws(MQTTError) { try mqtt.unsubscribe(pattern) } catch { return }
         }
@@ -368,10 +369,14 @@ public struct Publisher: ~Copyable {
     public static var retainedScan: Duration { .seconds(5) }
     public private(set) var retainedScanEnds: ContinuousClock.Instant?
 
+    /// Re-advertising follows other rooms' activities live (docs/relay.md §9): the activity
+    /// subscription then outlasts the retained scan.
+    public var keepsActivities = false
+
     public mutating func endRetainedScan() {
         retainedScanEnds = nil
         do throws(MQTTError) {
-            try mqtt.unsubscribe(topics.activityPattern)
+            if !keepsActivities { try mqtt.unsubscribe(topics.activityPattern) }
             try mqtt.unsubscribe(topics.applePattern)
         } catch {
             // Harmless: the messages keep coming and are ignored, as before.

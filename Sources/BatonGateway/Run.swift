@@ -74,9 +74,28 @@ public enum GatewayLauncher {
         if !config.appleIRKs.isEmpty {
             log.info("apple: following \(config.appleIRKs.count) named devices by IRK: \(config.appleIRKs.map(\.name).joined(separator: ", "))")
         }
+        var readvertising: ReadvertiseRadio?
+        if config.readvertise > 0 {
+            // Re-advertising goes out through the controller this gateway scans with
+            // (docs/relay.md §9): a capture, a serial controller or the simulator has none.
+            guard case .adapter(let adapter) = config.radio else {
+                log.critical("relay.readvertise: re-advertising needs a Bluetooth adapter as radio.source (hci0), not \(config.radio)")
+                return 1
+            }
+            do throws(ReadvertiseError) {
+                // The largest receive MTU: it is also how many credits the kernel grants a
+                // phone (docs/vm.md), so a phone's stream is not throttled to one SDU in flight.
+                readvertising = try ReadvertiseRadio(adapter: adapter, count: config.readvertise, receiveMTU: 65_535)
+            } catch {
+                log.critical("relay.readvertise: \(error)")
+                return 1
+            }
+            log.info("relay: re-advertising up to \(config.readvertise) activities of other rooms on \(adapter), PSMs \(readvertising!.psms.map { "0x" + Topics.hex(UInt64($0), digits: 4) }.joined(separator: ", "))")
+        }
         var tv = timespec()
         clock_gettime(CLOCK_REALTIME, &tv)
-        var gateway = Gateway(config: config, radio: radio, reopen: reopen, mqtt: mqtt, keys: keys, log: log,
+        var gateway = Gateway(config: config, radio: radio, reopen: reopen, mqtt: mqtt, keys: keys,
+                              readvertising: readvertising, log: log,
                               environment: ProcessInfo.processInfo.environment, now: .now,
                               unixMicroseconds: Int64(tv.tv_sec) * 1_000_000 + Int64(tv.tv_nsec) / 1000)
         switch gateway.run() {

@@ -161,6 +161,15 @@ public struct LinkChannel: ~Copyable {
         self.handshake = handshake
     }
 
+    /// A channel a listener accepted: open at once. `l2cap`: an L2CAP CoC socket, whose send
+    /// MTU the kernel says (BT_SNDMTU); otherwise (a Unix socket) `sendMTU` is it.
+    public init(accepted fd: Int32, peer: LinkAddress?, l2cap: Bool, sendMTU: Int = 65_535) {
+        self.init(fd: fd, handshake: .none, sendMTU: sendMTU)
+        self.peer = peer
+        readsSendMTUFromKernel = l2cap
+        becomeOpen()
+    }
+
     /// True while connecting (waiting for POLLOUT) or a send was refused for lack of room.
     public var wantsWrite: Bool {
         switch state {

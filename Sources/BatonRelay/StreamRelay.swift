@@ -1,18 +1,28 @@
-// Continuation streams (docs/relay.md §7): the owning gateway carries frames between a
-// continuing endpoint on the broker and the originating device on a stream link.
+// Continuation streams (docs/relay.md §7). A stream slot plays one of two roles:
 //
-//   endpoint --up (MQTT)--> [in order only]          --link--> device
-//   endpoint <--down (MQTT)-- [kept until acked; resent] <--link-- device
+// The carrier (§7.2–7.3): the owning gateway carries frames between a continuing endpoint on
+// the broker and the originating device on a stream link it dialed.
+//
+//   endpoint --…/S/up-->   [in order only]                --link--> device
+//   endpoint <--…/S/down-- [kept until acked; resent]    <--link-- device
+//
+// The bridge (§7.5): a gateway in another room speaks for a phone that opened a stream link to
+// the activity it re-advertises. It is the endpoint on the broker and the device to the phone:
+// the carrier mirrored, with the topics swapped.
+//
+//   phone --link--> [kept until acked; resent]  --…/S/up-->   the carrier
+//   phone <--link-- [in order only]             <--…/S/down-- the carrier
 //
 // The link keeps order and loses nothing while it lives; the broker may lose messages (a
-// restart without persistence). So the gateway forwards up frames to the device strictly in
-// order and lets the endpoint resend what was lost, and keeps the device's frames until the
-// endpoint acknowledges them, resending them itself (the device never resends on a link).
+// restart without persistence). So either role forwards the broker's frames to the link
+// strictly in order and lets the broker side resend what was lost, and keeps the link's frames
+// until the broker side acknowledges them, resending them itself (nobody resends on a link).
 // Acks pass through end to end, so the window is the reader's and a slow reader slows the
 // writer (docs/protocol.md §5.3).
 //
-// Capacities are fixed at start: stream slots, and per slot the down frames kept (window ×
-// max data). Who takes an open is the gateway's decision (docs/relay.md §4).
+// Capacities are fixed at start: stream slots (both roles share them), and per slot the link's
+// frames kept (window × max data) and the broker's frames waiting for the link. Who takes an
+// open is the gateway's decision (docs/relay.md §4).
 
 import BatonMQTT
 import BatonWire
@@ -27,17 +37,25 @@ public struct StreamTopics: Sendable, Equatable {
 }
 
 public struct StreamCounters: Sendable, Equatable {
+    /// Endpoints' opens this gateway carries (§7.2).
     public var opened = 0
-    /// Opens refused, by `StreamReason.rawValue` (busy, unreachable, protocol).
+    /// Phones' stream links this gateway bridged to the broker (§7.5), and of those, the ones
+    /// given up because no gateway answered the open within 2 × relay.fetch-timeout.
+    public var bridged = 0
+    public var unanswered = 0
+    /// Opens refused, by `StreamReason.rawValue` (busy, unreachable, protocol); a phone's link
+    /// refused for want of a slot counts under busy too.
     public var refused = [Int](repeating: 0, count: 7)
     /// Streams that ended cleanly, and aborted (reset or error either way, link lost, idle).
     public var finished = 0
     public var aborted = 0
+    /// Data frames towards the originating device (the ones `…/up` carries) and towards the
+    /// continuing endpoint (`…/down`), whichever role forwarded them.
     public var framesUp = 0
     public var framesDown = 0
-    /// Up frames that waited for the link's credits instead of going at once.
+    /// Frames from the broker that waited for the link's credits instead of going at once.
     public var framesQueued = 0
-    /// Down frames sent again (no ack in time, or after a reconnect).
+    /// The link's frames published again (no ack in time, or after a reconnect).
     public var resent = 0
     /// Streams of offline gateways this one told their endpoints about (`gone`).
     public var goneForOthers = 0
@@ -49,53 +67,86 @@ public struct StreamRelay: ~Copyable {
     public let link: (any DeviceLink)?
     let gatewayID: String
 
+    /// Which end of the stream this gateway plays on the broker (see the top).
+    enum Role: Equatable {
+        /// Takes `…/S/up`, publishes `…/S/down`; the link goes to the device.
+        case carrier
+        /// Takes `…/S/down`, publishes `…/S/up`; the link comes from a phone.
+        case bridge
+    }
+
     final class Slot {
+        let role: Role
         let id: String
         let device: UInt64
         let topics: StreamTopics
         var channel: LinkChannel
-        /// The device's frames, kept until the endpoint acknowledges them.
-        var down: StreamSender
-        /// The endpoint's frames, taken in order.
-        var up: StreamReceiver
-        /// The endpoint's frames taken in order that the link had no room for yet.
-        var upQueue: LinkQueue
-        /// The endpoint's open, as the device is told it (clamped to what the gateway keeps).
-        let endpointWindow: UInt16
-        let endpointMaxData: UInt16
-        var sentOpenToDevice = false
-        /// The device's open as the endpoint is told it; nil until the device answered.
-        var deviceOpen: (window: UInt16, maxData: UInt16)?
-        /// The device's last ack of up frames (published again for a duplicate).
-        var deviceAck: (next: UInt32, window: UInt16)?
-        /// The endpoint's close has been passed to the device.
-        var closeSentToDevice = false
-        /// The device hung up after both closes (§5.3): what is left is the endpoint's acks of
-        /// the device's last frames, which the gateway still resends.
-        var deviceDone = false
-        /// True while `poll` drains the channel into `fromDevice`. The channel is in use then
-        /// (Swift's exclusive access: touching it again traps), so what a device frame decides
+        /// The link side's frames, kept until the broker side acknowledges them.
+        var toBroker: StreamSender
+        /// The broker side's frames, taken in order.
+        var toLink: StreamReceiver
+        /// The broker side's frames taken in order that the link had no room for yet.
+        var linkQueue: LinkQueue
+        /// The open the link side is told, clamped to what the gateway keeps: the endpoint's
+        /// (carrier, known at once), the carrier's (bridge, nil until it answered).
+        var linkOpen: (window: UInt16, maxData: UInt16)?
+        var sentOpenToLink = false
+        /// The open the broker side is told, clamped likewise: the device's (carrier, nil until
+        /// the device answered), the phone's (bridge, known at once).
+        var brokerOpen: (window: UInt16, maxData: UInt16)?
+        /// The link side's last ack (published again for a duplicate).
+        var linkAck: (next: UInt32, window: UInt16)?
+        /// The broker side's newest ack that the link had no room for (acks are cumulative: the
+        /// newest says everything). It goes on POLLOUT; a link never resends, so one dropped
+        /// here could leave the link side waiting for a window that already opened.
+        var ackForLink: (next: UInt32, window: UInt16)?
+        /// The broker side's close has been passed to the link.
+        var closeSentToLink = false
+        /// The link side hung up after both closes (§5.3): what is left is the broker side's
+        /// acks of its last frames, which the gateway still resends.
+        var linkDone = false
+        /// True while `poll` drains the channel into `fromLink`. The channel is in use then
+        /// (Swift's exclusive access: touching it again traps), so what a link frame decides
         /// for it waits until the drain returns: the error frame to send, and the hang-up.
         var draining = false
         var lastWords: [UInt8]?
         var hangUpAfterDrain = false
         var lastProgress: ContinuousClock.Instant
         var lastActivity: ContinuousClock.Instant
+        /// Bridge: `<prefix>/stream/<device>/S`, where the open goes again every
+        /// relay.stream-retry until the carrier answers, and when the bridge gives up.
+        let openTopic: String?
+        var openAgainAt: ContinuousClock.Instant
+        let giveUpAt: ContinuousClock.Instant
 
         /// Which stream this is, among every stream the relay opened.
         let serial: UInt64
 
-        init(id: String, device: UInt64, topics: StreamTopics, channel: consuming LinkChannel, window: UInt16,
-             maxData: UInt16, frames: UnsafeMutableRawBufferPointer, keep: Int, keepMaxData: Int,
-             upFrames: UnsafeMutableRawBufferPointer, now: ContinuousClock.Instant, serial: UInt64) {
-            self.id = id; self.device = device; self.topics = topics; self.channel = channel; self.serial = serial
-            down = StreamSender(storage: frames, capacity: keep, maxData: keepMaxData)
-            down.peerOpened(window: window, maxData: maxData)
-            up = StreamReceiver()
-            upQueue = LinkQueue(storage: upFrames, capacity: keep, maxFrame: keepMaxData + LinkMessage.dataHeaderBytes)
-            endpointWindow = window; endpointMaxData = maxData
+        init(role: Role, id: String, device: UInt64, topics: StreamTopics, openTopic: String?,
+             channel: consuming LinkChannel, linkOpen: (window: UInt16, maxData: UInt16)?,
+             brokerOpen: (window: UInt16, maxData: UInt16)?, frames: UnsafeMutableRawBufferPointer, keep: Int,
+             keepMaxData: Int, queueFrames: UnsafeMutableRawBufferPointer, now: ContinuousClock.Instant,
+             openAgainAt: ContinuousClock.Instant, giveUpAt: ContinuousClock.Instant, serial: UInt64) {
+            self.role = role; self.id = id; self.device = device; self.topics = topics; self.openTopic = openTopic
+            self.channel = channel; self.serial = serial
+            toBroker = StreamSender(storage: frames, capacity: keep, maxData: keepMaxData)
+            if let linkOpen { toBroker.peerOpened(window: linkOpen.window, maxData: linkOpen.maxData) }
+            toLink = StreamReceiver()
+            linkQueue = LinkQueue(storage: queueFrames, capacity: keep, maxFrame: keepMaxData + LinkMessage.dataHeaderBytes)
+            self.linkOpen = linkOpen; self.brokerOpen = brokerOpen
             lastProgress = now; lastActivity = now
+            self.openAgainAt = openAgainAt; self.giveUpAt = giveUpAt
         }
+
+        /// `…/S/up` for the carrier, `…/S/down` for the bridge: what this slot subscribes to.
+        var brokerIn: String { role == .carrier ? topics.up : topics.down }
+        /// The other one: where the link side's frames go.
+        var brokerOut: String { role == .carrier ? topics.down : topics.up }
+        /// A bridge whose open no carrier has answered yet.
+        var awaitsAnswer: Bool { role == .bridge && linkOpen == nil }
+        /// Who is on each side, for the details of error frames.
+        var linkName: String { role == .carrier ? "the device" : "the phone" }
+        var brokerName: String { role == .carrier ? "the endpoint" : "the carrying gateway" }
     }
     var slots: [Slot?]
     /// Slot and stream serial of each descriptor handed out by `pollDescriptors` (as in
@@ -108,8 +159,8 @@ public struct StreamRelay: ~Copyable {
     /// Every slot's kept frames (window × max data each), taken once at start
     /// (docs/config.md `relay`): a stream opening allocates no frame buffer.
     let frames: UnsafeMutableRawBufferPointer
-    /// Every slot's queue of the endpoint's frames waiting for the link, also taken at start.
-    let upFrames: UnsafeMutableRawBufferPointer
+    /// Every slot's queue of the broker side's frames waiting for the link, also taken at start.
+    let queueFrames: UnsafeMutableRawBufferPointer
 
     /// Every stream of the building and the gateway carrying it (`<prefix>/streams/+/gateway`),
     /// so the first online gateway can tell the endpoints of a gateway that died. Bounded.
@@ -118,6 +169,7 @@ public struct StreamRelay: ~Copyable {
 
     public private(set) var counters = StreamCounters()
     public private(set) var drops = DropCounts()
+    /// Slots in use, carried and bridged streams together.
     public private(set) var openCount = 0
 
     public init(config: RelayConfig, link: (any DeviceLink)?, gatewayID: String) {
@@ -133,7 +185,7 @@ public struct StreamRelay: ~Copyable {
         receive = .allocate(byteCount: max(config.streamMaxData + 5, 2 + LinkMessage.maxDetailBytes), alignment: 8)
         frameScratch = .allocate(byteCount: config.streamMaxData + 128, alignment: 8)
         frames = .allocate(byteCount: max(1, config.streams * config.streamWindow * config.streamMaxData), alignment: 8)
-        upFrames = .allocate(byteCount: max(1, config.streams * Self.upQueueBytes(config)), alignment: 8)
+        queueFrames = .allocate(byteCount: max(1, config.streams * Self.queueBytes(config)), alignment: 8)
         directoryCapacity = config.streams * 8
     }
 
@@ -141,25 +193,53 @@ public struct StreamRelay: ~Copyable {
         receive.deallocate()
         frameScratch.deallocate()
         frames.deallocate()
-        upFrames.deallocate()
+        queueFrames.deallocate()
     }
 
-    static func upQueueBytes(_ config: RelayConfig) -> Int {
+    static func queueBytes(_ config: RelayConfig) -> Int {
         LinkQueue.bytes(capacity: config.streamWindow, maxFrame: config.streamMaxData + LinkMessage.dataHeaderBytes)
     }
 
     /// A frame or open dropped without a stream to end, by reason (stats `streams.drops`).
     public mutating func dropped(_ reason: StaticString) { drops.count(reason) }
 
-    // MARK: opening (docs/relay.md §7.2)
+    /// The slot of stream `id` in `role`: the same gateway may carry stream S and bridge a
+    /// stream S at once (an ownership flip), and `…/up` is the carrier's, `…/down` the bridge's.
+    func slot(_ id: String, _ role: Role) -> Int? {
+        slots.firstIndex { $0?.id == id && $0?.role == role }
+    }
+
+    /// `open(window, maxData)` clamped to what this gateway keeps: Wg frames of Mg bytes.
+    func clamped(_ window: UInt16, _ maxData: UInt16) -> (window: UInt16, maxData: UInt16) {
+        (min(window, UInt16(clamping: config.streamWindow)), min(maxData, UInt16(clamping: config.streamMaxData)))
+    }
+
+    /// Takes slot `free` for a stream: its share of the buffers taken at start.
+    mutating func take(_ free: Int, role: Role, id: String, device: UInt64, topics: StreamTopics, openTopic: String?,
+                       channel: consuming LinkChannel, linkOpen: (window: UInt16, maxData: UInt16)?,
+                       brokerOpen: (window: UInt16, maxData: UInt16)?, now: ContinuousClock.Instant) {
+        serials &+= 1  // Proof: 2⁶⁴ streams are never opened.
+        let keep = config.streamWindow * config.streamMaxData
+        let queue = Self.queueBytes(config)
+        slots[free] = Slot(role: role, id: id, device: device, topics: topics, openTopic: openTopic, channel: channel,
+                           linkOpen: linkOpen, brokerOpen: brokerOpen,
+                           frames: UnsafeMutableRawBufferPointer(rebasing: frames[free * keep ..< (free + 1) * keep]),
+                           keep: config.streamWindow, keepMaxData: config.streamMaxData,
+                           queueFrames: UnsafeMutableRawBufferPointer(rebasing: queueFrames[free * queue ..< (free + 1) * queue]),
+                           now: now, openAgainAt: now + config.streamRetry, giveUpAt: now + config.fetchTimeout * 2,
+                           serial: serials)
+        openCount += 1
+    }
+
+    // MARK: opening (docs/relay.md §7.2, §7.5)
 
     /// An endpoint's open for a device this gateway owns and can reach (`target`), or nil
     /// with the reason to refuse it.
     public mutating func open(id: String, topics: StreamTopics, frame: [UInt8], target: LinkAddress?,
                               refusal: String?, now: ContinuousClock.Instant, mqtt: inout MQTTClient) {
-        if let s = slots.firstIndex(where: { $0?.id == id }), let slot = slots[s] {
+        if let s = slot(id, .carrier), let slot = slots[s] {
             // The endpoint saw no open frame (the broker lost it): say it again.
-            if let o = slot.deviceOpen { publishOpen(o.window, o.maxData, to: slot.topics.down, mqtt: &mqtt) }
+            if let o = slot.brokerOpen { publishOpen(o.window, o.maxData, to: slot.topics.down, mqtt: &mqtt) }
             return
         }
         let message: LinkMessage
@@ -184,16 +264,8 @@ public struct StreamRelay: ~Copyable {
         do throws(LinkError) { channel = try link.connect(to: target) } catch {
             return refuse(topics.down, .unreachable, error.description, mqtt: &mqtt)
         }
-        let window = min(message.window, UInt16(clamping: config.streamWindow))
-        let maxData = min(message.maxData, UInt16(clamping: config.streamMaxData))
-        serials &+= 1  // Proof: 2⁶⁴ streams are never opened.
-        let keep = config.streamWindow * config.streamMaxData
-        slots[free] = Slot(id: id, device: target.address, topics: topics, channel: channel, window: window,
-                           maxData: maxData, frames: UnsafeMutableRawBufferPointer(rebasing: frames[free * keep ..< (free + 1) * keep]),
-                           keep: config.streamWindow, keepMaxData: config.streamMaxData,
-                           upFrames: UnsafeMutableRawBufferPointer(rebasing: upFrames[free * Self.upQueueBytes(config) ..< (free + 1) * Self.upQueueBytes(config)]),
-                           now: now, serial: serials)
-        openCount += 1
+        take(free, role: .carrier, id: id, device: target.address, topics: topics, openTopic: nil, channel: channel,
+             linkOpen: clamped(message.window, message.maxData), brokerOpen: nil, now: now)
         counters.opened &+= 1
         do throws(MQTTError) {
             try mqtt.subscribe(topics.up, qos: 1)
@@ -209,86 +281,167 @@ public struct StreamRelay: ~Copyable {
         publishError(reason, detail, to: down, mqtt: &mqtt)
     }
 
-    mutating func sendOpenIfReady(_ s: Int) {
-        guard let slot = slots[s], !slot.sentOpenToDevice, slot.channel.state == .open else { return }
-        var w = ByteWriter(frameScratch)
-        do throws(WireError) {
-            try LinkMessage.encodeOpen(window: slot.endpointWindow, maxData: slot.endpointMaxData, into: &w)
-        } catch { preconditionFailure("an open frame fits") }
-        if sendToDevice(s, w.written) { slot.sentOpenToDevice = true }
+    /// A phone's stream link to a re-advertised activity (docs/relay.md §7.5): `channel` is open
+    /// and its first message was open(`window`, `maxData`). This gateway becomes the stream's
+    /// endpoint on the broker under id `id` (its own pick) and asks on `openTopic`
+    /// (`<prefix>/stream/<device>/S`) for the device's gateway to carry it.
+    public mutating func bridge(channel: consuming LinkChannel, device: UInt64, id: String, topics: StreamTopics,
+                                openTopic: String, window: UInt16, maxData: UInt16,
+                                now: ContinuousClock.Instant, mqtt: inout MQTTClient) {
+        var channel = channel
+        guard window > 0, maxData > 0 else {
+            // The decoder refuses such an open (protocol.md §5.1 `link-window`); said here too
+            // so no caller can publish an open that no gateway takes.
+            return refuse(&channel, .protocolError, "an open with window or max data 0 (docs/protocol.md §5.1)")
+        }
+        guard let free = slots.firstIndex(where: { $0 == nil }) else {
+            return refuse(&channel, .busy, "\(config.streams) streams are open (relay.streams)")
+        }
+        let phoneOpen = clamped(window, maxData)
+        take(free, role: .bridge, id: id, device: device, topics: topics, openTopic: openTopic, channel: channel,
+             linkOpen: nil, brokerOpen: phoneOpen, now: now)
+        counters.bridged &+= 1
+        // §7.1: subscribe to …/S/down before publishing the open, so the answer finds us.
+        do throws(MQTTError) {
+            try mqtt.subscribe(topics.down, qos: 1)
+        } catch {
+            // The broker went away: `reconnected` subscribes again and repeats the open.
+        }
+        publishOpen(phoneOpen.window, phoneOpen.maxData, to: openTopic, mqtt: &mqtt)
     }
 
-    // MARK: the endpoint's frames (…/S/up)
+    /// A phone's link refused before it took a slot: it is told why, and hung up.
+    mutating func refuse(_ channel: inout LinkChannel, _ reason: StreamReason, _ detail: String) {
+        counters.refused[Int(reason.rawValue)] &+= 1
+        var w = ByteWriter(frameScratch)
+        do throws(WireError) { try LinkMessage.encodeError(reason, detail: Self.cut(detail, 100), into: &w) } catch {
+            preconditionFailure("an error frame of 100 bytes of detail fits")
+        }
+        // A fresh link has room for one frame; if not, the hang-up alone says it.
+        do throws(LinkError) { _ = try channel.send(w.written) } catch {}
+        channel.close()
+    }
+
+    /// The open the link side is told, once known and the link is open; it goes before
+    /// anything else on the link.
+    mutating func sendOpenIfReady(_ s: Int) {
+        guard let slot = slots[s], !slot.sentOpenToLink, let o = slot.linkOpen, slot.channel.state == .open else { return }
+        var w = ByteWriter(frameScratch)
+        do throws(WireError) { try LinkMessage.encodeOpen(window: o.window, maxData: o.maxData, into: &w) } catch {
+            preconditionFailure("an open frame fits")
+        }
+        if sendToLink(s, w.written) { slot.sentOpenToLink = true }
+    }
+
+    // MARK: the broker side's frames (…/S/up to a carrier, …/S/down to a bridge)
 
     /// A frame on `…/S/up` of a stream this gateway carries; false when it carries no such
     /// stream (the topic is someone else's, or the stream just ended).
     public mutating func fromEndpoint(id: String, _ bytes: [UInt8], now: ContinuousClock.Instant,
                                       mqtt: inout MQTTClient) -> Bool {
-        guard let s = slots.firstIndex(where: { $0?.id == id }), let slot = slots[s] else { return false }
+        fromBroker(id: id, leaf: "up", bytes, now: now, mqtt: &mqtt)
+    }
+
+    /// A frame from the broker on `…/S/up` (leaf "up": the streams this gateway carries) or
+    /// `…/S/down` (leaf "down": the streams it bridges for phones, §7.5); false when no stream
+    /// of that role has id `id` (the topic is someone else's, or the stream just ended).
+    public mutating func fromBroker(id: String, leaf: Substring, _ bytes: [UInt8], now: ContinuousClock.Instant,
+                                    mqtt: inout MQTTClient) -> Bool {
+        let role: Role
+        switch leaf {
+        case "up": role = .carrier
+        case "down": role = .bridge
+        default: return false
+        }
+        guard let s = slot(id, role), let slot = slots[s] else { return false }
         slot.lastActivity = now
         let message: LinkMessage
-        switch Self.decode(bytes, payloadMax: Int(slot.deviceOpen?.maxData ?? slot.endpointMaxData)) {
+        // The broker side sends data of at most the max data it was told (brokerOpen); before
+        // the device answered a carrier, the endpoint has no business sending data at all.
+        let payloadMax = slot.brokerOpen?.maxData ?? slot.linkOpen?.maxData ?? UInt16(clamping: config.streamMaxData)
+        switch Self.decode(bytes, payloadMax: Int(payloadMax)) {
         case .success(let m): message = m
         case .failure(let error):
             drops.count(error)
-            return abort(s, .protocolError, "the endpoint sent a malformed frame: \(error)", toEndpoint: true,
-                         toDevice: true, mqtt: &mqtt) || true
+            return abort(s, .protocolError, "\(slot.brokerName) sent a malformed frame: \(error)", toBroker: true,
+                         toLink: true, mqtt: &mqtt) || true
+        }
+        if slot.awaitsAnswer {
+            switch message.type {
+            case .open:
+                // The carrier's answer (§7.5): the phone is told it, clamped to what this
+                // gateway keeps of the phone's frames; the phone's frames may flow.
+                let o = clamped(message.window, message.maxData)
+                slot.linkOpen = o
+                slot.toBroker.peerOpened(window: o.window, maxData: o.maxData)
+                slot.lastProgress = now
+                sendOpenIfReady(s)
+                return true
+            case .reset, .error:
+                break  // to the phone, below
+            default:
+                // The carrier speaks only after its open; what came before it was lost with
+                // the open (the carrier resends it).
+                drops.count("stream-before-open")
+                return true
+            }
         }
         switch message.type {
         case .data:
-            counters.framesUp &+= 1
-            if let end = slot.up.closeEnd, message.number &- end < 0x8000_0000 {
-                return abort(s, .protocolError, "the endpoint sent frame \(message.number) after its close at \(end)",
-                             toEndpoint: true, toDevice: true, mqtt: &mqtt) || true
+            if slot.role == .carrier { counters.framesUp &+= 1 } else { counters.framesDown &+= 1 }
+            if let end = slot.toLink.closeEnd, message.number &- end < 0x8000_0000 {
+                return abort(s, .protocolError, "\(slot.brokerName) sent frame \(message.number) after its close at \(end)",
+                             toBroker: true, toLink: true, mqtt: &mqtt) || true
             }
-            if message.number == slot.up.next {
-                // In order: to the device if the link takes it now, else behind the frames
-                // already waiting for its credits (sent on POLLOUT). The endpoint's window is
-                // at most the queue's capacity, so it fits; were it not to, the endpoint would
-                // resend it (it is not acknowledged).
+            if message.number == slot.toLink.next {
+                // In order: to the link if it takes it now, else behind the frames already
+                // waiting for its credits (sent on POLLOUT), and never before the open. The
+                // broker side's window is at most the queue's capacity, so it fits; were it not
+                // to, the broker side would resend it (it is not acknowledged).
                 let taken = bytes.withUnsafeBytes { b in
-                    slot.upQueue.isEmpty && sendToDevice(s, b) ? true : queueUp(s, b)
+                    slot.sentOpenToLink && slot.linkQueue.isEmpty && sendToLink(s, b) ? true : queueForLink(s, b)
                 }
-                if taken { _ = slot.up.arrive(message.number) } else { drops.count("stream-link-full") }
+                if taken { _ = slot.toLink.arrive(message.number) } else { drops.count("stream-link-full") }
                 forwardCloseIfDue(s)
-            } else if slot.up.arrive(message.number) == .duplicate {
-                // A resend (or a replay): dropped, and the device's ack said again.
+            } else if slot.toLink.arrive(message.number) == .duplicate {
+                // A resend (or a replay): dropped, and the link side's ack said again.
                 drops.count("stream-duplicate")
-                republishDeviceAck(s, mqtt: &mqtt)
+                republishLinkAck(s, mqtt: &mqtt)
             } else {
                 drops.count("stream-gap")
             }
         case .ack:
             do throws(StreamViolation) {
-                if try slot.down.acknowledge(next: message.number, window: message.window) {
+                if try slot.toBroker.acknowledge(next: message.number, window: message.window) {
                     slot.lastProgress = now
-                    var w = ByteWriter(frameScratch)
-                    do throws(WireError) {
-                        try LinkMessage.encodeAck(next: message.number, window: min(message.window, slot.endpointWindow),
-                                                  into: &w)
-                    } catch { preconditionFailure("an ack fits") }
-                    _ = sendToDevice(s, w.written)
+                    // Capped at the window the link side was told: what the gateway keeps.
+                    slot.ackForLink = (message.number, min(message.window, slot.linkOpen?.window ?? 1))
+                    flushToLink(s)
                 }
             } catch {
-                return abort(s, .protocolError, error.description, toEndpoint: true, toDevice: true, mqtt: &mqtt) || true
+                return abort(s, .protocolError, error.description, toBroker: true, toLink: true, mqtt: &mqtt) || true
             }
             finishIfDone(s, mqtt: &mqtt)
         case .close:
-            do throws(StreamViolation) { try slot.up.closed(end: message.number) } catch {
-                return abort(s, .protocolError, error.description, toEndpoint: true, toDevice: true, mqtt: &mqtt) || true
+            do throws(StreamViolation) { try slot.toLink.closed(end: message.number) } catch {
+                return abort(s, .protocolError, error.description, toBroker: true, toLink: true, mqtt: &mqtt) || true
             }
             forwardCloseIfDue(s)
-            // The endpoint learns its close arrived from an ack sent after it (StreamSender).
-            // Once the close is on the link (which loses nothing) and the device acknowledged
-            // every frame before it, that ack is the device's last one, said again; a device
-            // that acknowledged nothing (an empty direction) gets ack 0 said for it.
-            if slot.closeSentToDevice, (slot.deviceAck?.next ?? 0) == message.number {
-                if slot.deviceAck == nil { slot.deviceAck = (0, slot.deviceOpen?.window ?? 1) }
-                republishDeviceAck(s, mqtt: &mqtt)
+            // The broker side learns its close arrived from an ack sent after it (StreamSender).
+            // Once the close is on the link (which loses nothing) and the link side acknowledged
+            // every frame before it, that ack is the link side's last one, said again; a link
+            // side that acknowledged nothing (an empty direction) gets ack 0 said for it.
+            if slot.closeSentToLink, (slot.linkAck?.next ?? 0) == message.number {
+                if slot.linkAck == nil { slot.linkAck = (0, slot.brokerOpen?.window ?? 1) }
+                republishLinkAck(s, mqtt: &mqtt)
             }
+        case .open where slot.role == .bridge:
+            // The carrier's open said again (it answers every repeat of ours, and says it
+            // after its reconnects): the phone has it already.
+            break
         case .reset, .error:
-            // The endpoint gave up: the device is told, the stream ends.
-            _ = bytes.withUnsafeBytes { sendToDevice(s, $0) }
+            // The broker side gave up: the link side is told, the stream ends.
+            _ = bytes.withUnsafeBytes { sendToLink(s, $0) }
             end(s, clean: false, mqtt: &mqtt)
         default:
             drops.count("stream-unexpected")
@@ -296,37 +449,46 @@ public struct StreamRelay: ~Copyable {
         return true
     }
 
-    /// Queues an endpoint frame the link has no room for; false when the queue is full.
-    mutating func queueUp(_ s: Int, _ frame: UnsafeRawBufferPointer) -> Bool {
-        guard let slot = slots[s], slot.upQueue.push(frame) else { return false }
+    /// Queues a broker frame the link has no room for; false when the queue is full.
+    mutating func queueForLink(_ s: Int, _ frame: UnsafeRawBufferPointer) -> Bool {
+        guard let slot = slots[s], slot.linkQueue.push(frame) else { return false }
         counters.framesQueued &+= 1
         return true
     }
 
-    /// Sends the queued endpoint frames the link takes now, oldest first.
-    mutating func flushUp(_ s: Int) {
-        guard let slot = slots[s] else { return }
-        while let frame = slot.upQueue.first, sendToDevice(s, frame) { slot.upQueue.pop() }
+    /// Sends what waits for the link and the link takes now: the broker side's newest ack, then
+    /// the queued frames, oldest first. Nothing goes before the open.
+    mutating func flushToLink(_ s: Int) {
+        guard let slot = slots[s], slot.sentOpenToLink else { return }
+        if let ack = slot.ackForLink {
+            var w = ByteWriter(frameScratch)
+            do throws(WireError) { try LinkMessage.encodeAck(next: ack.next, window: ack.window, into: &w) } catch {
+                preconditionFailure("an ack fits")
+            }
+            guard sendToLink(s, w.written) else { return }
+            slot.ackForLink = nil
+        }
+        while let frame = slot.linkQueue.first, sendToLink(s, frame) { slot.linkQueue.pop() }
     }
 
     mutating func forwardCloseIfDue(_ s: Int) {
-        guard let slot = slots[s], !slot.closeSentToDevice, slot.upQueue.isEmpty, let end = slot.up.closeEnd,
-              end == slot.up.next else { return }
+        guard let slot = slots[s], slot.sentOpenToLink, !slot.closeSentToLink, slot.linkQueue.isEmpty,
+              let end = slot.toLink.closeEnd, end == slot.toLink.next else { return }
         var w = ByteWriter(frameScratch)
         do throws(WireError) { try LinkMessage.encodeClose(end: end, into: &w) } catch { preconditionFailure("a close fits") }
-        if sendToDevice(s, w.written) { slot.closeSentToDevice = true }
+        if sendToLink(s, w.written) { slot.closeSentToLink = true }
     }
 
-    mutating func republishDeviceAck(_ s: Int, mqtt: inout MQTTClient) {
-        guard let slot = slots[s], let ack = slot.deviceAck else { return }
+    mutating func republishLinkAck(_ s: Int, mqtt: inout MQTTClient) {
+        guard let slot = slots[s], let ack = slot.linkAck else { return }
         var w = ByteWriter(frameScratch)
         do throws(WireError) { try LinkMessage.encodeAck(next: ack.next, window: ack.window, into: &w) } catch {
             preconditionFailure("an ack fits")
         }
-        publish(w.written, to: slot.topics.down, mqtt: &mqtt)
+        publish(w.written, to: slot.brokerOut, mqtt: &mqtt)
     }
 
-    // MARK: the device's frames (the link)
+    // MARK: the link side's frames (the device's, or the phone's)
 
     public mutating func pollDescriptors(into fds: inout [pollfd]) {
         polled.removeAll(keepingCapacity: true)
@@ -347,11 +509,11 @@ public struct StreamRelay: ~Copyable {
             let writable = fd.revents & Int16(POLLOUT) != 0
             slot.draining = true
             slot.channel.poll(readable: readable, writable: writable, buffer: receive) { sdu in
-                fromDevice(s, sdu, now: now, mqtt: &mqtt)
+                fromLink(s, sdu, now: now, mqtt: &mqtt)
             }
             slot.draining = false
             if slot.hangUpAfterDrain {
-                // The stream ended on one of the device's frames (its slot is free already).
+                // The stream ended on one of the link side's frames (its slot is free already).
                 if let words = slot.lastWords {
                     words.withUnsafeBytes { b in do throws(LinkError) { _ = try slot.channel.send(b) } catch {} }
                 }
@@ -362,15 +524,18 @@ public struct StreamRelay: ~Copyable {
             switch slot.channel.state {
             case .open:
                 sendOpenIfReady(s)
-                flushUp(s)
+                flushToLink(s)
                 forwardCloseIfDue(s)
+                finishIfDone(s, mqtt: &mqtt)
             case .closed(let error):
-                if slot.down.closeEnd != nil, slot.closeSentToDevice, error == nil || error == .closed {
-                    slot.deviceDone = true
+                if slot.toBroker.closeEnd != nil, slot.closeSentToLink, error == nil || error == .closed {
+                    slot.linkDone = true
                     finishIfDone(s, mqtt: &mqtt)
                 } else {
-                    _ = abort(s, .unreachable, "the link to the device dropped: \((error ?? .closed).description)",
-                              toEndpoint: true, toDevice: false, mqtt: &mqtt)
+                    let why = (error ?? .closed).description
+                    _ = abort(s, .unreachable,
+                              slot.role == .carrier ? "the link to the device dropped: \(why)" : "the phone's link dropped: \(why)",
+                              toBroker: true, toLink: false, mqtt: &mqtt)
                 }
             case .connecting:
                 break
@@ -378,63 +543,65 @@ public struct StreamRelay: ~Copyable {
         }
     }
 
-    mutating func fromDevice(_ s: Int, _ sdu: UnsafeRawBufferPointer, now: ContinuousClock.Instant, mqtt: inout MQTTClient) {
+    mutating func fromLink(_ s: Int, _ sdu: UnsafeRawBufferPointer, now: ContinuousClock.Instant, mqtt: inout MQTTClient) {
         guard let slot = slots[s] else { return }
         slot.lastActivity = now
         let message: LinkMessage
-        do throws(WireError) { message = try LinkMessage.decode(sdu, payloadMax: Int(slot.endpointMaxData)) } catch {
+        let payloadMax = slot.linkOpen?.maxData ?? UInt16(clamping: config.streamMaxData)
+        do throws(WireError) { message = try LinkMessage.decode(sdu, payloadMax: Int(payloadMax)) } catch {
             drops.count(error)
-            _ = abort(s, .protocolError, "the device sent a malformed frame: \(error)", toEndpoint: true, toDevice: true,
+            _ = abort(s, .protocolError, "\(slot.linkName) sent a malformed frame: \(error)", toBroker: true, toLink: true,
                       mqtt: &mqtt)
             return
         }
         switch message.type {
-        case .open:
-            // The endpoint may have at most the queue's capacity in flight (`LinkQueue`).
-            let o = (window: min(message.window, UInt16(clamping: config.streamWindow)),
-                     maxData: min(message.maxData, UInt16(clamping: config.streamMaxData)))
-            slot.deviceOpen = o
+        case .open where slot.role == .carrier:
+            // The broker side may have at most the queue's capacity in flight (`LinkQueue`).
+            let o = clamped(message.window, message.maxData)
+            slot.brokerOpen = o
             publishOpen(o.window, o.maxData, to: slot.topics.down, mqtt: &mqtt)
         case .data:
-            // The device keeps the endpoint's window (as told) and numbers in order: the link
-            // keeps order, so anything else is the device's bug.
-            guard message.number == slot.down.next, slot.down.canSend else {
-                _ = abort(s, .protocolError, "the device sent frame \(message.number) outside the window",
-                          toEndpoint: true, toDevice: true, mqtt: &mqtt)
+            // The link side keeps the window it was told and numbers in order: the link keeps
+            // order, so anything else is its bug (a phone's data before the carrier's open too).
+            guard message.number == slot.toBroker.next, slot.toBroker.canSend else {
+                _ = abort(s, .protocolError, "\(slot.linkName) sent frame \(message.number) outside the window",
+                          toBroker: true, toLink: true, mqtt: &mqtt)
                 return
             }
-            if slot.down.allAcknowledged { slot.lastProgress = now }
-            _ = slot.down.push(UnsafeRawBufferPointer(rebasing: sdu[message.body]))
-            counters.framesDown &+= 1
-            publish(sdu, to: slot.topics.down, mqtt: &mqtt)
+            if slot.toBroker.allAcknowledged { slot.lastProgress = now }
+            _ = slot.toBroker.push(UnsafeRawBufferPointer(rebasing: sdu[message.body]))
+            if slot.role == .carrier { counters.framesDown &+= 1 } else { counters.framesUp &+= 1 }
+            publish(sdu, to: slot.brokerOut, mqtt: &mqtt)
         case .ack:
-            // The window goes on capped at Wg, as the device's open was (§7.2): the endpoint
-            // must never have more in flight than the up queue holds.
-            slot.deviceAck = (message.number, min(message.window, UInt16(clamping: config.streamWindow)))
-            republishDeviceAck(s, mqtt: &mqtt)
+            // The window goes on capped at Wg, as the link side's open was (§7.2): the broker
+            // side must never have more in flight than the queue holds.
+            slot.linkAck = (message.number, min(message.window, UInt16(clamping: config.streamWindow)))
+            republishLinkAck(s, mqtt: &mqtt)
             finishIfDone(s, mqtt: &mqtt)
         case .close:
-            guard message.number == slot.down.next else {
-                _ = abort(s, .protocolError, "the device closed at \(message.number) after sending \(slot.down.next) frames",
-                          toEndpoint: true, toDevice: true, mqtt: &mqtt)
+            guard message.number == slot.toBroker.next else {
+                _ = abort(s, .protocolError,
+                          "\(slot.linkName) closed at \(message.number) after sending \(slot.toBroker.next) frames",
+                          toBroker: true, toLink: true, mqtt: &mqtt)
                 return
             }
-            slot.down.close()
-            publish(sdu, to: slot.topics.down, mqtt: &mqtt)
+            slot.toBroker.close()
+            publish(sdu, to: slot.brokerOut, mqtt: &mqtt)
         case .reset, .error:
-            publish(sdu, to: slot.topics.down, mqtt: &mqtt)
+            publish(sdu, to: slot.brokerOut, mqtt: &mqtt)
             end(s, clean: false, mqtt: &mqtt)
         default:
+            // A phone's second open among them: its first one opened the stream (§7.5).
             drops.count("stream-unexpected")
         }
     }
 
     // MARK: ending
 
-    /// Both directions closed, every frame acknowledged.
+    /// Both directions closed, every frame acknowledged, the last ack on the link.
     func isDone(_ slot: Slot) -> Bool {
-        slot.down.closeEnd != nil && slot.down.allAcknowledged && slot.closeSentToDevice
-            && (slot.deviceDone || slot.deviceAck?.next == slot.up.closeEnd)
+        slot.toBroker.closeEnd != nil && slot.toBroker.allAcknowledged && slot.closeSentToLink
+            && (slot.linkDone || (slot.linkAck?.next == slot.toLink.closeEnd && slot.ackForLink == nil))
     }
 
     mutating func finishIfDone(_ s: Int, mqtt: inout MQTTClient) {
@@ -442,18 +609,18 @@ public struct StreamRelay: ~Copyable {
         end(s, clean: true, mqtt: &mqtt)
     }
 
-    /// Tells one or both ends `reason` and ends the stream. Returns false (for `||` chains).
-    mutating func abort(_ s: Int, _ reason: StreamReason, _ detail: String, toEndpoint: Bool, toDevice: Bool,
+    /// Tells one or both sides `reason` and ends the stream. Returns false (for `||` chains).
+    mutating func abort(_ s: Int, _ reason: StreamReason, _ detail: String, toBroker: Bool, toLink: Bool,
                         mqtt: inout MQTTClient) -> Bool {
         guard let slot = slots[s] else { return false }
-        if toEndpoint { publishError(reason, detail, to: slot.topics.down, mqtt: &mqtt) }
+        if toBroker { publishError(reason, detail, to: slot.brokerOut, mqtt: &mqtt) }
         // A draining channel is open (it drains only while open) and is not touched now.
-        if toDevice, slot.draining || slot.channel.state == .open {
+        if toLink, slot.draining || slot.channel.state == .open {
             var w = ByteWriter(frameScratch)
             do throws(WireError) { try LinkMessage.encodeError(reason, detail: Self.cut(detail, 100), into: &w) } catch {
                 preconditionFailure("an error frame of 100 bytes of detail fits")
             }
-            if slot.draining { slot.lastWords = Array(w.written) } else { _ = sendToDevice(s, w.written) }
+            if slot.draining { slot.lastWords = Array(w.written) } else { _ = sendToLink(s, w.written) }
         }
         end(s, clean: false, mqtt: &mqtt)
         return false
@@ -465,8 +632,9 @@ public struct StreamRelay: ~Copyable {
         if slot.draining { slot.hangUpAfterDrain = true } else { slot.channel.close() }
         slots[s] = nil
         openCount -= 1
-        do throws(MQTTError) { try mqtt.unsubscribe(slot.topics.up) } catch {}
-        publishText(slot.topics.gateway, "", retain: true, mqtt: &mqtt)
+        do throws(MQTTError) { try mqtt.unsubscribe(slot.brokerIn) } catch {}
+        // `…/S/gateway` is the carrier's claim; a bridge never said it.
+        if slot.role == .carrier { publishText(slot.topics.gateway, "", retain: true, mqtt: &mqtt) }
     }
 
     // MARK: time and the broker
@@ -477,57 +645,90 @@ public struct StreamRelay: ~Copyable {
         func consider(_ d: ContinuousClock.Instant) { if next.map({ d < $0 }) ?? true { next = d } }
         for slot in slots {
             guard let slot else { continue }
-            consider(slot.lastActivity + config.streamIdle)
-            if !slot.down.allAcknowledged { consider(slot.lastProgress + config.streamRetry) }
+            if slot.awaitsAnswer {
+                consider(slot.openAgainAt)
+                consider(slot.giveUpAt)
+            } else {
+                consider(slot.lastActivity + config.streamIdle)
+            }
+            if !slot.toBroker.allAcknowledged { consider(slot.lastProgress + config.streamRetry) }
         }
         return next
     }
 
-    /// Resends what the endpoint has not acknowledged in time; ends idle streams.
+    /// Resends what the broker side has not acknowledged in time; repeats a bridge's open and
+    /// gives it up; ends idle streams.
     public mutating func tick(now: ContinuousClock.Instant, mqtt: inout MQTTClient) {
         for s in slots.indices {
             guard let slot = slots[s] else { continue }
-            if slot.lastActivity + config.streamIdle <= now {
-                _ = abort(s, .idle, "nothing moved for relay.stream-idle (\(config.streamIdle))", toEndpoint: true,
-                          toDevice: true, mqtt: &mqtt)
+            if slot.awaitsAnswer, let openTopic = slot.openTopic, let o = slot.brokerOpen {
+                // §7.5: no carrier answered. Not idle (nothing can move yet): the open is said
+                // again every relay.stream-retry, as `baton stream` repeats it (§7.4), until
+                // 2 × relay.fetch-timeout.
+                if slot.giveUpAt <= now {
+                    counters.unanswered &+= 1
+                    // As `baton stream` does when it gives up: a carrier that took the open late
+                    // lets its device go.
+                    publishReset(.cancelled, to: slot.topics.up, mqtt: &mqtt)
+                    _ = abort(s, .unreachable,
+                              "no gateway answered the stream open within 2 × relay.fetch-timeout (\(config.fetchTimeout * 2))",
+                              toBroker: false, toLink: true, mqtt: &mqtt)
+                    continue
+                }
+                if slot.openAgainAt <= now {
+                    publishOpen(o.window, o.maxData, to: openTopic, mqtt: &mqtt)
+                    slot.openAgainAt = now + config.streamRetry
+                }
+            } else if slot.lastActivity + config.streamIdle <= now {
+                _ = abort(s, .idle, "nothing moved for relay.stream-idle (\(config.streamIdle))", toBroker: true,
+                          toLink: true, mqtt: &mqtt)
                 continue
             }
-            if !slot.down.allAcknowledged, slot.lastProgress + config.streamRetry <= now {
+            if !slot.toBroker.allAcknowledged, slot.lastProgress + config.streamRetry <= now {
                 resend(s, mqtt: &mqtt)
                 slot.lastProgress = now
             }
         }
     }
 
-    /// Go-back-N: every unacknowledged down frame, then the close if said.
+    /// Go-back-N: every unacknowledged link frame, then the close if said.
     mutating func resend(_ s: Int, mqtt: inout MQTTClient) {
         guard let slot = slots[s] else { return }
-        var n = slot.down.unacked
-        while n != slot.down.next {
+        var n = slot.toBroker.unacked
+        while n != slot.toBroker.next {
             var w = ByteWriter(frameScratch)
-            do throws(WireError) { try LinkMessage.encodeData(frame: n, bytes: slot.down.frame(n), into: &w) } catch {
+            do throws(WireError) { try LinkMessage.encodeData(frame: n, bytes: slot.toBroker.frame(n), into: &w) } catch {
                 preconditionFailure("a kept frame fits its scratch")
             }
-            publish(w.written, to: slot.topics.down, mqtt: &mqtt)
+            publish(w.written, to: slot.brokerOut, mqtt: &mqtt)
             counters.resent &+= 1
             n &+= 1
         }
-        if let end = slot.down.closeEnd {
+        if let end = slot.toBroker.closeEnd {
             var w = ByteWriter(frameScratch)
             do throws(WireError) { try LinkMessage.encodeClose(end: end, into: &w) } catch { preconditionFailure("a close fits") }
-            publish(w.written, to: slot.topics.down, mqtt: &mqtt)
+            publish(w.written, to: slot.brokerOut, mqtt: &mqtt)
         }
     }
 
     /// After every (re)connect: the session is clean, so subscribe again, say again which
-    /// gateway carries each stream, and resend what may have been lost with the old broker.
+    /// gateway carries each stream (a bridge: ask again for a carrier if none answered yet),
+    /// and resend what may have been lost with the old broker.
     public mutating func reconnected(now: ContinuousClock.Instant, mqtt: inout MQTTClient) {
         for s in slots.indices {
             guard let slot = slots[s] else { continue }
-            do throws(MQTTError) { try mqtt.subscribe(slot.topics.up, qos: 1) } catch { return }
-            publishText(slot.topics.gateway, gatewayID, retain: true, mqtt: &mqtt)
-            if let o = slot.deviceOpen { publishOpen(o.window, o.maxData, to: slot.topics.down, mqtt: &mqtt) }
-            republishDeviceAck(s, mqtt: &mqtt)
+            do throws(MQTTError) { try mqtt.subscribe(slot.brokerIn, qos: 1) } catch { return }
+            switch slot.role {
+            case .carrier:
+                publishText(slot.topics.gateway, gatewayID, retain: true, mqtt: &mqtt)
+                if let o = slot.brokerOpen { publishOpen(o.window, o.maxData, to: slot.topics.down, mqtt: &mqtt) }
+            case .bridge:
+                if slot.awaitsAnswer, let openTopic = slot.openTopic, let o = slot.brokerOpen {
+                    publishOpen(o.window, o.maxData, to: openTopic, mqtt: &mqtt)
+                    slot.openAgainAt = now + config.streamRetry
+                }
+            }
+            republishLinkAck(s, mqtt: &mqtt)
             resend(s, mqtt: &mqtt)
             slot.lastProgress = now
         }
@@ -545,10 +746,11 @@ public struct StreamRelay: ~Copyable {
     }
 
     /// A gateway went offline; this one is the first online gateway: tell the endpoints of its
-    /// streams (docs/relay.md §7.3) and clear their entries.
+    /// streams (docs/relay.md §7.3) and clear their entries. A stream this gateway bridges is
+    /// told too: the `gone` on its `…/S/down` reaches the phone.
     public mutating func gatewayWentOffline(_ gateway: Substring, downTopic: (String) -> String,
                                             gatewayTopic: (String) -> String, mqtt: inout MQTTClient) {
-        for (id, carrier) in directory where carrier == gateway && slots.allSatisfy({ $0?.id != id }) {
+        for (id, carrier) in directory where carrier == gateway && slot(id, .carrier) == nil {
             publishError(.gone, "gateway \(gateway) went offline", to: downTopic(id), mqtt: &mqtt)
             publishText(gatewayTopic(id), "", retain: true, mqtt: &mqtt)
             directory[id] = nil
@@ -556,17 +758,17 @@ public struct StreamRelay: ~Copyable {
         }
     }
 
-    /// Before a clean stop: every endpoint and device is told.
+    /// Before a clean stop: every endpoint, device, carrier and phone is told.
     public mutating func stop(mqtt: inout MQTTClient) {
         for s in slots.indices where slots[s] != nil {
-            _ = abort(s, .gone, "the gateway is stopping", toEndpoint: true, toDevice: true, mqtt: &mqtt)
+            _ = abort(s, .gone, "the gateway is stopping", toBroker: true, toLink: true, mqtt: &mqtt)
         }
     }
 
     // MARK: sending
 
-    /// One SDU to the device; false when the link cannot take it now.
-    mutating func sendToDevice(_ s: Int, _ sdu: UnsafeRawBufferPointer) -> Bool {
+    /// One SDU to the link; false when the link cannot take it now.
+    mutating func sendToLink(_ s: Int, _ sdu: UnsafeRawBufferPointer) -> Bool {
         guard let slot = slots[s], slot.channel.state == .open else { return false }
         do throws(LinkError) { return try slot.channel.send(sdu) } catch { return false }
     }
@@ -587,12 +789,17 @@ public struct StreamRelay: ~Copyable {
         publish(w.written, to: topic, mqtt: &mqtt)
     }
 
-    func publish(_ frame: UnsafeRawBufferPointer, to topic: String, mqtt: inout MQTTClient) {
-        // QoS 1, not retained (docs/relay.md §7.1). A frame the broker did not take is resent
-        // after the reconnect (down data) or by the endpoint (everything else).
-        do throws(MQTTError) { try mqtt.publish(topic: topic, payload: frame, qos: 1, retain: false) } catch {}
+    mutating func publishReset(_ reason: StreamReason, to topic: String, mqtt: inout MQTTClient) {
+        var w = ByteWriter(frameScratch)
+        do throws(WireError) { try LinkMessage.encodeReset(reason, into: &w) } catch { preconditionFailure("a reset fits") }
+        publish(w.written, to: topic, mqtt: &mqtt)
     }
 
+    func publish(_ frame: UnsafeRawBufferPointer, to topic: String, mqtt: inout MQTTClient) {
+        // QoS 1, not retained (docs/relay.md §7.1). A frame the broker did not take is resent
+        // after the reconnect (the link's data) or by the broker side (everything else).
+        do throws(MQTTError) { try mqtt.publish(topic: topic, payload: frame, qos: 1, retain: false) } catch {}
+    }
     func publishText(_ topic: String, _ text: String, retain: Bool, mqtt: inout MQTTClient) {
         // Array.withUnsafeBytes rethrows untyped: a failure is dropped here like `publish`'s.
         _ = try? Array(text.utf8).withUnsafeBytes { try mqtt.publish(topic: topic, payload: $0, qos: 1, retain: retain) }

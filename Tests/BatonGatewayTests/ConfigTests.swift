@@ -130,7 +130,7 @@ private func urlReason(_ text: String) -> String {
         let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../..")
         let board = try String(contentsOf: root.appendingPathComponent("board/baton.yaml"), encoding: .utf8)
         let docs = try String(contentsOf: root.appendingPathComponent("docs/config.md"), encoding: .utf8)
-        #expect(ConfigSchema.valueKeys.count == 60)
+        #expect(ConfigSchema.valueKeys.count == 61)
         for key in ConfigSchema.valueKeys {
             let leaf = key.split(separator: ".").last!
             let inBoard = board.contains(" \(leaf): "), inDocs = docs.contains("`\(key)`")
@@ -553,6 +553,19 @@ private func urlReason(_ text: String) -> String {
         #expect(problems("security:\n  identities: 1025\n")?.contains("security.identities: must be between 0 and 1024") == true)
         #expect(problems("security:\n  unkeyed: drop\n")?.contains("security.unkeyed: expected") == true)
         #expect(problems("security:\n  beacon-key-file: /nonexistent/beacon.key\n")?.hasPrefix("/etc/baton/baton.yaml:2: security.beacon-key-file: ") == true)
+    }
+
+    /// docs/config.md "relay", docs/relay.md §9: re-advertising tags with the group's key, so
+    /// it is refused without one, with its line.
+    @Test func reAdvertisingNeedsTheBeaconKey() throws {
+        let key = BeaconKey(bytes: Array(0x10..<0x20))
+        #expect(try parse("").readvertise == 0)
+        #expect(try parse("relay:\n  readvertise: 4\nsecurity:\n  beacon-key: \(key.text)\n").readvertise == 4)
+        #expect(problems("relay:\n  readvertise: 2\n")
+                == "/etc/baton/baton.yaml:2: relay.readvertise: re-advertising needs the group's beacon key: set security.beacon-key (or beacon-key-file) too")
+        #expect(try parse("relay:\n  readvertise: 0\n").readvertise == 0, "0 (off) needs no key")
+        #expect(problems("relay:\n  readvertise: 17\nsecurity:\n  beacon-key: \(key.text)\n")?
+                    .contains("relay.readvertise: must be between 0 and 16") == true)
     }
 
     @Test func aYAMLSyntaxErrorNamesItsLine() {

@@ -1,5 +1,6 @@
 // `baton gateway` against a real mosquitto, checked with mosquitto_sub the way a user would
 // check it (docs/mqtt.md is the contract these tests read from).
+import BatonKeys
 import BatonTestSupport
 import BatonWire
 import Foundation
@@ -158,6 +159,21 @@ import Testing
         gateway.process.waitUntilExit()
         #expect(gateway.process.terminationStatus == 2)
         #expect(gateway.log.contains("baton.yaml:3: unknown key \"brokr\" (did you mean \"broker\"?)"), "\(gateway.log)")
+    }
+
+    /// docs/relay.md §9: re-advertising goes out through the adapter the gateway scans with, so
+    /// a gateway on a capture (or the simulator, or a serial controller) refuses to start with
+    /// the reason, instead of running without what the user asked for.
+    @Test func reAdvertisingWithoutAnAdapterStopsWithTheReason() throws {
+        let dir = try scratchDirectory("readvertise")
+        let capture = dir.appendingPathComponent("empty.btsnoop")
+        try Data(Array("btsnoop\0".utf8) + [0, 0, 0, 1, 0, 0, 0x03, 0xEA]).write(to: capture)
+        let yaml = gatewayYAML(port: 1, radio: "capture:\(capture.path)",
+                               extra: "relay:\n  readvertise: 2\nsecurity:\n  beacon-key: \(BeaconKey(bytes: Array(0x10..<0x20)).text)\n")
+        let gateway = try GatewayProcess(yaml: yaml, in: dir)
+        gateway.process.waitUntilExit()
+        #expect(gateway.process.terminationStatus == 1)
+        #expect(gateway.log.contains("relay.readvertise: re-advertising needs a Bluetooth adapter as radio.source"), "\(gateway.log)")
     }
 
     /// Bad input keeps the gateway running: a capture cut mid-record and adverts that do not

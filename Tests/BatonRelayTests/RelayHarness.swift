@@ -124,3 +124,23 @@ func pollDescriptor(_ c: borrowing MQTTClient) -> pollfd {
 }
 func isReadable(_ p: pollfd) -> Bool { p.revents & Int16(POLLIN | POLLERR | POLLHUP) != 0 }
 func isWritable(_ p: pollfd) -> Bool { p.revents & Int16(POLLOUT) != 0 }
+
+// MARK: - Phones that open links to the gateway (docs/relay.md §7.5)
+
+extension Devices {
+    /// A phone in the gateway's room opens a link to a re-advertised activity: the gateway's
+    /// listener accepted it, so the gateway's end is open at once (`LinkChannel(accepted:)`).
+    /// The phone's end is kept like a device's: `received`, `send`, `hangUp`, `paused` and
+    /// `sendBuffer` (SO_SNDBUF of the gateway's end) work on it by the phone's address.
+    func accept(_ phone: LinkAddress) throws(LinkError) -> LinkChannel {
+        var pair: [Int32] = [-1, -1]
+        let type = Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_CLOEXEC.rawValue)
+        guard socketpair(AF_UNIX, type, 0, &pair) == 0 else { throw .os(Errno(errno, call: "socketpair")) }
+        _ = fcntl(pair[1], F_SETFL, fcntl(pair[1], F_GETFL) | O_NONBLOCK)
+        if var size = sendBuffer {
+            _ = setsockopt(pair[0], SOL_SOCKET, SO_SNDBUF, &size, socklen_t(MemoryLayout<Int32>.size))
+        }
+        ends.append(End(address: phone.address, fd: pair[1]))
+        return LinkChannel(accepted: pair[0], peer: phone, l2cap: false)
+    }
+}

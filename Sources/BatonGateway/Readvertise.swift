@@ -1,0 +1,246 @@
+// Re-advertising (docs/relay.md §9): the keyed group's activities that are current in other
+// rooms go on the air again here, flagged relayed, so a phone in this room sees them and
+// continues one through this gateway as if the originating device were beside it.
+//
+//   <prefix>/activities/+ (another gateway's) --> Readvertiser --beacon--> mgmt Add Advertising
+//   phone --L2CAP on the slot's PSM--> ContinuingLinks --fetch / stream over MQTT--> the owner
+//
+// What goes on the air is rebuilt from the owner's retained JSON (docs/mqtt.md §2): the beacon
+// of protocol.md §2 with the owner's sequence, type and flags, the activity's topic id as its
+// device id, this gateway's listener as its PSM, and a tag under the group's beacon key.
+import BatonHCI
+import BatonKeys
+import BatonMQTT
+import BatonRelay
+import BatonWire
+import Foundation
+
+/// An activity another room owns, as this gateway re-advertises it.
+struct RelayedActivity: Equatable {
+    /// The activity's topic id (the identity id `group ‖ n` for a device with an identity).
+    var device: UInt64
+    var sequence: UInt16
+    var typeHash: UInt32
+    /// The beacon's own flags (streams, web URL); `relayed` is added on the air.
+    var flags: BeaconFlags
+    /// The gateway that owns it (docs/rooms.md): whom a phone's fetch is really for.
+    var owner: String
+    /// The broker connection it was last seen on (see `Readvertiser.reconnected`).
+    var generation: UInt64
+}
+
+/// Which activities this gateway re-advertises, one per slot. Slot k goes out as advertising
+/// instance k of `ReadvertiseRadio` and is continued on its listener's PSM `psms[k]`.
+struct Readvertiser {
+    let groupHash: UInt32
+    let selfID: String
+    let psms: [UInt16]
+    private(set) var slots: [RelayedActivity?]
+    /// Bumped on every broker connect: the retained activities come again, and a slot not
+    /// seen again by the end of the retained scan was cleared while this gateway was away.
+    var generation: UInt64 = 0
+    /// Activities not re-advertised, by reason (stats `relay.readvertise.drops`).
+    private(set) var drops = DropCounts()
+
+    enum Change: Equatable {
+        /// Put slot k on the air (again: its beacon changed).
+        case advertise(Int)
+        /// Take slot k off the air.
+        case withdraw(Int)
+    }
+
+    init(groupHash: UInt32, selfID: String, psms: [UInt16]) {
+        self.groupHash = groupHash
+        self.selfID = selfID
+        self.psms = psms
+        slots = Array(repeating: nil, count: psms.count)
+    }
+
+    var count: Int { slots.count { $0 != nil } }
+
+    /// A message on `<prefix>/activities/<device>`, retained or live (empty: cleared).
+    mutating func activity(device: UInt64, payload: [UInt8]) -> Change? {
+        let held = slots.firstIndex { $0?.device == device }
+        guard let relayed = eligible(device: device, payload: payload) else {
+            guard let held else { return nil }
+            slots[held] = nil
+            return .withdraw(held)
+        }
+        if let held {
+            let changed = slots[held].map { $0.sequence != relayed.sequence || $0.flags != relayed.flags || $0.typeHash != relayed.typeHash } ?? true
+            slots[held] = relayed
+            return changed ? .advertise(held) : nil
+        }
+        guard let free = slots.firstIndex(where: { $0 == nil }) else {
+            // Counted; the activity is tried again at its next change (its owner republishes).
+            drops.count("readvertise-full")
+            return nil
+        }
+        slots[free] = relayed
+        return .advertise(free)
+    }
+
+    /// The activity to re-advertise from an owner's JSON, or nil: not the keyed group's, not
+    /// verified, owned here (the device is in this room), offering no link, a relayed copy, or
+    /// not an activity message at all.
+    func eligible(device: UInt64, payload: [UInt8]) -> RelayedActivity? {
+        guard !payload.isEmpty,
+              let o = try? JSONSerialization.jsonObject(with: Data(payload)) as? [String: Any],
+              o["state"] as? String == "current",
+              o["verified"] as? Bool == true,
+              o["relayed"] as? Bool != true,
+              let owner = o["gateway"] as? String, owner != selfID,
+              let group = (o["group"] as? String).flatMap({ UInt32($0, radix: 16) }), group == groupHash,
+              let seq = o["seq"] as? Int, let sequence = UInt16(exactly: seq),
+              let typeHash = (o["type_hash"] as? String).flatMap({ UInt32($0, radix: 16) }),
+              let psm = o["psm"] as? Int, psm != 0
+        else { return nil }
+        var flags: BeaconFlags = []
+        if o["supports_streams"] as? Bool == true { flags.insert(.supportsStreams) }
+        if o["has_web_url"] as? Bool == true { flags.insert(.hasWebURL) }
+        return RelayedActivity(device: device, sequence: sequence, typeHash: typeHash, flags: flags, owner: owner,
+                               generation: generation)
+    }
+
+    /// A broker (re)connect: every slot must be seen again in the retained scan.
+    mutating func reconnected() { generation &+= 1 }  // Proof: 2⁶⁴ connects never happen.
+
+    /// The retained scan ended: slots not seen again were cleared while this gateway was away.
+    mutating func retainedScanEnded(_ change: (Change) -> Void) {
+        for k in slots.indices {
+            guard let s = slots[k], s.generation != generation else { continue }
+            slots[k] = nil
+            change(.withdraw(k))
+        }
+    }
+
+    /// The slot continued on `psm`, if one is on the air.
+    func slot(psm: UInt16) -> Int? {
+        guard let k = psms.firstIndex(of: psm), slots[k] != nil else { return nil }
+        return k
+    }
+
+    /// Slot k's advertisement (protocol.md §2.1): 31 bytes, flagged relayed, tagged.
+    func advertisement(_ k: Int, companyID: UInt16, tagger: some BeaconAuthenticator) -> [UInt8] {
+        guard let s = slots[k] else { return [] }
+        let beacon = ActivityBeacon(flags: s.flags.union(.relayed), sequence: s.sequence, activityTypeHash: s.typeHash,
+                                    groupHash: groupHash, deviceID: s.device, psm: psms[k])
+        var bytes = [UInt8](repeating: 0, count: ActivityBeacon.advertisementLength)
+        bytes.withUnsafeMutableBytes { raw in
+            var w = ByteWriter(raw)
+            do throws(WireError) { try beacon.encodeAdvertisement(companyID: companyID, authenticator: tagger, into: &w) } catch {
+                preconditionFailure("a beacon advertisement is 31 bytes")
+            }
+        }
+        return bytes
+    }
+}
+
+/// The controller side of re-advertising: mgmt advertising instances and one L2CAP listener
+/// per slot, on the gateway's own adapter (docs/relay.md §9). A class, so the gateway holds
+/// the non-copyable socket and listeners in one optional.
+public final class ReadvertiseRadio {
+    let adapter: String
+    var mgmt: ManagementSocket
+    /// Slot k's mgmt instance: the highest ones free at start, out of bluetoothd's way.
+    let instances: [UInt8]
+    final class Listener {
+        let listener: L2CAPListener
+        init(_ l: consuming L2CAPListener) { listener = l }
+    }
+    let listeners: [Listener]
+
+    /// Takes `count` advertising instances and opens `count` listeners on kernel-chosen PSMs.
+    public init(adapter: String, count: Int, receiveMTU: Int) throws(ReadvertiseError) {
+        self.adapter = adapter
+        let mgmt: ManagementSocket
+        let features: AdvertisingFeatures
+        do throws(ManagementError) {
+            var m = try ManagementSocket(adapter: adapter)
+            features = try m.advertisingFeatures()
+            mgmt = m
+        } catch {
+            throw ReadvertiseError("\(adapter): \(error)")
+        }
+        var free: [UInt8] = []
+        if features.maxInstances > 0 {
+            for n in stride(from: features.maxInstances, through: 1, by: -1) where !features.isInUse(n) && free.count < count {
+                free.append(n)
+            }
+        }
+        guard free.count == count else {
+            throw ReadvertiseError("\(adapter) has \(free.count) free advertising instances of \(features.maxInstances) and relay.readvertise asks for \(count): lower it (`btmgmt -i \(adapter) advinfo` lists them)")
+        }
+        instances = free
+        self.mgmt = mgmt
+        var listeners: [Listener] = []
+        for _ in 0..<count {
+            do throws(LinkError) {
+                // PSM 0: the kernel picks a free one from the LE dynamic range (Core 5.4,
+                // Vol 3, Part A, §4.22), which the beacon then names.
+                listeners.append(Listener(try L2CAPListener(adapter: adapter, psm: 0, receiveMTU: receiveMTU)))
+            } catch {
+                throw ReadvertiseError("listening for phones on \(adapter): \(error)")
+            }
+        }
+        self.listeners = listeners
+    }
+
+    var psms: [UInt16] { listeners.map { $0.listener.psm } }
+
+    func advertise(_ k: Int, _ data: [UInt8]) throws(ManagementError) {
+        try mgmt.removeAdvertising(instance: instances[k])
+        // Array.withUnsafeBytes rethrows untyped: the error travels out as a value.
+        let result: Result<Void, ManagementError> = data.withUnsafeBytes { p in
+            // Connectable: the phone opens its link on this gateway's address (protocol.md §5).
+            do throws(ManagementError) { try mgmt.addAdvertising(instance: instances[k], flags: .connectable, data: p) } catch {
+                return .failure(error)
+            }
+            return .success(())
+        }
+        try result.get()
+    }
+
+    func withdraw(_ k: Int) throws(ManagementError) { try mgmt.removeAdvertising(instance: instances[k]) }
+
+    /// Before a clean stop: nothing of this gateway's stays on the air.
+    func withdrawAll() {
+        for k in instances.indices { do throws(ManagementError) { try withdraw(k) } catch {} }
+    }
+}
+
+public struct ReadvertiseError: Error, CustomStringConvertible {
+    public let description: String
+    init(_ text: String) { description = text }
+}
+
+/// An owner's answer to a fetch this gateway asked for a phone (docs/relay.md §3): from the v5
+/// properties, or from the v3.1.1 envelope when the broker connection is v3.1.1.
+struct AnswerForPhone {
+    var status = "bad-answer"
+    var correlation: [UInt8] = []
+    var sequence: UInt16?
+    /// The payload's bytes for `ok`.
+    var payload: [UInt8] = []
+
+    init(_ message: MQTTMessage) {
+        let p = message.properties
+        if let status = p.userProperties.first(where: { $0.name == "status" })?.value {
+            self.status = status
+            correlation = p.correlationData ?? []
+            sequence = p.userProperties.first { $0.name == "seq" }.flatMap { UInt16($0.value) }
+            if status == "ok" { payload = message.payload }
+            return
+        }
+        guard let o = try? JSONSerialization.jsonObject(with: Data(message.payload)) as? [String: Any],
+              let status = o["status"] as? String, let hex = o["correlation"] as? String else { return }
+        self.status = status
+        var i = hex.startIndex
+        while let j = hex.index(i, offsetBy: 2, limitedBy: hex.endIndex), j > i, let b = UInt8(hex[i..<j], radix: 16) {
+            correlation.append(b)
+            i = j
+        }
+        sequence = (o["seq"] as? Int).flatMap { UInt16(exactly: $0) }
+        if status == "ok" { payload = (o["cbor"] as? String).flatMap { Data(base64Encoded: $0) }.map { [UInt8]($0) } ?? [] }
+    }
+}

@@ -1,0 +1,345 @@
+// Links that continuing devices (phones, laptops in this room) open to the activities this
+// gateway re-advertises (docs/relay.md §9). On such a link this gateway plays the device:
+// it speaks docs/protocol.md §5 to the phone, and relays through the broker to the gateway
+// that owns the activity, as any MQTT requester would.
+//
+//   phone --fetch(seq)--> [request on <prefix>/fetch/<device>] --> owner
+//   phone <--payload(seq, bytes) / fetch-refused-- [its answer on <prefix>/answers/<gw>/<link>]
+//   phone --open--> StreamRelay.bridge (docs/relay.md §7.5): the stream goes through the broker
+//
+// A fetch from a phone is a continuation: the request carries `continue` with this room's name,
+// so the owner tells the originating device and publishes was-continued (relay.md §3), as
+// Handoff tells the Mac when the iPhone takes its activity.
+//
+// Capacity is fixed at start: `relay.links` links at once; one more is hung up and counted.
+
+import BatonMQTT
+import BatonWire
+import Glibc
+
+public struct ContinuingCounters: Sendable, Equatable {
+    /// Links phones opened (accepted), and refused for want of a slot.
+    public var links = 0
+    public var refused = 0
+    /// Fetches asked by phones, answered with the payload, and answered fetch-refused
+    /// (including the ones the owner did not answer in time).
+    public var fetches = 0
+    public var payloads = 0
+    public var refusals = 0
+    /// Stream links handed to the stream relay.
+    public var streams = 0
+    public init() {}
+}
+
+public struct ContinuingLinks: ~Copyable {
+    public let config: RelayConfig
+    let prefix: String
+    /// `<prefix>/answers/<gateway>/`: each link's answers come to this root plus its serial.
+    public let answerRoot: String
+    /// The body of every fetch after the route: `"format":"cbor","continue":"<room>"`.
+    let requestTail: String
+
+    /// A phone's link and what it is doing. A class so the slots can hold the non-copyable
+    /// channel; one is made per link accepted, never per message.
+    final class Link {
+        /// nil once handed to the stream relay (an open came first).
+        var channel: LinkChannel?
+        let device: UInt64
+        let serial: UInt64
+        /// The fetch sent for the phone and not yet answered.
+        var asked: (sequence: UInt16, correlation: UInt64, deadline: ContinuousClock.Instant)?
+        var idleSince: ContinuousClock.Instant
+        /// The phone's open, taken while the channel drained; acted on after (`poll`).
+        var open: (window: UInt16, maxData: UInt16)?
+        var hangUp = false
+        var messages: UInt64 = 0
+        init(channel: consuming LinkChannel, device: UInt64, serial: UInt64, now: ContinuousClock.Instant) {
+            self.channel = .some(channel); self.device = device; self.serial = serial; idleSince = now
+        }
+    }
+    var links: [Link?]
+    var polled: [(slot: Int, serial: UInt64)]
+    var serials: UInt64 = 0
+    var correlations: UInt64 = 0
+    /// One receive buffer for every link, and one for what goes to a phone: a payload message
+    /// (3 bytes of header and `relay.payload-max`).
+    let receive: UnsafeMutableRawBufferPointer
+    let sendScratch: UnsafeMutableRawBufferPointer
+
+    public private(set) var counters = ContinuingCounters()
+    /// Link messages and answers dropped, by reason (stats `relay.continuing.drops`).
+    public private(set) var drops = DropCounts()
+    public private(set) var openLinks = 0
+
+    /// `room` is what the owner is told the activity was continued at.
+    public init(config: RelayConfig, prefix: String, gatewayID: String, room: String) {
+        self.config = config
+        self.prefix = prefix
+        answerRoot = "\(prefix)/answers/\(gatewayID)/"
+        // The request body allows no escapes (docs/relay.md §2), so a room name is said without
+        // the characters that would need one, cut to 64 bytes.
+        var at = ""
+        for c in room.unicodeScalars where c != "\"" && c != "\\" && c.value >= 0x20 {
+            guard at.utf8.count + String(c).utf8.count <= LinkMessage.maxRoomBytes else { break }
+            at.unicodeScalars.append(c)
+        }
+        requestTail = at.isEmpty ? #""format":"cbor"}"# : #""format":"cbor","continue":"\#(at)"}"#
+        links = Array(repeating: nil, count: config.links)
+        polled = []
+        polled.reserveCapacity(config.links)
+        receive = .allocate(byteCount: config.payloadMax + 3, alignment: 8)
+        sendScratch = .allocate(byteCount: config.payloadMax + 3, alignment: 8)
+    }
+
+    deinit {
+        receive.deallocate()
+        sendScratch.deallocate()
+    }
+
+    /// Where the answers come: subscribe to this while the gateway re-advertises.
+    public var answerPattern: String { answerRoot + "+" }
+
+    /// A link a phone opened to the re-advertised activity of `device`. False when every slot
+    /// is taken: the link is hung up and counted.
+    @discardableResult
+    public mutating func adopt(_ channel: consuming LinkChannel, device: UInt64, now: ContinuousClock.Instant) -> Bool {
+        guard let free = links.firstIndex(where: { $0 == nil }) else {
+            channel.close()
+            counters.refused &+= 1
+            drops.count("continuing-full")
+            return false
+        }
+        serials &+= 1  // Proof: 2⁶⁴ links are never accepted.
+        links[free] = Link(channel: channel, device: device, serial: serials, now: now)
+        openLinks += 1
+        counters.links &+= 1
+        return true
+    }
+
+    /// A phone connected to a slot that just left the air: hung up, and counted.
+    public mutating func refusedGone() {
+        counters.refused &+= 1
+        drops.count("continuing-gone")
+    }
+
+    // MARK: the phones' messages
+
+    public mutating func pollDescriptors(into fds: inout [pollfd]) {
+        polled.removeAll(keepingCapacity: true)
+        for (i, l) in links.enumerated() {
+            guard let l, let fd = l.channel?.fd, fd >= 0 else { continue }
+            var events = Int16(POLLIN)
+            if l.channel?.wantsWrite == true { events |= Int16(POLLOUT) }
+            fds.append(pollfd(fd: fd, events: events, revents: 0))
+            polled.append((i, l.serial))
+        }
+    }
+
+    /// Handles the links' readiness; a link whose first message is an open goes to `streams`.
+    public mutating func poll(fds: ArraySlice<pollfd>, now: ContinuousClock.Instant, mqtt: inout MQTTClient,
+                              streams: inout StreamRelay) {
+        for (k, fd) in zip(polled.indices, fds) where fd.revents != 0 {
+            let s = polled[k].slot
+            guard let l = links[s], l.serial == polled[k].serial else { continue }
+            let readable = fd.revents & Int16(POLLIN | POLLHUP | POLLERR) != 0
+            let writable = fd.revents & Int16(POLLOUT) != 0
+            // What a message decides for the link waits until the drain returns (the channel
+            // is in use while it drains).
+            l.channel?.poll(readable: readable, writable: writable, buffer: receive) { sdu in
+                received(sdu, slot: s, now: now, mqtt: &mqtt)
+            }
+            if let open = l.open, var channel = l.channel.take() {
+                // A stream link (protocol.md §5.3): the stream relay carries it from here.
+                release(s)
+                counters.streams &+= 1
+                guard open.window > 0, open.maxData > 0 else {
+                    channel.close()
+                    continue
+                }
+                // The phone is the continuing endpoint; this gateway speaks for it on the
+                // broker under a stream id of its own (docs/relay.md §7.1, §7.5).
+                let id = Self.streamID()
+                let root = "\(prefix)/streams/\(id)/"
+                streams.bridge(channel: channel, device: l.device, id: id,
+                               topics: StreamTopics(up: root + "up", down: root + "down", gateway: root + "gateway"),
+                               openTopic: "\(prefix)/stream/\(ActivityBeacon.deviceIDText(l.device))/\(id)",
+                               window: open.window, maxData: open.maxData, now: now, mqtt: &mqtt)
+                continue
+            }
+            if l.hangUp {
+                close(s)
+                continue
+            }
+            if case .closed = l.channel?.state { close(s) }
+        }
+    }
+
+    mutating func received(_ sdu: UnsafeRawBufferPointer, slot s: Int, now: ContinuousClock.Instant, mqtt: inout MQTTClient) {
+        guard let l = links[s], l.open == nil, !l.hangUp else { return }
+        l.messages &+= 1  // Proof: a link ends long before 2⁶⁴ messages.
+        let message: LinkMessage
+        do throws(WireError) { message = try LinkMessage.decode(sdu, payloadMax: config.payloadMax) } catch {
+            drops.count(error)
+            l.hangUp = true
+            return
+        }
+        switch message.type {
+        case .fetch:
+            ask(l, sequence: UInt16(truncatingIfNeeded: message.number), now: now, mqtt: &mqtt)
+        case .open where l.messages == 1:
+            // Only as a link's first message: a fetch link never turns into a stream link.
+            l.open = (message.window, message.maxData)
+        default:
+            // A phone sends fetches and streams; anything else breaks protocol.md §5.
+            drops.count("continuing-unexpected")
+            l.hangUp = true
+        }
+    }
+
+    /// Asks the owner for the phone: the v5 route in properties and the v3.1.1 route in the body
+    /// (docs/relay.md §1–2), as `baton fetch` does, so either kind of broker connection works.
+    mutating func ask(_ l: Link, sequence: UInt16, now: ContinuousClock.Instant, mqtt: inout MQTTClient) {
+        correlations &+= 1  // Proof: 2⁶⁴ fetches are never asked.
+        // A second fetch before the first was answered supersedes it: the owner answers the
+        // first `cancelled` (same response topic), which no longer matches and is dropped.
+        l.asked = (sequence, correlations, now + config.fetchTimeout + Self.deliveryAllowance)
+        counters.fetches &+= 1
+        let topic = answerRoot + String(l.serial)
+        var correlation = [UInt8](repeating: 0, count: 8)
+        for i in 0..<8 { correlation[i] = UInt8(truncatingIfNeeded: correlations >> (8 * UInt64(i))) }
+        var hex = ""
+        for b in correlation { hex += Self.hexDigits(b) }
+        let body = #"{"response_topic":"\#(topic)","correlation":"\#(hex)","#+requestTail
+        let fetchTopic = "\(prefix)/fetch/\(ActivityBeacon.deviceIDText(l.device))"
+        // Array.withUnsafeBytes rethrows untyped: a failure comes out as a value.
+        let sent: Bool = Array(body.utf8).withUnsafeBytes { b in
+            do throws(MQTTError) {
+                try mqtt.publish(topic: fetchTopic, payload: b, qos: 1, retain: false,
+                                 properties: MQTTProperties(responseTopic: topic, correlationData: correlation))
+                return true
+            } catch {
+                return false
+            }
+        }
+        // No broker now: the phone is told at the deadline, as for an owner that never answers.
+        if !sent { drops.count("continuing-not-sent") }
+    }
+
+    /// The owner's answer takes the owner's deadline plus this for the broker's delivery.
+    static var deliveryAllowance: Duration { .seconds(1) }
+
+    // MARK: the owners' answers
+
+    /// An answer on `<answerRoot><serial>`: its status (`ok` or a reason of docs/relay.md §3),
+    /// the payload's sequence and bytes for `ok`.
+    public mutating func answered(topic: String, correlation: [UInt8], status: String, sequence: UInt16?,
+                                  payload: [UInt8], now: ContinuousClock.Instant) {
+        guard topic.hasPrefix(answerRoot), let serial = UInt64(topic.dropFirst(answerRoot.count)),
+              let s = links.firstIndex(where: { $0?.serial == serial }), let l = links[s], let asked = l.asked else {
+            return drops.count("continuing-answer-unknown")
+        }
+        var expected = [UInt8](repeating: 0, count: 8)
+        for i in 0..<8 { expected[i] = UInt8(truncatingIfNeeded: asked.correlation >> (8 * UInt64(i))) }
+        guard correlation == expected else { return drops.count("continuing-answer-stale") }
+        l.asked = nil
+        l.idleSince = now
+        if status == "ok", let sequence, !payload.isEmpty, payload.count <= config.payloadMax {
+            var w = ByteWriter(sendScratch)
+            let written: Bool = payload.withUnsafeBytes { p in
+                do throws(WireError) { try LinkMessage.encodePayload(sequence: sequence, payload: p, into: &w) } catch {
+                    return false
+                }
+                return true
+            }
+            if written, send(l, w.written) {
+                counters.payloads &+= 1
+                return
+            }
+            // Larger than the phone's MTU: it is told so, as a device would (protocol.md §5.2).
+            return refuse(l, .tooLarge, sequence: sequence)
+        }
+        // The owner's reasons in the device's words (protocol.md §5.2): gone, too large, or no.
+        let reason: FetchRefusal = switch status {
+        case "unknown-device": .notCurrent
+        case "too-large", "ok": .tooLarge
+        default: .refused
+        }
+        refuse(l, reason, sequence: sequence ?? asked.sequence)
+    }
+
+    mutating func refuse(_ l: Link, _ reason: FetchRefusal, sequence: UInt16) {
+        var w = ByteWriter(sendScratch)
+        do throws(WireError) { try LinkMessage.encodeFetchRefused(sequence: sequence, reason, into: &w) } catch {
+            preconditionFailure("a fetch-refused message fits")
+        }
+        if send(l, w.written) { counters.refusals &+= 1 }
+    }
+
+    /// One message to the phone; false when it could not go (the link is full or broken: the
+    /// phone asks again or hangs up).
+    func send(_ l: Link, _ sdu: UnsafeRawBufferPointer) -> Bool {
+        guard l.channel?.state == .open else { return false }
+        do throws(LinkError) { return try l.channel?.send(sdu) ?? false } catch { return false }
+    }
+
+    // MARK: time
+
+    public var nextDeadline: ContinuousClock.Instant? {
+        guard openLinks > 0 else { return nil }
+        var next: ContinuousClock.Instant?
+        func consider(_ d: ContinuousClock.Instant) { if next.map({ d < $0 }) ?? true { next = d } }
+        for l in links {
+            guard let l else { continue }
+            if let asked = l.asked { consider(asked.deadline) } else { consider(l.idleSince + config.linkIdle) }
+        }
+        return next
+    }
+
+    /// Tells phones whose fetch no owner answered in time, and hangs up idle links.
+    public mutating func tick(now: ContinuousClock.Instant) {
+        for s in links.indices {
+            guard let l = links[s] else { continue }
+            if let asked = l.asked {
+                guard asked.deadline <= now else { continue }
+                l.asked = nil
+                l.idleSince = now
+                drops.count("continuing-timeout")
+                refuse(l, .refused, sequence: asked.sequence)
+            } else if l.idleSince + config.linkIdle <= now {
+                close(s)
+            }
+        }
+    }
+
+    /// Before a clean stop: every phone's link is hung up.
+    public mutating func stop() {
+        for s in links.indices where links[s] != nil { close(s) }
+    }
+
+    mutating func close(_ s: Int) {
+        guard let l = links[s] else { return }
+        l.channel?.close()
+        release(s)
+    }
+
+    mutating func release(_ s: Int) {
+        links[s] = nil
+        openLinks -= 1
+    }
+
+    // MARK: names
+
+    /// A stream id of docs/relay.md §7.1: 16 random hex digits, as `baton stream` picks.
+    static func streamID() -> String {
+        var random = SystemRandomNumberGenerator()
+        var id = ""
+        let value = random.next()
+        for i in (0..<8).reversed() { id += hexDigits(UInt8(truncatingIfNeeded: value >> (8 * UInt64(i)))) }
+        return id
+    }
+
+    static func hexDigits(_ b: UInt8) -> String {
+        let digits = Array("0123456789abcdef".utf8)
+        return String(decoding: [digits[Int(b >> 4)], digits[Int(b & 0xF)]], as: UTF8.self)
+    }
+}

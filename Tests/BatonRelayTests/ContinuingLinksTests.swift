@@ -1,0 +1,305 @@
+// A phone's link to an activity this gateway re-advertises (docs/relay.md §9), against a real
+// mosquitto. The phone is the test's end of a SOCK_SEQPACKET socketpair and writes link
+// messages in bytes (docs/protocol.md §5.1); the owning gateway is an MQTT client the test
+// plays: it reads the fetch requests on `baton/fetch/+` and answers them as relay.md §3 says.
+//
+//   phone --fetch(seq)--> ContinuingLinks (gateway "office") --baton/fetch/<device>--> owner (test)
+//   phone <--payload / fetch-refused--                       <--baton/answers/office/<link>--
+//
+// The links' clock is the test's: it moves only by `advance`, so a deadline passes exactly
+// when the test says, however slow the machine.
+
+import CBlueZ  // its shim includes <sys/socket.h>: import it so SOCK_SEQPACKET has one owner
+import Foundation
+import Glibc
+import Testing
+import BatonMQTT
+import BatonWire
+import BatonTestSupport
+import BatonRelay
+
+private func bytes(_ hex: String) -> [UInt8] {
+    let digits = Array(hex.filter { !$0.isWhitespace })
+    return stride(from: 0, to: digits.count, by: 2).map { UInt8(String(digits[$0 ... $0 + 1]), radix: 16)! }
+}
+
+private func hexText(_ bytes: [UInt8]) -> String { bytes.map { String(format: "%02x", $0) }.joined() }
+
+/// Dave's phone's activity, as the owner publishes it: `7cec72260004`.
+private let device: UInt64 = 0x7CEC_7226_0004
+
+private final class Rig {
+    let broker: MosquittoBroker
+    var links: ContinuingLinks
+    var streams: StreamRelay
+    var gateway: MQTTClient
+    var owner: MQTTClient
+    private(set) var now: ContinuousClock.Instant
+    /// The phones' ends, in the order they connected.
+    private(set) var phones: [Int32] = []
+    /// What each phone received, in order; whether the gateway hung up on it.
+    private(set) var received: [[[UInt8]]] = []
+    private(set) var hungUp: [Bool] = []
+    /// The fetch requests the owner saw.
+    private(set) var requests: [MQTTMessage] = []
+    /// What the owner answers each request with (nil: it stays silent).
+    var answer: ((MQTTMessage) -> (status: String, seq: UInt16?, payload: [UInt8])?)?
+    /// Every stream open the owner saw (`baton/stream/<device>/<id>`).
+    private(set) var opens: [MQTTMessage] = []
+    private var probes: Set<String> = []
+
+    init(_ config: RelayConfig = RelayConfig()) throws {
+        broker = try MosquittoBroker()
+        links = ContinuingLinks(config: config, prefix: "baton", gatewayID: "office", room: #"Dave's "office""#)
+        streams = StreamRelay(config: config, link: nil, gatewayID: "office")
+        gateway = try MQTTClient(config: MQTTConfig(port: broker.port, clientID: "office", protocolVersion: .v5))
+        owner = try MQTTClient(config: MQTTConfig(port: broker.port, clientID: "hall", protocolVersion: .v5))
+        now = .now
+        gateway.start(now: .now)
+        owner.start(now: .now)
+        try #require(run { gateway.isConnected && owner.isConnected }, "the clients did not connect to mosquitto")
+        try gateway.subscribe(links.answerPattern, qos: 1)
+        try gateway.subscribe("probe/gateway", qos: 1)
+        try owner.subscribe("baton/fetch/+", qos: 1)
+        try owner.subscribe("baton/stream/+/+", qos: 1)
+        try owner.subscribe("probe/owner", qos: 1)
+        try Array("probe".utf8).withUnsafeBytes {
+            try gateway.publish(topic: "probe/gateway", payload: $0, qos: 1)
+            try owner.publish(topic: "probe/owner", payload: $0, qos: 1)
+        }
+        try #require(run { probes.count == 2 }, "the subscriptions did not take effect")
+    }
+
+    deinit {
+        for fd in phones { close(fd) }
+        gateway.disconnect()
+        owner.disconnect()
+    }
+
+    func advance(_ d: Duration) { now += d }
+
+    /// A phone connects to the re-advertised activity; the gateway's end of the link is adopted
+    /// as a listener's accept would hand it over. `mtu`: what the gateway may send the phone.
+    @discardableResult
+    func connectPhone(mtu: Int = 65_535) throws -> (index: Int, adopted: Bool) {
+        var pair: [Int32] = [-1, -1]
+        let type = Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_CLOEXEC.rawValue)
+        try #require(socketpair(AF_UNIX, type, 0, &pair) == 0)
+        _ = fcntl(pair[1], F_SETFL, fcntl(pair[1], F_GETFL) | O_NONBLOCK)
+        phones.append(pair[1])
+        received.append([])
+        hungUp.append(false)
+        let adopted = links.adopt(LinkChannel(accepted: pair[0], peer: nil, l2cap: false, sendMTU: mtu), device: device, now: now)
+        return (phones.count - 1, adopted)
+    }
+
+    func phoneSends(_ phone: Int, _ message: [UInt8]) throws {
+        let n = message.withUnsafeBytes { send(phones[phone], $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+        try #require(n == message.count)
+    }
+
+    private func pumpPhones() {
+        var buffer = [UInt8](repeating: 0, count: 70_000)
+        for i in phones.indices where !hungUp[i] {
+            while true {
+                let n = buffer.withUnsafeMutableBytes { recv(phones[i], $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
+                if n > 0 { received[i].append(Array(buffer[..<n])); continue }
+                if n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK) { hungUp[i] = true }
+                break
+            }
+        }
+    }
+
+    /// The gateway's loop in miniature (as Gateway.swift turns); true when `done()` held in time.
+    @discardableResult
+    func run(limit: Duration = .seconds(10), until done: () -> Bool) -> Bool {
+        let end = ContinuousClock.now + limit
+        while true {
+            pumpPhones()
+            if done() { return true }
+            if ContinuousClock.now >= end { return false }
+            var fds = [pollDescriptor(gateway), pollDescriptor(owner)]
+            links.pollDescriptors(into: &fds)
+            let linksEnd = fds.count
+            fds += phones.indices.filter { !hungUp[$0] }.map { pollfd(fd: phones[$0], events: Int16(POLLIN), revents: 0) }
+            while Glibc.poll(&fds, nfds_t(fds.count), 50) < 0 && errno == EINTR {}
+            var gatewayEvents: [MQTTEvent] = []
+            var ownerEvents: [MQTTEvent] = []
+            gateway.poll(now: .now, readable: isReadable(fds[0]), writable: isWritable(fds[0])) { gatewayEvents.append($0) }
+            owner.poll(now: .now, readable: isReadable(fds[1]), writable: isWritable(fds[1])) { ownerEvents.append($0) }
+            for case .message(let m) in gatewayEvents {
+                if m.topic == "probe/gateway" { probes.insert(m.topic); continue }
+                let p = m.properties
+                links.answered(topic: m.topic, correlation: p.correlationData ?? [],
+                               status: p.userProperties.first { $0.name == "status" }?.value ?? "?",
+                               sequence: p.userProperties.first { $0.name == "seq" }.flatMap { UInt16($0.value) },
+                               payload: m.payload, now: now)
+            }
+            for case .message(let m) in ownerEvents { ownerReceived(m) }
+            links.poll(fds: fds[2 ..< linksEnd], now: now, mqtt: &gateway, streams: &streams)
+            links.tick(now: now)
+        }
+    }
+
+    /// The owner answers as FetchRelay would (docs/relay.md §3, the v5 form).
+    private func ownerReceived(_ m: MQTTMessage) {
+        if m.topic == "probe/owner" { probes.insert(m.topic); return }
+        if m.topic.hasPrefix("baton/stream/") { opens.append(m); return }
+        requests.append(m)
+        guard let a = answer?(m), let topic = m.properties.responseTopic else { return }
+        var user = [MQTTUserProperty("status", a.status), MQTTUserProperty("gateway", "hall")]
+        if let seq = a.seq { user.append(MQTTUserProperty("seq", String(seq))) }
+        let body = a.status == "ok" ? a.payload : Array(#"{"status":"\#(a.status)","detail":"x"}"#.utf8)
+        _ = try? body.withUnsafeBytes {
+            try owner.publish(topic: topic, payload: $0, qos: 1, retain: false,
+                              properties: MQTTProperties(contentType: a.status == "ok" ? "application/cbor" : "application/json",
+                                                         correlationData: m.properties.correlationData, userProperties: user))
+        }
+    }
+
+    func waitPhone(_ phone: Int, _ count: Int, sourceLocation: SourceLocation = #_sourceLocation) throws {
+        try #require(run { received[phone].count >= count },
+                     "the phone got \(received[phone].map(hexText)), not \(count) message(s)", sourceLocation: sourceLocation)
+    }
+
+    func drops(_ reason: String) -> Int { links.drops.sorted.first { $0.reason == reason }?.count ?? 0 }
+}
+
+@Suite("A phone continues a re-advertised activity through this gateway (docs/relay.md §9)")
+struct ContinuingLinksTests {
+    @Test("§9: the phone's fetch(seq) becomes a request to the owner, routed both ways and saying it continues here; the owner's payload reaches the phone as payload(seq, bytes)")
+    func fetchThroughTheBroker() throws {
+        let rig = try Rig()
+        let payload = bytes("A3 01 01 02 78 1A") + Array("com.example.notes.edit".utf8)  // any bytes: relayed as they are
+        rig.answer = { _ in ("ok", 0x0103, payload) }
+        let phone = try rig.connectPhone()
+        try rig.phoneSends(phone.index, bytes("01 0201"))  // fetch, seq 0x0102
+        try rig.waitPhone(phone.index, 1)
+        #expect(rig.received[phone.index] == [bytes("02 0301") + payload], "payload, the owner's seq 0x0103, the bytes")
+
+        let request = try #require(rig.requests.first)
+        #expect(request.topic == "baton/fetch/7cec72260004")
+        #expect(request.properties.responseTopic == "baton/answers/office/1")
+        let correlation = try #require(request.properties.correlationData)
+        #expect(correlation.count == 8)
+        let body = try #require(JSONSerialization.jsonObject(with: Data(request.payload)) as? [String: String])
+        // The v3.1.1 route too, and the room without the characters the body may not escape.
+        #expect(body == ["response_topic": "baton/answers/office/1", "correlation": hexText(correlation),
+                         "format": "cbor", "continue": "Dave's office"])
+        #expect(rig.links.counters.fetches == 1 && rig.links.counters.payloads == 1)
+
+        // The same link fetches again: a new correlation, the same response topic.
+        try rig.phoneSends(phone.index, bytes("01 0301"))
+        try rig.waitPhone(phone.index, 2)
+        #expect(rig.requests.count == 2)
+        #expect(rig.requests[1].properties.correlationData != correlation)
+    }
+
+    @Test("§9: the owner's refusals in the device's words: unknown-device → not current (01), too-large → too large (02), anything else → refused (03)")
+    func refusals() throws {
+        let rig = try Rig()
+        let statuses = ["unknown-device", "too-large", "not-owner", "unreachable", "timeout", "busy"]
+        var next = 0
+        rig.answer = { _ in defer { next += 1 }; return (statuses[next], nil, []) }
+        let phone = try rig.connectPhone()
+        for (i, _) in statuses.enumerated() {
+            try rig.phoneSends(phone.index, bytes("01 0201"))
+            try rig.waitPhone(phone.index, i + 1)
+        }
+        #expect(rig.received[phone.index] == [bytes("03 0201 01"), bytes("03 0201 02"), bytes("03 0201 03"),
+                                               bytes("03 0201 03"), bytes("03 0201 03"), bytes("03 0201 03")])
+        #expect(rig.links.counters.refusals == 6)
+    }
+
+    @Test("§9: a payload larger than the phone's MTU is refused as too large (02), as the device itself would")
+    func largerThanThePhonesMTU() throws {
+        let rig = try Rig()
+        rig.answer = { _ in ("ok", 0x0102, [UInt8](repeating: 0xAB, count: 200)) }
+        let phone = try rig.connectPhone(mtu: 100)
+        try rig.phoneSends(phone.index, bytes("01 0201"))
+        try rig.waitPhone(phone.index, 1)
+        #expect(rig.received[phone.index] == [bytes("03 0201 02")])
+    }
+
+    @Test("§9: an owner that never answers: the phone is told refused (03) once relay.fetch-timeout + 1 s have passed, not before; a late answer is dropped")
+    func noAnswer() throws {
+        let rig = try Rig(RelayConfig(fetchTimeout: .seconds(2)))
+        let phone = try rig.connectPhone()
+        try rig.phoneSends(phone.index, bytes("01 0201"))
+        try #require(rig.run { rig.requests.count == 1 })
+        rig.advance(.milliseconds(2_900))
+        rig.run(limit: .milliseconds(300)) { false }
+        #expect(rig.received[phone.index].isEmpty, "nothing before the deadline")
+        rig.advance(.milliseconds(200))
+        try rig.waitPhone(phone.index, 1)
+        #expect(rig.received[phone.index] == [bytes("03 0201 03")])
+        #expect(rig.drops("continuing-timeout") == 1)
+        // The owner answers after all: not the phone's any more.
+        let request = rig.requests[0]
+        try Array("late".utf8).withUnsafeBytes {
+            try rig.owner.publish(topic: request.properties.responseTopic!, payload: $0, qos: 1, retain: false,
+                                  properties: MQTTProperties(correlationData: request.properties.correlationData,
+                                                             userProperties: [MQTTUserProperty("status", "ok"), MQTTUserProperty("seq", "258")]))
+        }
+        try #require(rig.run { rig.drops("continuing-answer-unknown") == 1 })
+        #expect(rig.received[phone.index].count == 1)
+    }
+
+    @Test("§9: a phone that sends what a phone never sends (a payload, a malformed message) is hung up and counted; the others are served")
+    func garbage() throws {
+        let rig = try Rig()
+        rig.answer = { _ in ("ok", 0x0102, [0xA0]) }
+        let bad = try rig.connectPhone()
+        let malformed = try rig.connectPhone()
+        let good = try rig.connectPhone()
+        try rig.phoneSends(bad.index, bytes("02 0201 A0"))
+        try rig.phoneSends(malformed.index, bytes("01 02"))
+        try rig.phoneSends(good.index, bytes("01 0201"))
+        try #require(rig.run { rig.hungUp[bad.index] && rig.hungUp[malformed.index] && rig.received[good.index].count == 1 })
+        #expect(rig.received[good.index] == [bytes("02 0201 A0")])
+        #expect(rig.drops("continuing-unexpected") == 1)
+        #expect(rig.drops("truncated") == 1)
+        #expect(rig.links.openLinks == 1)
+    }
+
+    @Test("§9, §7.5: a link whose first message is open is a stream link: the stream relay takes it and asks the owner on baton/stream/<device>/<id>; an open after a fetch is not a stream and hangs up")
+    func streamLink() throws {
+        let rig = try Rig()
+        let phone = try rig.connectPhone()
+        try rig.phoneSends(phone.index, bytes("10 0800 0004"))  // open: window 8, max data 1024
+        try #require(rig.run { rig.opens.count == 1 }, "no stream open reached the owner")
+        let open = rig.opens[0]
+        let levels = open.topic.split(separator: "/").map(String.init)
+        #expect(levels.count == 4 && levels[1] == "stream" && levels[2] == "7cec72260004")
+        #expect(levels[3].count == 16 && levels[3].allSatisfy(\.isHexDigit), "a stream id of 16 hex digits: \(levels[3])")
+        #expect(open.payload == bytes("10 0800 0004"))
+        #expect(rig.links.counters.streams == 1)
+        #expect(rig.links.openLinks == 0, "the link is the stream relay's now")
+        #expect(rig.streams.openCount == 1)
+
+        let fetchFirst = try rig.connectPhone()
+        rig.answer = { _ in ("ok", 0x0102, [0xA0]) }
+        try rig.phoneSends(fetchFirst.index, bytes("01 0201"))
+        try rig.waitPhone(fetchFirst.index, 1)
+        try rig.phoneSends(fetchFirst.index, bytes("10 0800 0004"))
+        try #require(rig.run { rig.hungUp[fetchFirst.index] })
+        #expect(rig.drops("continuing-unexpected") == 1)
+        #expect(rig.opens.count == 1)
+    }
+
+    @Test("Capacity: relay.links phone links at once; one more is hung up and counted, and a freed slot takes the next")
+    func capacity() throws {
+        let rig = try Rig(RelayConfig(links: 2))
+        #expect(try rig.connectPhone().adopted)
+        #expect(try rig.connectPhone().adopted)
+        let third = try rig.connectPhone()
+        #expect(!third.adopted)
+        try #require(rig.run { rig.hungUp[third.index] })
+        #expect(rig.drops("continuing-full") == 1)
+        #expect(rig.links.counters.refused == 1)
+        // The first phone goes idle past relay.link-idle: hung up, and its slot is free again.
+        rig.advance(.seconds(11))
+        try #require(rig.run { rig.hungUp[0] && rig.hungUp[1] })
+        #expect(try rig.connectPhone().adopted)
+    }
+}
