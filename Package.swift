@@ -80,6 +80,10 @@ for name in fuzzTargets {
     targets.append(.executableTarget(
         name: name, dependencies: ["BatonWire", "BatonHCI", "BatonKeys", "FuzzSupport"], path: "Tests/Fuzz/\(name)"))
 }
+// What re-advertising reads off the broker is parsed in the gateway (docs/relay.md §9).
+targets.append(.executableTarget(
+    name: "FuzzRelayedActivity", dependencies: ["BatonGateway", "BatonMQTT", "BatonWire", "BatonKeys", "FuzzSupport"],
+    path: "Tests/Fuzz/FuzzRelayedActivity"))
 
 var dependencies: [Package.Dependency] = [
     .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),

@@ -10,56 +10,56 @@
 // device id, this gateway's listener as its PSM, and a tag under the group's beacon key.
 import BatonHCI
 import BatonKeys
-import BatonMQTT
+public import BatonMQTT
 import BatonRelay
-import BatonWire
+public import BatonWire
 import Foundation
 
 /// An activity another room owns, as this gateway re-advertises it.
-struct RelayedActivity: Equatable {
+public struct RelayedActivity: Equatable, Sendable {
     /// The activity's topic id (the identity id `group ‖ n` for a device with an identity).
-    var device: UInt64
-    var sequence: UInt16
-    var typeHash: UInt32
+    public var device: UInt64
+    public var sequence: UInt16
+    public var typeHash: UInt32
     /// The beacon's own flags (streams, web URL); `relayed` is added on the air.
-    var flags: BeaconFlags
+    public var flags: BeaconFlags
     /// The gateway that owns it (docs/rooms.md): whom a phone's fetch is really for.
-    var owner: String
+    public var owner: String
     /// The broker connection it was last seen on (see `Readvertiser.reconnected`).
-    var generation: UInt64
+    public var generation: UInt64
 }
 
 /// Which activities this gateway re-advertises, one per slot. Slot k goes out as advertising
 /// instance k of `ReadvertiseRadio` and is continued on its listener's PSM `psms[k]`.
-struct Readvertiser {
-    let groupHash: UInt32
-    let selfID: String
-    let psms: [UInt16]
-    private(set) var slots: [RelayedActivity?]
+public struct Readvertiser {
+    public let groupHash: UInt32
+    public let selfID: String
+    public let psms: [UInt16]
+    public private(set) var slots: [RelayedActivity?]
     /// Bumped on every broker connect: the retained activities come again, and a slot not
     /// seen again by the end of the retained scan was cleared while this gateway was away.
     var generation: UInt64 = 0
     /// Activities not re-advertised, by reason (stats `relay.readvertise.drops`).
-    private(set) var drops = DropCounts()
+    public private(set) var drops = DropCounts()
 
-    enum Change: Equatable {
+    public enum Change: Equatable, Sendable {
         /// Put slot k on the air (again: its beacon changed).
         case advertise(Int)
         /// Take slot k off the air.
         case withdraw(Int)
     }
 
-    init(groupHash: UInt32, selfID: String, psms: [UInt16]) {
+    public init(groupHash: UInt32, selfID: String, psms: [UInt16]) {
         self.groupHash = groupHash
         self.selfID = selfID
         self.psms = psms
         slots = Array(repeating: nil, count: psms.count)
     }
 
-    var count: Int { slots.count { $0 != nil } }
+    public var count: Int { slots.count { $0 != nil } }
 
     /// A message on `<prefix>/activities/<device>`, retained or live (empty: cleared).
-    mutating func activity(device: UInt64, payload: [UInt8]) -> Change? {
+    public mutating func activity(device: UInt64, payload: [UInt8]) -> Change? {
         let held = slots.firstIndex { $0?.device == device }
         guard let relayed = eligible(device: device, payload: payload) else {
             guard let held else { return nil }
@@ -103,10 +103,10 @@ struct Readvertiser {
     }
 
     /// A broker (re)connect: every slot must be seen again in the retained scan.
-    mutating func reconnected() { generation &+= 1 }  // Proof: 2⁶⁴ connects never happen.
+    public mutating func reconnected() { generation &+= 1 }  // Proof: 2⁶⁴ connects never happen.
 
     /// The retained scan ended: slots not seen again were cleared while this gateway was away.
-    mutating func retainedScanEnded(_ change: (Change) -> Void) {
+    public mutating func retainedScanEnded(_ change: (Change) -> Void) {
         for k in slots.indices {
             guard let s = slots[k], s.generation != generation else { continue }
             slots[k] = nil
@@ -115,13 +115,13 @@ struct Readvertiser {
     }
 
     /// The slot continued on `psm`, if one is on the air.
-    func slot(psm: UInt16) -> Int? {
+    public func slot(psm: UInt16) -> Int? {
         guard let k = psms.firstIndex(of: psm), slots[k] != nil else { return nil }
         return k
     }
 
     /// Slot k's advertisement (protocol.md §2.1): 31 bytes, flagged relayed, tagged.
-    func advertisement(_ k: Int, companyID: UInt16, tagger: some BeaconAuthenticator) -> [UInt8] {
+    public func advertisement(_ k: Int, companyID: UInt16, tagger: some BeaconAuthenticator) -> [UInt8] {
         guard let s = slots[k] else { return [] }
         let beacon = ActivityBeacon(flags: s.flags.union(.relayed), sequence: s.sequence, activityTypeHash: s.typeHash,
                                     groupHash: groupHash, deviceID: s.device, psm: psms[k])
@@ -216,14 +216,14 @@ public struct ReadvertiseError: Error, CustomStringConvertible {
 
 /// An owner's answer to a fetch this gateway asked for a phone (docs/relay.md §3): from the v5
 /// properties, or from the v3.1.1 envelope when the broker connection is v3.1.1.
-struct AnswerForPhone {
-    var status = "bad-answer"
-    var correlation: [UInt8] = []
-    var sequence: UInt16?
+public struct AnswerForPhone {
+    public var status = "bad-answer"
+    public var correlation: [UInt8] = []
+    public var sequence: UInt16?
     /// The payload's bytes for `ok`.
-    var payload: [UInt8] = []
+    public var payload: [UInt8] = []
 
-    init(_ message: MQTTMessage) {
+    public init(_ message: MQTTMessage) {
         let p = message.properties
         if let status = p.userProperties.first(where: { $0.name == "status" })?.value {
             self.status = status
