@@ -1,7 +1,9 @@
 #!/bin/bash
-# Runs INSIDE the VM (scripts/vm/test starts it; docs/vm.md): the gateway and `baton device`
-# against the real Linux Bluetooth stack. btvirt has joined two LE controllers: hci0 is the
-# gateway's (scanner, L2CAP central), hci1 the device's (advertiser, L2CAP peripheral).
+# Runs INSIDE the VM (scripts/vm/test starts it; docs/vm.md): the gateway, `baton device` and
+# `baton continue` against the real Linux Bluetooth stack. btvirt has joined four LE
+# controllers: hci0 is the hall gateway's (scanner, L2CAP central), hci1 the device's
+# (advertiser, L2CAP peripheral), hci2 the phone's (`baton continue`: scanner, L2CAP central),
+# hci3 the office gateway's (re-advertises the hall's activity for the phone, docs/relay.md §9).
 # Every check prints PASS or FAIL with what a user would look at; the first FAIL ends the test.
 #
 # Environment: BATON (the baton binary), VMTEST_OUT (a host directory for the logs), BATON_TESTS
@@ -57,6 +59,22 @@ wait_cleared() {
   return 1
 }
 
+# btvirt (BlueZ 5.66, emulator/btdev.c ACL_HANDLE 42) gives every connection of a controller
+# the same handle, so a controller carries one LE connection at a time: a second peer's
+# connection is refused by the kernel ("hciN: failed to register connection device", dmesg) and
+# its data goes astray. A real controller has many. So before a link from another controller,
+# wait until the last one's connection is gone: the kernel drops an LE connection 2 s after its
+# last channel closed (HCI_DISCONN_TIMEOUT), a gateway closes an idle fetch link after
+# relay.link-idle (10 s). `hcitool con` is HCIGETCONNLIST.
+wait_unlinked() {  # controller, seconds
+  local end=$((SECONDS + $2))
+  while [ $SECONDS -lt $end ]; do
+    hcitool -i "$1" con 2>/dev/null | grep -q handle || return 0
+    sleep 0.3
+  done
+  return 1
+}
+
 start_gateway() {  # [extra gateway options]
   "$BATON" gateway --broker "$BROKER" --radio hci0 --room Hall --id hall "$@" >>"$W/gateway.log" 2>&1 &
   GW=$!
@@ -67,18 +85,21 @@ stop_gateway() {
   wait "$GW" 2>/dev/null
 }
 
+PHONE=hci2      # the continuing device's controller (baton continue)
+OFFICE=hci3     # the second gateway's controller (re-advertising)
 step "controllers: $(hciconfig | grep -c '^hci') (kernel $(uname -r))"
 A1=$(hciconfig hci1 | awk '/BD Address/{print $3}')
 [ -n "$A1" ] || fail "hci1 has no address"
-mg -i hci0 power on >/dev/null
-mg -i hci1 power on >/dev/null
+A3=$(hciconfig $OFFICE | awk '/BD Address/{print $3}')
+[ -n "$A3" ] || fail "$OFFICE has no address (btvirt made $(hciconfig | grep -c '^hci') controllers)"
+for h in hci0 hci1 $PHONE $OFFICE; do mg -i $h power on >/dev/null; done
 
 if [ -n "${BATON_TESTS:-}" ]; then
   # The unit tests that take the other branch with Bluetooth in the kernel (hci99 is not found,
   # the kernel answers Invalid Index, ...): run from the host's build, here.
   step "unit tests that ask this kernel about Bluetooth"
   "$BATON_TESTS" --testing-library swift-testing \
-    --filter 'RadioBlueZTests|ManagementTests|L2CAPListenerTests|DeviceCommandTests|DeviceLinkTests|DeviceLinkAdoptTests' \
+    --filter 'RadioBlueZTests|ManagementTests|L2CAPListenerTests|DeviceCommandTests|DeviceLinkTests|DeviceLinkAdoptTests|ContinueCommandTests/onThisKernel' \
     >"$W/unit-tests.log" 2>&1 || fail "unit tests failed with Bluetooth in the kernel: $(grep -E '✘' "$W/unit-tests.log" | head -5)"
   pass "$(grep -E 'Test run with' "$W/unit-tests.log" | sed 's/\x1b\[[0-9;]*m//g')"
 fi
@@ -150,6 +171,28 @@ up=$(sha256sum <"$W/up.bin" | cut -d' ' -f1); down=$(sha256sum <"$W/down.bin" | 
 [ "$up" = "$down" ] || fail "the echo differs: sent sha256 $up, got $down ($(stat -c %s "$W/down.bin") bytes)"
 pass "1 MiB up and its echo down in $((SECONDS - t)) s, sha256 $up both ways"
 
+step "phone: baton continue on $PHONE finds the device's beacon and fetches over its own L2CAP CoC"
+wait_unlinked hci1 20 || fail "the gateway's links to the device did not end within 20 s: $(hcitool -i hci1 con)"
+timeout 30 "$BATON" continue "$DEVICE" --adapter $PHONE --timeout 20 >"$W/continued.json" 2>"$W/continue.log" ||
+  fail "baton continue failed (exit $?): $(cat "$W/continue.log")"
+grep -q "^found $DEVICE at $A1 (public) psm 0x00[89A-F][0-9A-F] seq 8\$" "$W/continue.log" ||
+  fail "baton continue did not say it found the device's own beacon at $A1: $(cat "$W/continue.log")"
+cmp -s "$W/fetched.json" "$W/continued.json" ||
+  fail "baton continue printed $(cat "$W/continued.json"), baton fetch through the gateway $(cat "$W/fetched.json")"
+timeout 30 "$BATON" continue "$DEVICE" --adapter $PHONE --timeout 20 --cbor >"$W/continued.cbor" 2>>"$W/continue.log" ||
+  fail "baton continue --cbor failed (exit $?): $(cat "$W/continue.log")"
+cmp -s "$W/expected.cbor" "$W/continued.cbor" || fail "baton continue --cbor differs from the device's payload: $(od -An -tx1 "$W/continued.cbor" | tr -d '\n')"
+pass "$(head -1 "$W/continue.log"); it printed what baton fetch prints, and --cbor the exact bytes"
+
+step "phone: baton continue --stream, 64 KiB each way straight to the device"
+head -c 65536 /dev/urandom >"$W/phone-up.bin"
+t=$SECONDS
+timeout 60 "$BATON" continue "$DEVICE" --adapter $PHONE --stream --timeout 20 <"$W/phone-up.bin" >"$W/phone-down.bin" 2>"$W/continue-stream.log" ||
+  fail "baton continue --stream failed (exit $?): $(cat "$W/continue-stream.log")"
+up=$(sha256sum <"$W/phone-up.bin" | cut -d' ' -f1); down=$(sha256sum <"$W/phone-down.bin" | cut -d' ' -f1)
+[ "$up" = "$down" ] || fail "the device's echo to the phone differs: sent sha256 $up, got $down ($(stat -c %s "$W/phone-down.bin") bytes)"
+pass "64 KiB up from the phone and the device's echo down in $((SECONDS - t)) s, sha256 $up both ways"
+
 step "save after the links: the gateway still hears the device"
 # To connect, the kernel turned the gateway's scan off and left it off (docs/radio.md):
 # RadioBlueZ must have set it again, or this save is never heard.
@@ -197,6 +240,7 @@ done
 pass "the gateway verified the tagged beacon and published device 1 under its identity: $msg"
 
 step "keyed fetch: ciphertext without the key, the payload with it"
+wait_unlinked hci1 20 || fail "the phone's link to the device did not end within 20 s: $(hcitool -i hci1 con)"
 timeout 30 "$BATON" fetch "$KEYED" --broker "$BROKER" --cbor --timeout 20 >"$W/sealed.bin" 2>"$W/fetch-keyed.log" ||
   fail "baton fetch of the sealed payload failed (exit $?): $(cat "$W/fetch-keyed.log")"
 grep -q "Secret plan" "$W/sealed.bin" && fail "the title crossed the gateway in the clear"
@@ -219,6 +263,53 @@ timeout 120 "$BATON" stream "$KEYED" --broker "$BROKER" --key "$W/group.key" <"$
   fail "baton stream --key failed (exit $?): $(cat "$W/stream-keyed.log")"
 cmp -s "$W/up2.bin" "$W/down2.bin" || fail "the sealed echo differs ($(stat -c %s "$W/down2.bin") bytes back)"
 pass "256 KiB sealed up and its sealed echo down, identical"
+
+step "phone, keyed: baton continue --key resolves the rotating id and opens the sealed payload"
+wait_unlinked hci1 20 || fail "the gateway's links to the device did not end within 20 s: $(hcitool -i hci1 con)"
+timeout 30 "$BATON" continue "$KEYED" --key "$W/group.key" --adapter $PHONE --timeout 20 >"$W/continued-keyed.json" 2>"$W/continue-keyed.log" ||
+  fail "baton continue --key failed (exit $?): $(cat "$W/continue-keyed.log")"
+grep -q "^found $KEYED at $A1 (public) psm 0x00[89A-F][0-9A-F] seq 20\$" "$W/continue-keyed.log" ||
+  fail "baton continue --key did not say it found device 1's own beacon at $A1: $(cat "$W/continue-keyed.log")"
+cmp -s "$W/opened.json" "$W/continued-keyed.json" ||
+  fail "baton continue --key printed $(cat "$W/continued-keyed.json"), baton fetch --key $(cat "$W/opened.json")"
+pass "$(head -1 "$W/continue-keyed.log"), opened: $(cat "$W/continued-keyed.json")"
+
+step "phone, keyed: baton continue --stream --key, 64 KiB each way sealed"
+timeout 60 "$BATON" continue "$KEYED" --key "$W/group.key" --adapter $PHONE --stream --timeout 20 <"$W/phone-up.bin" >"$W/phone-down2.bin" 2>"$W/continue-stream-keyed.log" ||
+  fail "baton continue --stream --key failed (exit $?): $(cat "$W/continue-stream-keyed.log")"
+cmp -s "$W/phone-up.bin" "$W/phone-down2.bin" || fail "the sealed echo to the phone differs ($(stat -c %s "$W/phone-down2.bin") bytes back)"
+pass "64 KiB sealed up from the phone and the sealed echo down, identical"
+
+step "relayed: an office gateway on $OFFICE re-advertises the hall's activity for the phone (docs/relay.md §9)"
+# Started after the hall published device 1, so the hall stays its owner: the incumbent keeps
+# a device unless another room hears it 6 dB louder (docs/rooms.md), and btvirt gives both the
+# same (no) RSSI.
+printf 'security:\n  beacon-key: BATON-BEACON-V1:FSV4W7CI5E4NINBSOUTTXMN5IIVO\nrelay:\n  readvertise: 2\n' >"$W/office.yaml"
+"$BATON" gateway --broker "$BROKER" --radio $OFFICE --room Office --id office --config "$W/office.yaml" >>"$W/office-gateway.log" 2>&1 &
+OGW=$!
+pids+=("$OGW")
+wait_unlinked $PHONE 20 || fail "the phone's link to the device did not end within 20 s: $(hcitool -i $PHONE con)"
+timeout 40 "$BATON" continue "$KEYED" --relayed --key "$W/group.key" --adapter $PHONE --timeout 30 >"$W/relayed.json" 2>"$W/continue-relayed.log" ||
+  fail "baton continue --relayed failed (exit $?): $(cat "$W/continue-relayed.log")"
+grep -q "^found $KEYED relayed by $A3 (public) psm 0x00[89A-F][0-9A-F] seq 20\$" "$W/continue-relayed.log" ||
+  fail "baton continue --relayed did not say the office gateway ($A3) relayed it: $(cat "$W/continue-relayed.log")"
+cmp -s "$W/opened.json" "$W/relayed.json" ||
+  fail "through the office gateway the phone got $(cat "$W/relayed.json"), directly $(cat "$W/opened.json")"
+msg=$(activity 2)
+[[ "$msg" == *'"gateway":"hall"'* ]] || fail "the hall no longer owns device 1: $msg"
+for i in $(seq 1 50); do grep -q '^continued in Office (seq 20)' "$W/keyed-device.log" && break; sleep 0.2; done
+grep -q '^continued in Office (seq 20)' "$W/keyed-device.log" || fail "device 1 was not told it was continued in Office"
+pass "$(head -1 "$W/continue-relayed.log"): the same payload as directly; the hall still owns it; device 1 heard: continued in Office"
+
+step "relayed: baton continue --relayed --stream --key, 64 KiB each way phone ⇄ office ⇄ broker ⇄ hall ⇄ device"
+t=$SECONDS
+timeout 60 "$BATON" continue "$KEYED" --relayed --key "$W/group.key" --adapter $PHONE --stream --timeout 20 \
+  <"$W/phone-up.bin" >"$W/phone-down3.bin" 2>"$W/continue-stream-relayed.log" ||
+  fail "baton continue --relayed --stream failed (exit $?): $(cat "$W/continue-stream-relayed.log")"
+up=$(sha256sum <"$W/phone-up.bin" | cut -d' ' -f1); down=$(sha256sum <"$W/phone-down3.bin" | cut -d' ' -f1)
+[ "$up" = "$down" ] || fail "the relayed sealed echo differs: sent sha256 $up, got $down ($(stat -c %s "$W/phone-down3.bin") bytes)"
+pass "64 KiB sealed through the office gateway and back in $((SECONDS - t)) s, sha256 $up both ways"
+kill -TERM "$OGW" 2>/dev/null; wait "$OGW" 2>/dev/null
 
 echo end >&4
 wait_cleared 20 || fail "the keyed activity was not cleared after end: $(activity 1)"
