@@ -225,6 +225,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         let listenerFDs = pollFDs.count
         if let readvertiseRadio {
             for l in readvertiseRadio.listeners { pollFDs.append(pollfd(fd: l.listener.fd, events: Int16(POLLIN), revents: 0)) }
+            pollFDs.append(pollfd(fd: readvertiseRadio.mgmt.fd, events: Int16(POLLIN), revents: 0))
         }
         let continuingFDs = pollFDs.count
         continuing.pollDescriptors(into: &pollFDs)
@@ -257,7 +258,10 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         if streamFDs > 3 { relay.poll(fds: pollFDs[3..<streamFDs], now: now, mqtt: &publisher.mqtt) }
         if let due = relay.nextDeadline, due <= now { relay.tick(now: now, mqtt: &publisher.mqtt) }
         if listenerFDs > streamFDs { streams.poll(fds: pollFDs[streamFDs..<listenerFDs], now: now, mqtt: &publisher.mqtt) }
-        if continuingFDs > listenerFDs { acceptPhones(pollFDs[listenerFDs..<continuingFDs], now: now) }
+        if continuingFDs > listenerFDs {
+            acceptPhones(pollFDs[listenerFDs..<continuingFDs - 1], now: now)
+            if pollFDs[continuingFDs - 1].revents != 0 { readvertiseRemoved() }
+        }
         if pollFDs.count > continuingFDs {
             continuing.poll(fds: pollFDs[continuingFDs...], now: now, mqtt: &publisher.mqtt, streams: &streams)
         }
@@ -744,13 +748,14 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     /// Status `offline` from us (a clean stop sends no will), then a clean DISCONNECT, which
     /// waits up to a second for the bytes to leave.
     mutating func shutdown() {
-        // Nothing of this gateway's stays on the air, connected or not (docs/relay.md §9).
+        // Nothing of this gateway's stays on the air, connected or not (docs/relay.md §9), and
+        // every link hears `gone` (the broker side is lost when the broker is away).
         continuing.stop()
         readvertiseRadio?.withdrawAll()
-        guard publisher.mqtt.isConnected else { return }
         // Every fetch taken gets its one answer, even now (docs/relay.md §4).
         relay.stop(mqtt: &publisher.mqtt)
         streams.stop(mqtt: &publisher.mqtt)
+        guard publisher.mqtt.isConnected else { return }
 
         publisher.stopListening()
         publisher.publish(publisher.topics.status, text: "offline")
@@ -792,6 +797,20 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         } catch {
             readvertiseErrors &+= 1
             log.warning("re-advertising on \(readvertiseRadio.adapter): \(error)")
+            // Not on the air: the slot is free again, and the activity's next message tries again.
+            if case .advertise(let k) = change { self.readvertiser?.forget(k) }
+        }
+    }
+
+    /// Someone else removed slots' advertisements (bluetoothd resets every instance when it
+    /// starts or the adapter comes back): they go on the air again.
+    mutating func readvertiseRemoved() {
+        guard let readvertiseRadio, let readvertiser else { return }
+        var removed: [Int] = []
+        readvertiseRadio.removedSlots { removed.append($0) }
+        for k in removed where readvertiser.slots[k] != nil {
+            log.info("re-advertising slot \(k) was removed by another program (bluetoothd?): putting it back")
+            readvertiseChanged(.advertise(k))
         }
     }
 

@@ -39,6 +39,8 @@ public struct Readvertiser {
     /// Bumped on every broker connect: the retained activities come again, and a slot not
     /// seen again by the end of the retained scan was cleared while this gateway was away.
     var generation: UInt64 = 0
+    /// The slot taken last (see `activity`).
+    var lastTaken: Int
     /// Activities not re-advertised, by reason (stats `relay.readvertise.drops`).
     public private(set) var drops = DropCounts()
 
@@ -54,6 +56,7 @@ public struct Readvertiser {
         self.selfID = selfID
         self.psms = psms
         slots = Array(repeating: nil, count: psms.count)
+        lastTaken = psms.count - 1
     }
 
     public var count: Int { slots.count { $0 != nil } }
@@ -71,14 +74,26 @@ public struct Readvertiser {
             slots[held] = relayed
             return changed ? .advertise(held) : nil
         }
-        guard let free = slots.firstIndex(where: { $0 == nil }) else {
+        // The free slot after the one taken last, round the ring: a slot just freed is taken
+        // last, so a phone that scanned its old beacon does not reach another activity on it.
+        var free: Int?
+        for step in 1...max(slots.count, 1) where free == nil && !slots.isEmpty {
+            let k = (lastTaken + step) % slots.count
+            if slots[k] == nil { free = k }
+        }
+        guard let free else {
             // Counted; the activity is tried again at its next change (its owner republishes).
             drops.count("readvertise-full")
             return nil
         }
         slots[free] = relayed
+        lastTaken = free
         return .advertise(free)
     }
+
+    /// The slot did not go on the air (the kernel refused it): free, so the activity's next
+    /// message tries again.
+    public mutating func forget(_ k: Int) { slots[k] = nil }
 
     /// The activity to re-advertise from an owner's JSON, or nil: not the keyed group's, not
     /// verified, owned here (the device is in this room), offering no link, a relayed copy, or
@@ -162,17 +177,19 @@ public final class ReadvertiseRadio {
         } catch {
             throw ReadvertiseError("\(adapter): \(error)")
         }
-        var free: [UInt8] = []
-        if features.maxInstances > 0 {
-            for n in stride(from: features.maxInstances, through: 1, by: -1) where !features.isInUse(n) && free.count < count {
-                free.append(n)
+        // The N highest instances, always the same ones: bluetoothd numbers its own from 1 up,
+        // and instances outlive the process that added them, so what a run killed before its
+        // clean stop left on the air is this gateway's to take back (removed below).
+        guard Int(features.maxInstances) >= count else {
+            throw ReadvertiseError("\(adapter) has \(features.maxInstances) advertising instances and relay.readvertise asks for \(count): lower it (`btmgmt -i \(adapter) advinfo` lists them)")
+        }
+        instances = (0..<count).map { features.maxInstances - UInt8($0) }
+        self.mgmt = mgmt
+        for n in instances where features.isInUse(n) {
+            do throws(ManagementError) { try self.mgmt.removeAdvertising(instance: n) } catch {
+                throw ReadvertiseError("\(adapter): taking back advertising instance \(n): \(error)")
             }
         }
-        guard free.count == count else {
-            throw ReadvertiseError("\(adapter) has \(free.count) free advertising instances of \(features.maxInstances) and relay.readvertise asks for \(count): lower it (`btmgmt -i \(adapter) advinfo` lists them)")
-        }
-        instances = free
-        self.mgmt = mgmt
         var listeners: [Listener] = []
         for _ in 0..<count {
             do throws(LinkError) {
@@ -199,6 +216,17 @@ public final class ReadvertiseRadio {
             return .success(())
         }
         try result.get()
+    }
+
+    /// The slots whose advertisement someone else removed (bluetoothd resets every instance
+    /// when it starts): the gateway puts them back (docs/relay.md §9).
+    func removedSlots(_ body: (Int) -> Void) {
+        let index = mgmt.index
+        mgmt.readEvents { code, eventIndex, parameters in
+            guard code == ManagementSocket.advertisingRemovedCode, eventIndex == index, parameters.count == 1,
+                  let k = instances.firstIndex(of: parameters[0]) else { return }
+            body(k)
+        }
     }
 
     func withdraw(_ k: Int) throws(ManagementError) { try mgmt.removeAdvertising(instance: instances[k]) }

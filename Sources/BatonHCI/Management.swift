@@ -415,6 +415,28 @@ public struct ManagementSocket: ~Copyable {
         }
     }
 
+    /// mgmt-api.txt "Advertising Removed Event": Instance (1). Sent to every control socket but
+    /// the one whose command removed it: bluetoothd resetting the instances when it starts,
+    /// another program, or the controller going away.
+    public static let advertisingRemovedCode: UInt16 = 0x0024
+
+    /// Reads the events queued on the socket without waiting (its descriptor is for poll):
+    /// `body` gets each one's code, controller index and parameters. Stops at the first
+    /// malformed event or read error; what was read before is handed over.
+    public mutating func readEvents(_ body: (_ code: UInt16, _ index: UInt16, _ parameters: UnsafeRawBufferPointer) -> Void) {
+        while true {
+            let got: Int?
+            do throws(Errno) { got = try Syscall.read(fd, into: buffer) } catch { return }
+            guard let got else { return }
+            let bytes = UnsafeRawBufferPointer(rebasing: buffer[..<got])
+            do throws(WireError) { _ = try ManagementEvent.parse(bytes) } catch { return }
+            // Proof: parse checked the 6-byte header and that the length matches the read.
+            let code = UInt16(bytes[0]) | UInt16(bytes[1]) << 8
+            let index = UInt16(bytes[2]) | UInt16(bytes[3]) << 8
+            body(code, index, UnsafeRawBufferPointer(rebasing: bytes[6...]))
+        }
+    }
+
     private func map(_ e: Errno, _ opcode: ManagementOpcode) -> ManagementError {
         switch e.code {
         case EPERM, EACCES: .permissionDenied(adapter: adapter, command: opcode.name)

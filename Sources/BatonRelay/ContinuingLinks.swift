@@ -53,6 +53,8 @@ public struct ContinuingLinks: ~Copyable {
         var open: (window: UInt16, maxData: UInt16)?
         var hangUp = false
         var messages: UInt64 = 0
+        /// The answer the link had no room for (no credits): sent on POLLOUT, before anything else.
+        var owed: [UInt8]?
         init(channel: consuming LinkChannel, device: UInt64, serial: UInt64, now: ContinuousClock.Instant) {
             self.channel = .some(channel); self.device = device; self.serial = serial; idleSince = now
         }
@@ -67,7 +69,7 @@ public struct ContinuingLinks: ~Copyable {
     let sendScratch: UnsafeMutableRawBufferPointer
 
     public private(set) var counters = ContinuingCounters()
-    /// Link messages and answers dropped, by reason (stats `relay.continuing.drops`).
+    /// Link messages and answers dropped, by reason (stats `relay.readvertise.drops`).
     public private(set) var drops = DropCounts()
     public private(set) var openLinks = 0
 
@@ -85,6 +87,11 @@ public struct ContinuingLinks: ~Copyable {
         }
         requestTail = at.isEmpty ? #""format":"cbor"}"# : #""format":"cbor","continue":"\#(at)"}"#
         links = Array(repeating: nil, count: config.links)
+        // Random starts: an answer meant for a link of an earlier run (late, after a restart)
+        // matches no link of this one.
+        var random = SystemRandomNumberGenerator()
+        serials = random.next() >> 16
+        correlations = random.next()
         polled = []
         polled.reserveCapacity(config.links)
         receive = .allocate(byteCount: config.payloadMax + 3, alignment: 8)
@@ -129,7 +136,7 @@ public struct ContinuingLinks: ~Copyable {
         for (i, l) in links.enumerated() {
             guard let l, let fd = l.channel?.fd, fd >= 0 else { continue }
             var events = Int16(POLLIN)
-            if l.channel?.wantsWrite == true { events |= Int16(POLLOUT) }
+            if l.channel?.wantsWrite == true || l.owed != nil { events |= Int16(POLLOUT) }
             fds.append(pollfd(fd: fd, events: events, revents: 0))
             polled.append((i, l.serial))
         }
@@ -148,14 +155,21 @@ public struct ContinuingLinks: ~Copyable {
             l.channel?.poll(readable: readable, writable: writable, buffer: receive) { sdu in
                 received(sdu, slot: s, now: now, mqtt: &mqtt)
             }
+            if writable, let owed = l.owed {
+                let sent: Bool = owed.withUnsafeBytes { send(l, $0) }
+                if sent { l.owed = nil }
+            }
             if let open = l.open, var channel = l.channel.take() {
                 // A stream link (protocol.md §5.3): the stream relay carries it from here.
                 release(s)
-                counters.streams &+= 1
-                guard open.window > 0, open.maxData > 0 else {
+                // A phone that said open and hung up in the same breath wants no stream: the
+                // owner is not asked to wake the device for it.
+                guard channel.state == .open, open.window > 0, open.maxData > 0 else {
                     channel.close()
+                    drops.count("continuing-gone-before-open")
                     continue
                 }
+                counters.streams &+= 1
                 // The phone is the continuing endpoint; this gateway speaks for it on the
                 // broker under a stream id of its own (docs/relay.md §7.1, §7.5).
                 let id = Self.streamID()
@@ -251,7 +265,7 @@ public struct ContinuingLinks: ~Copyable {
                 }
                 return true
             }
-            if written, send(l, w.written) {
+            if written, answer(l, w.written) {
                 counters.payloads &+= 1
                 return
             }
@@ -272,7 +286,7 @@ public struct ContinuingLinks: ~Copyable {
         do throws(WireError) { try LinkMessage.encodeFetchRefused(sequence: sequence, reason, into: &w) } catch {
             preconditionFailure("a fetch-refused message fits")
         }
-        if send(l, w.written) { counters.refusals &+= 1 }
+        if answer(l, w.written) { counters.refusals &+= 1 }
     }
 
     /// One message to the phone; false when it could not go (the link is full or broken: the
@@ -280,6 +294,21 @@ public struct ContinuingLinks: ~Copyable {
     func send(_ l: Link, _ sdu: UnsafeRawBufferPointer) -> Bool {
         guard l.channel?.state == .open else { return false }
         do throws(LinkError) { return try l.channel?.send(sdu) ?? false } catch { return false }
+    }
+
+    /// An answer to the phone: now, or when the link has room again (POLLOUT); the phone asks
+    /// one thing at a time, so one answer is owed at most. False: it cannot go at all (too
+    /// large for the phone's MTU, or the link broke).
+    func answer(_ l: Link, _ sdu: UnsafeRawBufferPointer) -> Bool {
+        guard l.channel?.state == .open else { return false }
+        do throws(LinkError) {
+            if try l.channel?.send(sdu) == true { return true }
+        } catch {
+            return false  // too large for the phone's MTU, or the link broke
+        }
+        // A newer answer replaces one still owed: it answers the phone's newer fetch.
+        l.owed = Array(sdu)
+        return true
     }
 
     // MARK: time

@@ -201,6 +201,24 @@ import Testing
         let said = (try? String(contentsOfFile: err, encoding: .utf8)) ?? ""
         #expect(fetched == 1 && said.contains("unreachable") && said.contains("gateway hall"),
                 "a fetch through the locked broker: exit \(fetched), \(said)")
+        // A re-advertising gateway asks for the phones in its room (docs/relay.md §9): as the
+        // gateway user, a fetch is answered, and a stream's open and up frames are not denied.
+        let asGateway = try ChildProcess.run(batonBinary.path, [
+            "fetch", String(device, radix: 16).leftPadded(to: 12), "--broker", "mqtts://127.0.0.1:\(broker.port)",
+            "--ca-file", certs.ca, "--username", "hall", "--password", "hall-secret",
+        ], stdout: out, stderr: err, timeout: .seconds(20))
+        #expect(asGateway == 1 && ((try? String(contentsOfFile: err, encoding: .utf8)) ?? "").contains("unreachable"),
+                "a gateway's fetch through the locked broker: exit \(asGateway)")
+        for topic in ["baton/stream/\(String(device, radix: 16).leftPadded(to: 12))/phone1", "baton/streams/phone1/up"] {
+            _ = try ChildProcess.run("/usr/bin/mosquitto_pub", [
+                "-h", "127.0.0.1", "-p", "\(broker.port)", "--cafile", certs.ca, "-u", "hall", "-P", "hall-secret",
+                "-t", topic, "-q", "1", "-m", "x",
+            ], stdout: dir.appendingPathComponent("pub2.out").path, stderr: dir.appendingPathComponent("pub2.err").path,
+               timeout: .seconds(10))
+        }
+        #expect(!broker.log.contains("Denied PUBLISH from baton-hall") && !broker.log.split(separator: "\n")
+                    .contains { $0.contains("Denied PUBLISH") && $0.contains("phone1") },
+                "the ACL denies a gateway what it asks for phones: \(broker.log.split(separator: "\n").filter { $0.contains("Denied") })")
         // The password never reaches the log or the stats.
         #expect(!gateway.log.contains("hall-secret"))
         #expect(!(try read("baton/gateways/hall/stats", as: ha).text.contains("hall-secret")))

@@ -81,10 +81,13 @@ private final class Rig {
     /// A phone connects to the re-advertised activity; the gateway's end of the link is adopted
     /// as a listener's accept would hand it over. `mtu`: what the gateway may send the phone.
     @discardableResult
-    func connectPhone(mtu: Int = 65_535) throws -> (index: Int, adopted: Bool) {
+    func connectPhone(mtu: Int = 65_535, sendBuffer: Int32? = nil) throws -> (index: Int, adopted: Bool) {
         var pair: [Int32] = [-1, -1]
         let type = Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_CLOEXEC.rawValue)
         try #require(socketpair(AF_UNIX, type, 0, &pair) == 0)
+        // A connected Unix pair is bounded by the sender's buffer: a small one makes the link
+        // refuse after a few answers, as an L2CAP channel out of credits does.
+        if var size = sendBuffer { setsockopt(pair[0], SOL_SOCKET, SO_SNDBUF, &size, socklen_t(MemoryLayout<Int32>.size)) }
         _ = fcntl(pair[1], F_SETFL, fcntl(pair[1], F_GETFL) | O_NONBLOCK)
         phones.append(pair[1])
         received.append([])
@@ -98,7 +101,11 @@ private final class Rig {
         try #require(n == message.count)
     }
 
+    /// While true the phones read nothing.
+    var paused = false
+
     private func pumpPhones() {
+        guard !paused else { return }
         var buffer = [UInt8](repeating: 0, count: 70_000)
         for i in phones.indices where !hungUp[i] {
             while true {
@@ -179,12 +186,14 @@ struct ContinuingLinksTests {
 
         let request = try #require(rig.requests.first)
         #expect(request.topic == "baton/fetch/7cec72260004")
-        #expect(request.properties.responseTopic == "baton/answers/office/1")
+        // The link's own response topic: this gateway's answers, then a number of the link's.
+        let topic = try #require(request.properties.responseTopic)
+        #expect(topic.hasPrefix("baton/answers/office/") && UInt64(topic.dropFirst("baton/answers/office/".count)) != nil, "\(topic)")
         let correlation = try #require(request.properties.correlationData)
         #expect(correlation.count == 8)
         let body = try #require(JSONSerialization.jsonObject(with: Data(request.payload)) as? [String: String])
         // The v3.1.1 route too, and the room without the characters the body may not escape.
-        #expect(body == ["response_topic": "baton/answers/office/1", "correlation": hexText(correlation),
+        #expect(body == ["response_topic": topic, "correlation": hexText(correlation),
                          "format": "cbor", "continue": "Dave's office"])
         #expect(rig.links.counters.fetches == 1 && rig.links.counters.payloads == 1)
 
@@ -193,6 +202,13 @@ struct ContinuingLinksTests {
         try rig.waitPhone(phone.index, 2)
         #expect(rig.requests.count == 2)
         #expect(rig.requests[1].properties.correlationData != correlation)
+        #expect(rig.requests[1].properties.responseTopic == topic)
+        // A second phone has a topic of its own: the owner must not take it for a retry of the
+        // first phone's request and answer that one `cancelled` (docs/relay.md §4).
+        let other = try rig.connectPhone()
+        try rig.phoneSends(other.index, bytes("01 0201"))
+        try rig.waitPhone(other.index, 1)
+        #expect(rig.requests[2].properties.responseTopic != topic)
     }
 
     @Test("§9: the owner's refusals in the device's words: unknown-device → not current (01), too-large → too large (02), anything else → refused (03)")
@@ -219,6 +235,28 @@ struct ContinuingLinksTests {
         try rig.phoneSends(phone.index, bytes("01 0201"))
         try rig.waitPhone(phone.index, 1)
         #expect(rig.received[phone.index] == [bytes("03 0201 02")])
+    }
+
+    @Test("§9: a phone that does not read: the answer the link has no room for waits and goes when it reads (POLLOUT); a newer answer replaces it; none is called too large")
+    func phoneNotReading() throws {
+        let rig = try Rig()
+        rig.answer = { m in
+            let seq = UInt16(rig.requests.count)
+            return ("ok", seq, [UInt8](repeating: UInt8(truncatingIfNeeded: seq), count: 2_000))
+        }
+        let phone = try rig.connectPhone(sendBuffer: 4_096)
+        rig.paused = true
+        for i in 1...8 {
+            try rig.phoneSends(phone.index, bytes("01 0201"))
+            try #require(rig.run { rig.links.counters.payloads == i }, "answer \(i) was not taken")
+        }
+        #expect(rig.links.counters.refusals == 0)
+        rig.paused = false
+        try #require(rig.run { rig.received[phone.index].last?.prefix(3) == [0x02, 0x08, 0x00] }, "the newest answer (seq 8) did not arrive")
+        let seqs = rig.received[phone.index].map { Int($0[1]) | Int($0[2]) << 8 }
+        #expect(rig.received[phone.index].allSatisfy { $0.first == 0x02 && $0.count == 2_003 })
+        #expect(seqs == seqs.sorted() && Set(seqs).count == seqs.count, "in order, none twice: \(seqs)")
+        #expect(seqs.count < 8, "the link filled up: some answer waited and was replaced (\(seqs))")
     }
 
     @Test("§9: an owner that never answers: the phone is told refused (03) once relay.fetch-timeout + 1 s have passed, not before; a late answer is dropped")
