@@ -556,7 +556,8 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
             sightingDrops.count("sighting-topic")
         } else {
             if readvertiser != nil, let device = topics.deviceID(inActivityTopic: message.topic),
-               let change = readvertiser?.activity(device: device, payload: message.payload) {
+               let change = readvertiser?.activity(device: device, payload: message.payload,
+                                                   isOnline: { ownership.isOnline(gateway: Substring($0)) }) {
                 readvertiseChanged(change)
             }
             publisher.received(message, table: table, apple: apple, ownership: ownership, now: now)

@@ -62,9 +62,12 @@ public struct Readvertiser {
     public var count: Int { slots.count { $0 != nil } }
 
     /// A message on `<prefix>/activities/<device>`, retained or live (empty: cleared).
-    public mutating func activity(device: UInt64, payload: [UInt8]) -> Change? {
+    /// `isOnline`: whether a gateway's status is `online` (docs/rooms.md): an activity whose
+    /// owner is not is nobody's to continue, and a message naming a gateway nobody has heard of
+    /// is not a gateway's.
+    public mutating func activity(device: UInt64, payload: [UInt8], isOnline: (String) -> Bool = { _ in true }) -> Change? {
         let held = slots.firstIndex { $0?.device == device }
-        guard let relayed = eligible(device: device, payload: payload) else {
+        guard let relayed = eligible(device: device, payload: payload), isOnline(relayed.owner) else {
             guard let held else { return nil }
             slots[held] = nil
             return .withdraw(held)

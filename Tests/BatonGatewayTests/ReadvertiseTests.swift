@@ -71,7 +71,22 @@ struct ReadvertiseTests {
         #expect(r.activity(device: daveID, payload: activity(state: "invalidated")) == nil)
         #expect(r.activity(device: daveID, payload: Array("not json".utf8)) == nil)
         #expect(r.activity(device: daveID, payload: Array(#"{"seq":"258"}"#.utf8)) == nil)
+        // An owner whose status is not online: nobody's to continue, or not a gateway at all.
+        #expect(r.activity(device: daveID, payload: activity(gateway: "mallory"), isOnline: { $0 == "hall" }) == nil)
+        #expect(r.activity(device: daveID, payload: activity(gateway: "hall"), isOnline: { $0 == "hall" }) == .advertise(0))
+        #expect(r.activity(device: daveID, payload: activity(gateway: "mallory"), isOnline: { $0 == "hall" }) == .withdraw(0))
         #expect(r.count == 0)
+    }
+
+    @Test("§9: a slot just freed is the last one taken again, so a phone holding its old beacon does not reach another activity on it")
+    func freedSlotTakenLast() {
+        var r = Readvertiser(groupHash: keys.groupHash, selfID: "office", psms: [0x0091, 0x0092, 0x0093])
+        let ids = (1...4).map { DeviceIdentity.id(groupHash: keys.groupHash, number: UInt16($0)) }
+        #expect(r.activity(device: ids[0], payload: activity()) == .advertise(0))
+        #expect(r.activity(device: ids[0], payload: []) == .withdraw(0))
+        #expect(r.activity(device: ids[1], payload: activity()) == .advertise(1))
+        #expect(r.activity(device: ids[2], payload: activity()) == .advertise(2))
+        #expect(r.activity(device: ids[3], payload: activity()) == .advertise(0))
     }
 
     @Test("§9: a save goes on the air again with the new sequence; the same message again changes nothing; a clear, or the device arriving in this room, takes it off")
