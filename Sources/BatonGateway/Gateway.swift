@@ -80,7 +80,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     /// Other rooms' activities on this room's air, and the phones' links to them (docs/relay.md
     /// §9); nil without `relay.readvertise`.
     var readvertiser: Readvertiser?
-    let readvertiseRadio: ReadvertiseRadio?
+    let readvertiseRadio: (any AdvertisingController)?
     let tagger: BeaconTagger?
     var continuing: ContinuingLinks
     /// Phone links this gateway could not take (accept failed, or the slot left the air).
@@ -107,7 +107,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     /// `keys` are `GatewayKeys.make(config)`: required when the config has keys
     /// (`GatewayLauncher` makes them, where a libcrypto failure can be reported).
     public init(config: GatewayConfig, radio: consuming Radio, reopen: (() throws(RadioError) -> Radio)? = nil,
-                mqtt: consuming MQTTClient, keys: GatewayKeys = .none, readvertising: ReadvertiseRadio? = nil,
+                mqtt: consuming MQTTClient, keys: GatewayKeys = .none, readvertising: (any AdvertisingController)? = nil,
                 log: Logger, environment: [String: String], now: ContinuousClock.Instant, unixMicroseconds: Int64) {
         precondition(keys.matches(config), "the gateway's keys are GatewayKeys.make(config)")
         self.config = config
@@ -224,8 +224,8 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         streams.pollDescriptors(into: &pollFDs)
         let listenerFDs = pollFDs.count
         if let readvertiseRadio {
-            for l in readvertiseRadio.listeners { pollFDs.append(pollfd(fd: l.listener.fd, events: Int16(POLLIN), revents: 0)) }
-            pollFDs.append(pollfd(fd: readvertiseRadio.mgmt.fd, events: Int16(POLLIN), revents: 0))
+            for fd in readvertiseRadio.listenerFDs { pollFDs.append(pollfd(fd: fd, events: Int16(POLLIN), revents: 0)) }
+            pollFDs.append(pollfd(fd: readvertiseRadio.eventFD, events: Int16(POLLIN), revents: 0))
         }
         let continuingFDs = pollFDs.count
         continuing.pollDescriptors(into: &pollFDs)
@@ -818,15 +818,15 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     /// Phones connecting to the slots' PSMs (`fds`: one per listener, in slot order).
     mutating func acceptPhones(_ fds: ArraySlice<pollfd>, now: ContinuousClock.Instant) {
         guard let readvertiseRadio else { return }
-        for (k, fd) in zip(readvertiseRadio.listeners.indices, fds) where fd.revents != 0 {
+        for (k, fd) in zip(readvertiseRadio.psms.indices, fds) where fd.revents != 0 {
             let accepted: (fd: Int32, peer: LinkAddress)?
-            do throws(LinkError) { accepted = try readvertiseRadio.listeners[k].listener.accept() } catch {
+            do throws(LinkError) { accepted = try readvertiseRadio.accept(k) } catch {
                 readvertiseErrors &+= 1
                 log.warning("accepting a phone's link on \(readvertiseRadio.adapter): \(error)")
                 continue
             }
             guard let accepted else { continue }
-            let channel = LinkChannel(accepted: accepted.fd, peer: accepted.peer, l2cap: true)
+            let channel = LinkChannel(accepted: accepted.fd, peer: accepted.peer, l2cap: readvertiseRadio.acceptsL2CAP)
             guard let device = readvertiser?.slots[k]?.device else {
                 // The activity left the air between the phone's scan and its connect.
                 var c = channel

@@ -8,10 +8,10 @@
 // What goes on the air is rebuilt from the owner's retained JSON (docs/mqtt.md §2): the beacon
 // of protocol.md §2 with the owner's sequence, type and flags, the activity's topic id as its
 // device id, this gateway's listener as its PSM, and a tag under the group's beacon key.
-import BatonHCI
+public import BatonHCI
 import BatonKeys
 public import BatonMQTT
-import BatonRelay
+public import BatonRelay
 public import BatonWire
 import Foundation
 
@@ -154,11 +154,32 @@ public struct Readvertiser {
     }
 }
 
+/// What re-advertising needs of a controller (docs/relay.md §9): an advertisement per slot,
+/// a listener per slot for the phones, and word when someone else removes an advertisement.
+/// `ReadvertiseRadio` is BlueZ's; tests give the gateway their own.
+public protocol AdvertisingController: AnyObject {
+    var adapter: String { get }
+    /// Slot k's PSM: what its beacon names and its listener accepts on.
+    var psms: [UInt16] { get }
+    /// Slot k's listener: readable when a phone is waiting.
+    var listenerFDs: [Int32] { get }
+    /// Readable when the controller has news (`removedSlots`); -1 for none.
+    var eventFD: Int32 { get }
+    /// Whether accepted links are L2CAP channels (their MTU is the kernel's to say).
+    var acceptsL2CAP: Bool { get }
+    func advertise(_ k: Int, _ data: [UInt8]) throws(ManagementError)
+    func withdraw(_ k: Int) throws(ManagementError)
+    func withdrawAll()
+    func removedSlots(_ body: (Int) -> Void)
+    /// A phone waiting on slot k's listener: its descriptor and address; nil when none is.
+    func accept(_ k: Int) throws(LinkError) -> (fd: Int32, peer: LinkAddress)?
+}
+
 /// The controller side of re-advertising: mgmt advertising instances and one L2CAP listener
 /// per slot, on the gateway's own adapter (docs/relay.md §9). A class, so the gateway holds
 /// the non-copyable socket and listeners in one optional.
-public final class ReadvertiseRadio {
-    let adapter: String
+public final class ReadvertiseRadio: AdvertisingController {
+    public let adapter: String
     var mgmt: ManagementSocket
     /// Slot k's mgmt instance: the highest ones free at start, out of bluetoothd's way.
     let instances: [UInt8]
@@ -206,9 +227,14 @@ public final class ReadvertiseRadio {
         self.listeners = listeners
     }
 
-    var psms: [UInt16] { listeners.map { $0.listener.psm } }
+    public var psms: [UInt16] { listeners.map { $0.listener.psm } }
+    public var listenerFDs: [Int32] { listeners.map { $0.listener.fd } }
+    public var eventFD: Int32 { mgmt.fd }
+    public var acceptsL2CAP: Bool { true }
 
-    func advertise(_ k: Int, _ data: [UInt8]) throws(ManagementError) {
+    public func accept(_ k: Int) throws(LinkError) -> (fd: Int32, peer: LinkAddress)? { try listeners[k].listener.accept() }
+
+    public func advertise(_ k: Int, _ data: [UInt8]) throws(ManagementError) {
         try mgmt.removeAdvertising(instance: instances[k])
         // Array.withUnsafeBytes rethrows untyped: the error travels out as a value.
         let result: Result<Void, ManagementError> = data.withUnsafeBytes { p in
@@ -223,7 +249,7 @@ public final class ReadvertiseRadio {
 
     /// The slots whose advertisement someone else removed (bluetoothd resets every instance
     /// when it starts): the gateway puts them back (docs/relay.md §9).
-    func removedSlots(_ body: (Int) -> Void) {
+    public func removedSlots(_ body: (Int) -> Void) {
         let index = mgmt.index
         mgmt.readEvents { code, eventIndex, parameters in
             guard code == ManagementSocket.advertisingRemovedCode, eventIndex == index, parameters.count == 1,
@@ -232,10 +258,10 @@ public final class ReadvertiseRadio {
         }
     }
 
-    func withdraw(_ k: Int) throws(ManagementError) { try mgmt.removeAdvertising(instance: instances[k]) }
+    public func withdraw(_ k: Int) throws(ManagementError) { try mgmt.removeAdvertising(instance: instances[k]) }
 
     /// Before a clean stop: nothing of this gateway's stays on the air.
-    func withdrawAll() {
+    public func withdrawAll() {
         for k in instances.indices { do throws(ManagementError) { try withdraw(k) } catch {} }
     }
 }
