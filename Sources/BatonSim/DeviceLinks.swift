@@ -749,7 +749,15 @@ public final class DeviceLinkServer {
                     try LinkMessage.encodeError(.protocolError, detail: detail, into: &w)
                 }
                 if slots[i].blocked { return }
-                hangUp(i)
+                // As after a stream's close: closing an L2CAP channel drops what still waits
+                // for the gateway's credits, the error among it, so an adopted channel leaves
+                // the hang-up to the gateway (at most `closingGrace`).
+                if slots[i].hangsUpFirst {
+                    hangUp(i)
+                } else {
+                    slots[i].phase = .closing
+                    slots[i].due = .now + Self.closingGrace
+                }
             case .fetch:
                 guard let asked = s.fetch, s.due <= now else { return }
                 guard answer(i, asked) else { return }

@@ -153,6 +153,13 @@ final class LinkEnd {
         let error = try #require(gateway.receive())
         #expect(Array(error.prefix(2)) == hx("15 02"))
         #expect(String(decoding: error.dropFirst(2), as: UTF8.self) == "this device offers no streams (its beacon says so)")
+        // On L2CAP, closing would drop the error still waiting for credits (docs/vm.md): the
+        // device leaves the hang-up to the gateway, as after a stream's close.
+        #expect(gateway.receive() == nil, "the device hung up first")
+        #expect(loop.server.openLinks == 1)
+        gateway.hangUp()
+        loop.turns()
+        #expect(loop.server.openLinks == 0)
     }
 
     @Test func theReceiveMTUHoldsTheLargestSDUAGatewaySends() {
