@@ -112,7 +112,7 @@ if ProcessInfo.processInfo.environment["BATON_BENCH"] != nil {
     // throwaway mosquitto the tests use.
     targets.append(.executableTarget(
         name: "GatewayBench",
-        dependencies: ["BatonGateway", "BatonCore", "BatonMQTT", "BatonHCI", "BatonSim", "BatonWire", "BatonKeys",
+        dependencies: ["BatonGateway", "BatonCore", "BatonMQTT", "BatonHCI", "BatonRelay", "BatonSim", "BatonWire", "BatonKeys",
                        "BatonTestSupport", "CMosquitto",
                        .product(name: "ArgumentParser", package: "swift-argument-parser"),
                        .product(name: "Logging", package: "swift-log"),

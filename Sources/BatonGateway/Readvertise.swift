@@ -161,7 +161,8 @@ public protocol AdvertisingController: AnyObject {
     var adapter: String { get }
     /// Slot k's PSM: what its beacon names and its listener accepts on.
     var psms: [UInt16] { get }
-    /// Slot k's listener: readable when a phone is waiting.
+    /// Slot k's listener: readable when a phone is waiting. Read every loop turn: a stored
+    /// array, not one made on each read (the loop allocates nothing, docs/performance.md).
     var listenerFDs: [Int32] { get }
     /// Readable when the controller has news (`removedSlots`); -1 for none.
     var eventFD: Int32 { get }
@@ -225,10 +226,12 @@ public final class ReadvertiseRadio: AdvertisingController {
             }
         }
         self.listeners = listeners
+        psms = listeners.map { $0.listener.psm }
+        listenerFDs = listeners.map { $0.listener.fd }
     }
 
-    public var psms: [UInt16] { listeners.map { $0.listener.psm } }
-    public var listenerFDs: [Int32] { listeners.map { $0.listener.fd } }
+    public let psms: [UInt16]
+    public let listenerFDs: [Int32]
     public var eventFD: Int32 { mgmt.fd }
     public var acceptsL2CAP: Bool { true }
 

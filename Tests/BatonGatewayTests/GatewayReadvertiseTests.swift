@@ -54,7 +54,7 @@ private final class TestController: AdvertisingController {
     }
     deinit { for w in wakes { close(w.read); close(w.write) } }
 
-    var listenerFDs: [Int32] { wakes.map(\.read) }
+    var listenerFDs: [Int32] { wakes.map(\.read) }  // a test: allocating here is fine
     var eventFD: Int32 { -1 }
     var acceptsL2CAP: Bool { false }
     func advertise(_ k: Int, _ data: [UInt8]) throws(ManagementError) { air[k] = data; calls.append("advertise \(k)") }

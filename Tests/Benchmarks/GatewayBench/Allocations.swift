@@ -24,6 +24,7 @@ import BatonGateway
 import BatonKeys
 import BatonHCI
 import BatonMQTT
+import BatonRelay
 import BatonSim
 import BatonTestSupport
 import BatonWire
@@ -144,7 +145,9 @@ func calibrateLibraryCounter() -> Int {
 }
 
 /// `keyed`: the gateway also holds a beacon key and 8 IRKs (docs/security.md §4.4, §10), so
-/// every beacon goes through the verifier and every other report through address resolution.
+/// every beacon goes through the verifier and every other report through address resolution,
+/// and re-advertises (docs/relay.md §9): 2 slots, one of them on the air for another room's
+/// activity, with their listeners polled every turn.
 func measureAllocations(broker: MosquittoBroker, devices: Int, warmup: Int, measured: Int, seed: UInt64,
                         statusInterval: Duration, keepalive: Int, keyed: Bool = false) throws -> AllocationFigures {
     let calibration = calibrateCounter()
@@ -187,6 +190,19 @@ func measureAllocations(broker: MosquittoBroker, devices: Int, warmup: Int, meas
         config.security.beaconKey = BeaconKey(bytes: Array(0x40..<0x50))
         config.appleIRKs = (0..<8).map { NamedIRK(name: "device \($0)", irk: IdentityResolvingKey(bytes: Array(repeating: UInt8($0 + 1), count: 16))) }
     }
+    var controller: IdleController?
+    if keyed {
+        config.readvertise = 2
+        controller = IdleController()
+        let key = config.security.beaconKey!  // Proof: set just above for `keyed`.
+        let group = String(try key.groupHash(), radix: 16)
+        let padded = String(repeating: "0", count: 8 - group.count) + group
+        try broker.publish(topic: "baton/gateways/hall/status", payload: Array("online".utf8), retain: true)
+        try broker.publish(topic: "baton/activities/\(padded)0004", payload: Array("""
+            {"state":"current","seq":258,"type_hash":"be9b4bb7","group":"\(padded)","supports_streams":true,\
+            "has_web_url":false,"relayed":false,"psm":128,"verified":true,"gateway":"hall"}
+            """.utf8), retain: true)
+    }
     let keys = try GatewayKeys.make(config)
     var mqtt = try MQTTClient(config: GatewayLauncher.mqttConfig(config))
     var radio = try RadioCapture(file: capture.file, pace: .timestamps(speed: 1))
@@ -197,7 +213,8 @@ func measureAllocations(broker: MosquittoBroker, devices: Int, warmup: Int, meas
     var tv = timespec()
     clock_gettime(CLOCK_REALTIME, &tv)
     let log = Logger(label: "baton.gateway", factory: { StreamLogHandler.standardError(label: $0) })
-    var gateway = Gateway(config: config, radio: radio, mqtt: mqtt, keys: keys, log: log, environment: [:], now: start,
+    var gateway = Gateway(config: config, radio: radio, mqtt: mqtt, keys: keys, readvertising: controller, log: log,
+                          environment: [:], now: start,
                           unixMicroseconds: Int64(tv.tv_sec) * 1_000_000 + Int64(tv.tv_nsec) / 1000)
 
     // Warm-up and settling: every device heard, every unchanged path run, the broker quiet.
@@ -214,6 +231,9 @@ func measureAllocations(broker: MosquittoBroker, devices: Int, warmup: Int, meas
         throw BenchError("the subscriber saw \(activities.count) of \(batonDevices) activities from the in-process gateway: did it connect?")
     }
     let publishedBefore = published
+    if let controller, controller.advertised == 0 {
+        throw BenchError("the re-advertising gateway put nothing on the air: the pass would not measure it")
+    }
 
     // The counted window.
     let t0 = gateway.tally
@@ -242,4 +262,30 @@ func measureAllocations(broker: MosquittoBroker, devices: Int, warmup: Int, meas
         turns: gateway.counters.loopTurns - turns0, windowMilliseconds: microseconds(windowEnd - windowStart) / 1000,
         calibrationMallocs: calibration, libraryCalibrationMallocs: libraryCalibration, publishedDuringWindow: published - publishedBefore,
         statusIntervalSeconds: statusInterval.components.seconds, keepaliveSeconds: keepalive)
+}
+
+/// A controller for re-advertising that is never disturbed: listeners nobody connects to, no
+/// events. What the gateway puts on the air is counted, not sent anywhere.
+final class IdleController: AdvertisingController {
+    let adapter = "bench"
+    let psms: [UInt16] = [0x0091, 0x0092]
+    let pipes: [[Int32]]
+    var advertised = 0
+    init() {
+        pipes = (0..<2).map { _ in
+            var ends: [Int32] = [-1, -1]
+            precondition(pipe(&ends) == 0)
+            return ends
+        }
+        listenerFDs = pipes.map { $0[0] }
+    }
+    deinit { for p in pipes { close(p[0]); close(p[1]) } }
+    let listenerFDs: [Int32]
+    var eventFD: Int32 { -1 }
+    var acceptsL2CAP: Bool { false }
+    func advertise(_ k: Int, _ data: [UInt8]) throws(ManagementError) { advertised += 1 }
+    func withdraw(_ k: Int) throws(ManagementError) {}
+    func withdrawAll() {}
+    func removedSlots(_ body: (Int) -> Void) {}
+    func accept(_ k: Int) throws(LinkError) -> (fd: Int32, peer: LinkAddress)? { nil }
 }
