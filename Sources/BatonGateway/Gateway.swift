@@ -260,7 +260,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         if listenerFDs > streamFDs { streams.poll(fds: pollFDs[streamFDs..<listenerFDs], now: now, mqtt: &publisher.mqtt) }
         if continuingFDs > listenerFDs {
             acceptPhones(pollFDs[listenerFDs..<continuingFDs - 1], now: now)
-            if pollFDs[continuingFDs - 1].revents != 0 { readvertiseRemoved() }
+            if pollFDs[continuingFDs - 1].revents != 0 || readvertiseRadio?.removalsPending == true { readvertiseRemoved() }
         }
         if pollFDs.count > continuingFDs {
             continuing.poll(fds: pollFDs[continuingFDs...], now: now, mqtt: &publisher.mqtt, streams: &streams)
@@ -510,6 +510,12 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
                 log.warning("gateway \(id): more gateways than rooms.gateways (\(config.rooms.gateways)); its devices are not followed")
             }
             handleOwnershipChanges(now: now)
+            // Its activities are nobody's to continue now (docs/relay.md §9).
+            if !online, readvertiser != nil {
+                var gone: [Readvertiser.Change] = []
+                readvertiser?.ownerOffline(id) { gone.append($0) }
+                for change in gone { readvertiseChanged(change) }
+            }
             // Its streams' endpoints are told by the first online gateway (docs/relay.md §7.3).
             if !online, id != config.gatewayID, ownership.firstOnline == ownership.selfSlot {
                 streams.gatewayWentOffline(id, downTopic: { topics.stream($0).down }, gatewayTopic: { topics.stream($0).gateway },
@@ -787,7 +793,9 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         do throws(ManagementError) {
             switch change {
             case .advertise(let k):
-                try readvertiseRadio.advertise(k, readvertiser.advertisement(k, companyID: config.companyID, tagger: tagger))
+                let data = readvertiser.advertisement(k, companyID: config.companyID, tagger: tagger)
+                guard !data.isEmpty else { return }  // the slot left the air meanwhile
+                try readvertiseRadio.advertise(k, data)
                 if let a = readvertiser.slots[k] {
                     log.info("re-advertising \(Topics.deviceText(a.device)) seq \(a.sequence) from gateway \(a.owner) on PSM 0x\(Topics.hex(UInt64(readvertiser.psms[k]), digits: 4))")
                 }
@@ -799,17 +807,21 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
             readvertiseErrors &+= 1
             log.warning("re-advertising on \(readvertiseRadio.adapter): \(error)")
             // Not on the air: the slot is free again, and the activity's next message tries again.
-            if case .advertise(let k) = change { self.readvertiser?.forget(k) }
+            // The remove that goes first may have failed too: make sure the old one is gone.
+            if case .advertise(let k) = change {
+                do throws(ManagementError) { try readvertiseRadio.withdraw(k) } catch {}
+                self.readvertiser?.forget(k)
+            }
         }
     }
 
     /// Someone else removed slots' advertisements (bluetoothd resets every instance when it
     /// starts or the adapter comes back): they go on the air again.
     mutating func readvertiseRemoved() {
-        guard let readvertiseRadio, let readvertiser else { return }
+        guard let readvertiseRadio else { return }
         var removed: [Int] = []
         readvertiseRadio.removedSlots { removed.append($0) }
-        for k in removed where readvertiser.slots[k] != nil {
+        for k in removed where self.readvertiser?.slots[k] != nil {
             log.info("re-advertising slot \(k) was removed by another program (bluetoothd?): putting it back")
             readvertiseChanged(.advertise(k))
         }

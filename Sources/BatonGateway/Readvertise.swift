@@ -39,8 +39,10 @@ public struct Readvertiser {
     /// Bumped on every broker connect: the retained activities come again, and a slot not
     /// seen again by the end of the retained scan was cleared while this gateway was away.
     var generation: UInt64 = 0
-    /// The slot taken last (see `activity`).
-    var lastTaken: Int
+    /// When each slot was last freed, on a counter (0: never taken): a new activity takes the
+    /// free slot freed longest ago (see `activity`).
+    var freedAt: [UInt64]
+    var frees: UInt64 = 0
     /// Activities not re-advertised, by reason (stats `relay.readvertise.drops`).
     public private(set) var drops = DropCounts()
 
@@ -56,7 +58,14 @@ public struct Readvertiser {
         self.selfID = selfID
         self.psms = psms
         slots = Array(repeating: nil, count: psms.count)
-        lastTaken = psms.count - 1
+        freedAt = Array(repeating: 0, count: psms.count)
+    }
+
+    /// Frees slot k (it leaves the air).
+    mutating func free(_ k: Int) {
+        slots[k] = nil
+        frees &+= 1  // Proof: 2⁶⁴ activities never leave the air.
+        freedAt[k] = frees
     }
 
     public var count: Int { slots.count { $0 != nil } }
@@ -69,7 +78,7 @@ public struct Readvertiser {
         let held = slots.firstIndex { $0?.device == device }
         guard let relayed = eligible(device: device, payload: payload), isOnline(relayed.owner) else {
             guard let held else { return nil }
-            slots[held] = nil
+            free(held)
             return .withdraw(held)
         }
         if let held {
@@ -77,26 +86,31 @@ public struct Readvertiser {
             slots[held] = relayed
             return changed ? .advertise(held) : nil
         }
-        // The free slot after the one taken last, round the ring: a slot just freed is taken
-        // last, so a phone that scanned its old beacon does not reach another activity on it.
-        var free: Int?
-        for step in 1...max(slots.count, 1) where free == nil && !slots.isEmpty {
-            let k = (lastTaken + step) % slots.count
-            if slots[k] == nil { free = k }
-        }
-        guard let free else {
+        // The free slot freed longest ago: a slot just freed is taken last, so a phone that
+        // scanned its old beacon does not reach another activity on it.
+        var taken: Int?
+        for k in slots.indices where slots[k] == nil && freedAt[k] < (taken.map { freedAt[$0] } ?? .max) { taken = k }
+        guard let free = taken else {
             // Counted; the activity is tried again at its next change (its owner republishes).
             drops.count("readvertise-full")
             return nil
         }
         slots[free] = relayed
-        lastTaken = free
         return .advertise(free)
     }
 
     /// The slot did not go on the air (the kernel refused it): free, so the activity's next
     /// message tries again.
-    public mutating func forget(_ k: Int) { slots[k] = nil }
+    public mutating func forget(_ k: Int) { free(k) }
+
+    /// A gateway's status turned offline: its activities are nobody's to continue now (its
+    /// retained messages stay until a gateway clears them, docs/rooms.md §4), so they leave the air.
+    public mutating func ownerOffline(_ gateway: Substring, _ change: (Change) -> Void) {
+        for k in slots.indices where slots[k].map({ $0.owner == gateway }) ?? false {
+            free(k)
+            change(.withdraw(k))
+        }
+    }
 
     /// The activity to re-advertise from an owner's JSON, or nil: not the keyed group's, not
     /// verified, owned here (the device is in this room), offering no link, a relayed copy, or
@@ -127,7 +141,7 @@ public struct Readvertiser {
     public mutating func retainedScanEnded(_ change: (Change) -> Void) {
         for k in slots.indices {
             guard let s = slots[k], s.generation != generation else { continue }
-            slots[k] = nil
+            free(k)
             change(.withdraw(k))
         }
     }
@@ -172,6 +186,9 @@ public protocol AdvertisingController: AnyObject {
     func withdraw(_ k: Int) throws(ManagementError)
     func withdrawAll()
     func removedSlots(_ body: (Int) -> Void)
+    /// Removals already read (while waiting for a command's answer), not yet handed out by
+    /// `removedSlots`: the event socket will not say so again.
+    var removalsPending: Bool { get }
     /// A phone waiting on slot k's listener: its descriptor and address; nil when none is.
     func accept(_ k: Int) throws(LinkError) -> (fd: Int32, peer: LinkAddress)?
 }
@@ -182,8 +199,11 @@ public protocol AdvertisingController: AnyObject {
 public final class ReadvertiseRadio: AdvertisingController {
     public let adapter: String
     var mgmt: ManagementSocket
-    /// Slot k's mgmt instance: the highest ones free at start, out of bluetoothd's way.
+    /// Slot k's mgmt instance: the N highest, out of bluetoothd's way (it numbers its own from 1).
     let instances: [UInt8]
+    /// Instances in use at start that the gateway removed: a killed run's, or another program's
+    /// (the launcher logs them).
+    public private(set) var takenBack: [UInt8] = []
     final class Listener {
         let listener: L2CAPListener
         init(_ l: consuming L2CAPListener) { listener = l }
@@ -210,11 +230,14 @@ public final class ReadvertiseRadio: AdvertisingController {
         }
         instances = (0..<count).map { features.maxInstances - UInt8($0) }
         self.mgmt = mgmt
+        var takenBack: [UInt8] = []
         for n in instances where features.isInUse(n) {
             do throws(ManagementError) { try self.mgmt.removeAdvertising(instance: n) } catch {
                 throw ReadvertiseError("\(adapter): taking back advertising instance \(n): \(error)")
             }
+            takenBack.append(n)
         }
+        self.takenBack = takenBack
         var listeners: [Listener] = []
         for _ in 0..<count {
             do throws(LinkError) {
@@ -253,6 +276,7 @@ public final class ReadvertiseRadio: AdvertisingController {
     /// The slots whose advertisement someone else removed (bluetoothd resets every instance
     /// when it starts): the gateway puts them back (docs/relay.md §9).
     public func removedSlots(_ body: (Int) -> Void) {
+        for n in mgmt.takeRemovedInstances() { if let k = instances.firstIndex(of: n) { body(k) } }
         let index = mgmt.index
         mgmt.readEvents { code, eventIndex, parameters in
             guard code == ManagementSocket.advertisingRemovedCode, eventIndex == index, parameters.count == 1,
@@ -260,6 +284,8 @@ public final class ReadvertiseRadio: AdvertisingController {
             body(k)
         }
     }
+
+    public var removalsPending: Bool { mgmt.removedInstancesPending }
 
     public func withdraw(_ k: Int) throws(ManagementError) { try mgmt.removeAdvertising(instance: instances[k]) }
 

@@ -90,6 +90,10 @@ public enum GatewayLauncher {
                 log.critical("relay.readvertise: \(error)")
                 return 1
             }
+            if let taken = readvertising?.takenBack, !taken.isEmpty {
+                // A killed run's, normally; another program's otherwise (docs/relay.md §9).
+                log.warning("relay.readvertise: advertising instances \(taken.map(String.init).joined(separator: ", ")) of \(adapter) were in use at start and are this gateway's now")
+            }
             log.info("relay: re-advertising up to \(config.readvertise) activities of other rooms on \(adapter), PSMs \(readvertising!.psms.map { "0x" + Topics.hex(UInt64($0), digits: 4) }.joined(separator: ", "))")
         }
         var tv = timespec()

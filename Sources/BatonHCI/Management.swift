@@ -326,6 +326,9 @@ public struct ManagementSocket: ~Copyable {
     private let buffer: UnsafeMutableRawBufferPointer
     /// How long a request waits for its answer.
     public var timeout: Duration = .seconds(2)
+    /// Advertising Removed events for this controller that `request` read while waiting for its
+    /// answer: kept for `takeRemovedInstances`, since the socket will not deliver them again.
+    private var removed: [UInt8] = []
 
     /// <bluetooth/hci.h>: `HCI_CHANNEL_CONTROL 3`.
     static let controlChannel: UInt16 = 3
@@ -399,7 +402,12 @@ public struct ManagementSocket: ~Copyable {
             let bytes = UnsafeRawBufferPointer(rebasing: buffer[..<got])
             let event: ManagementEvent
             do throws(WireError) { event = try ManagementEvent.parse(bytes) } catch { throw .wire(error) }
-            guard event.opcode == opcode.rawValue, event.index == index else { continue }
+            guard event.opcode == opcode.rawValue, event.index == index else {
+                if event.code == Self.advertisingRemovedCode, event.index == index, bytes.count == 7, !removed.contains(bytes[6]) {
+                    removed.append(bytes[6])
+                }
+                continue
+            }
             switch event.status {
             case .success:
                 return Array(bytes[event.returnParameters])
@@ -419,6 +427,15 @@ public struct ManagementSocket: ~Copyable {
     /// the one whose command removed it: bluetoothd resetting the instances when it starts,
     /// another program, or the controller going away.
     public static let advertisingRemovedCode: UInt16 = 0x0024
+
+    /// Whether `request` set aside Advertising Removed events (`takeRemovedInstances`).
+    public var removedInstancesPending: Bool { !removed.isEmpty }
+
+    /// The instances whose Advertising Removed `request` read while waiting, once each.
+    public mutating func takeRemovedInstances() -> [UInt8] {
+        defer { removed.removeAll() }
+        return removed
+    }
 
     /// Reads the events queued on the socket without waiting (its descriptor is for poll):
     /// `body` gets each one's code, controller index and parameters. Stops at the first

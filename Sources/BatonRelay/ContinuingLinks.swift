@@ -22,7 +22,8 @@ public struct ContinuingCounters: Sendable, Equatable {
     public var links = 0
     public var refused = 0
     /// Fetches asked by phones, answered with the payload, and answered fetch-refused
-    /// (including the ones the owner did not answer in time).
+    /// (including the ones the owner did not answer in time). An answer counts when it is sent
+    /// or waits for the link's room; one replaced by a newer answer while waiting counts too.
     public var fetches = 0
     public var payloads = 0
     public var refusals = 0
@@ -213,7 +214,7 @@ public struct ContinuingLinks: ~Copyable {
     /// Asks the owner for the phone: the v5 route in properties and the v3.1.1 route in the body
     /// (docs/relay.md §1–2), as `baton fetch` does, so either kind of broker connection works.
     mutating func ask(_ l: Link, sequence: UInt16, now: ContinuousClock.Instant, mqtt: inout MQTTClient) {
-        correlations &+= 1  // Proof: 2⁶⁴ fetches are never asked.
+        correlations &+= 1  // Wraps from a random start: harmless, it only has to differ from the last.
         // A second fetch before the first was answered supersedes it: the owner answers the
         // first `cancelled` (same response topic), which no longer matches and is dropped.
         l.asked = (sequence, correlations, now + config.fetchTimeout + Self.deliveryAllowance)
@@ -301,6 +302,13 @@ public struct ContinuingLinks: ~Copyable {
     /// large for the phone's MTU, or the link broke).
     func answer(_ l: Link, _ sdu: UnsafeRawBufferPointer) -> Bool {
         guard l.channel?.state == .open else { return false }
+        // One is owed already: this newer one takes its place (it answers the phone's newer
+        // fetch), and goes when the link has room, not before it.
+        if l.owed != nil {
+            guard sdu.count <= l.channel?.sendMTU ?? 0 else { return false }
+            l.owed = Array(sdu)
+            return true
+        }
         do throws(LinkError) {
             if try l.channel?.send(sdu) == true { return true }
         } catch {

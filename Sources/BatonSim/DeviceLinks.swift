@@ -592,7 +592,9 @@ public final class DeviceLinkServer {
         do throws(WireError) {
             m = try LinkMessage.decode(sdu, payloadMax: Self.maxData)
         } catch {
-            fail(i, "not a link message (docs/protocol.md 5.1): \(error)")
+            // Closing: whatever the gateway still says needs no answer, and must not restart
+            // the grace (the gateway hangs up, or the grace ends it).
+            if slots[i].phase != .closing { fail(i, "not a link message (docs/protocol.md 5.1): \(error)") }
             return
         }
         let r = slots[i].room, d = slots[i].device

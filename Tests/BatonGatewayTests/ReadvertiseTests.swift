@@ -87,6 +87,23 @@ struct ReadvertiseTests {
         #expect(r.activity(device: ids[1], payload: activity()) == .advertise(1))
         #expect(r.activity(device: ids[2], payload: activity()) == .advertise(2))
         #expect(r.activity(device: ids[3], payload: activity()) == .advertise(0))
+        // Two freed, the later one last: 2 (freed first) before 1 (freed just now).
+        #expect(r.activity(device: ids[2], payload: []) == .withdraw(2))
+        #expect(r.activity(device: ids[1], payload: []) == .withdraw(1))
+        #expect(r.activity(device: ids[0], payload: activity()) == .advertise(2))
+        #expect(r.activity(device: ids[1], payload: activity()) == .advertise(1))
+    }
+
+    @Test("§9: a gateway whose status turns offline takes its activities off the air; the others' stay")
+    func ownerOffline() {
+        var r = Readvertiser(groupHash: keys.groupHash, selfID: "office", psms: [0x0091, 0x0092])
+        let other = DeviceIdentity.id(groupHash: keys.groupHash, number: 7)
+        _ = r.activity(device: daveID, payload: activity(gateway: "hall"))
+        _ = r.activity(device: other, payload: activity(gateway: "kitchen"))
+        var changes: [Readvertiser.Change] = []
+        r.ownerOffline("hall") { changes.append($0) }
+        #expect(changes == [.withdraw(0)])
+        #expect(r.slots[1]?.device == other)
     }
 
     @Test("§9: a save goes on the air again with the new sequence; the same message again changes nothing; a clear, or the device arriving in this room, takes it off")

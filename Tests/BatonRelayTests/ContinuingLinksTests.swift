@@ -325,6 +325,19 @@ struct ContinuingLinksTests {
         #expect(rig.opens.count == 1)
     }
 
+    @Test("§9: a phone that says open and hangs up in the same breath starts no stream: nothing is asked of the owner")
+    func openAndGone() throws {
+        let rig = try Rig()
+        let phone = try rig.connectPhone()
+        try rig.phoneSends(phone.index, bytes("10 0800 0004"))
+        shutdown(rig.phones[phone.index], Int32(SHUT_RDWR))
+        try #require(rig.run { rig.links.openLinks == 0 })
+        rig.run(limit: .milliseconds(300)) { false }
+        #expect(rig.opens.isEmpty, "the owner was asked to open a stream for a phone that left")
+        #expect(rig.streams.openCount == 0)
+        #expect(rig.drops("continuing-gone-before-open") == 1)
+    }
+
     @Test("Capacity: relay.links phone links at once; one more is hung up and counted, and a freed slot takes the next")
     func capacity() throws {
         let rig = try Rig(RelayConfig(links: 2))
