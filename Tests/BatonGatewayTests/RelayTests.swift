@@ -498,8 +498,9 @@ let streamBroker = ["set_tcp_nodelay true"]
         }
         #expect(flowing != nil, "the stream never flowed")
         b.gateways[0].kill()  // the hall, alice's room
+        // The shell creates status.txt before it writes the status into it: wait for the line.
         let status = eventually(within: 15) { () -> String? in
-            (try? String(contentsOf: b.dir.appendingPathComponent("status.txt"), encoding: .utf8))
+            (try? String(contentsOf: b.dir.appendingPathComponent("status.txt"), encoding: .utf8)).flatMap { $0.hasSuffix("\n") ? $0 : nil }
         }
         let err = (try? String(contentsOf: b.dir.appendingPathComponent("err.txt"), encoding: .utf8)) ?? ""
         #expect(status?.trimmingCharacters(in: .whitespacesAndNewlines) == "1", "baton stream went on after its gateway died: \(err)")
