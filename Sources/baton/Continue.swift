@@ -418,14 +418,13 @@ struct LinkStream: ~Copyable {
     /// Our open: frames we hold for stdout, bytes per frame we take. `baton stream`'s defaults.
     static let window = 16
     static let maxData = 1024
-    /// The most written to stdout per turn (see `StreamSession.writeChunk`).
-    static let writeChunk = 4096
     /// After our last frame, how long the link may take to hand it to the controller before we
     /// hang up: closing an L2CAP channel drops the SDUs still waiting for credits (docs/vm.md).
     static let drainLimit: Int32 = 2000
 
-    let deviceID: UInt64
-    let sealer: SealedEnvelope?
+    /// stdin into frames, the device's frames onto stdout (`StdioFrames`).
+    var io: StdioFrames
+    var sealer: SealedEnvelope? { io.sealer }
     var up: StreamSender
     var down = StreamReceiver()
     /// Up frames handed to the link so far (≤ `up.next`); the close, once handed.
@@ -434,11 +433,8 @@ struct LinkStream: ~Copyable {
     var openTransmitted = false
     /// Down frames written to stdout whole, the bytes of the next one written, and the last ack
     /// handed to the link.
-    var written: UInt32 = 0
-    var writtenOfFrame = 0
+    var written: UInt32 { io.written }
     var acked: UInt32 = 0
-    var inputEnded = false
-    var streamNonce: InlineArray<12, UInt8>?
     /// The stream's end, decided while the channel drained; acted on after (`run`), with what
     /// to tell the device first: error `protocol` when its frame broke §5.3 (`breachDetail`),
     /// reset `cancelled` when this end gave up (stdin, stdout, sealing: `giveUp`).
@@ -446,21 +442,12 @@ struct LinkStream: ~Copyable {
     var breachDetail: String?
     var givingUp = false
 
-    let output: UnsafeMutableRawBufferPointer
-    var outputCounts: [Int]
-    let input: UnsafeMutableRawBufferPointer
-    let sealed: UnsafeMutableRawBufferPointer
     let tx: UnsafeMutableRawBufferPointer
     let rx: UnsafeMutableRawBufferPointer
 
     init(device: UInt64, sealer: SealedEnvelope?) {
-        deviceID = device
-        self.sealer = sealer
+        io = StdioFrames(window: Self.window, maxData: Self.maxData, sealer: sealer, deviceID: device)
         up = StreamSender(capacity: Self.window, maxData: Self.maxData)
-        output = .allocate(byteCount: Self.window * Self.maxData, alignment: 8)
-        outputCounts = Array(repeating: 0, count: Self.window)
-        input = .allocate(byteCount: Self.maxData, alignment: 8)
-        sealed = .allocate(byteCount: Self.maxData, alignment: 8)
         tx = .allocate(byteCount: LinkMessage.dataHeaderBytes + Self.maxData, alignment: 8)
         // The largest SDU the link delivers (our receive MTU): anything a peer sends is read
         // whole, and a data frame beyond our max data is then a protocol error, not a cut record.
@@ -468,7 +455,7 @@ struct LinkStream: ~Copyable {
     }
 
     deinit {
-        output.deallocate(); input.deallocate(); sealed.deallocate(); tx.deallocate(); rx.deallocate()
+        tx.deallocate(); rx.deallocate()
     }
 
     /// Runs the stream to its end; the exit status. `deadline` bounds the wait for the
@@ -487,7 +474,7 @@ struct LinkStream: ~Copyable {
                 send(&channel, .reset) { w throws(WireError) in try LinkMessage.encodeReset(.cancelled, into: &w) }
                 return 3
             }
-            let reading = !inputEnded && canRead
+            let reading = !io.inputEnded && canRead
             let writing = written != down.next
             fds[0] = pollfd(fd: channel.fd, events: Int16(POLLIN) | (channel.wantsWrite ? Int16(POLLOUT) : 0), revents: 0)
             fds[1] = pollfd(fd: stop.fd, events: Int16(POLLIN), revents: 0)
@@ -518,7 +505,7 @@ struct LinkStream: ~Copyable {
     }
 
     /// stdin may be read: the device's window has room (and, sealed, the hello has gone first).
-    var canRead: Bool { up.canSend && (sealer == nil || streamNonce != nil) }
+    var canRead: Bool { up.canSend && (sealer == nil || io.streamNonce != nil) }
 
     // MARK: frames in
 
@@ -537,11 +524,11 @@ struct LinkStream: ~Copyable {
             }
             // docs/security.md §5.2: our frame 0 is an empty envelope whose nonce is the stream's.
             let n: Int
-            do throws(SealError) { n = try sealer.sealHello(deviceID: deviceID, into: sealed) } catch {
+            do throws(SealError) { n = try sealer.sealHello(deviceID: io.deviceID, into: io.sealed) } catch {
                 return giveUp("sealing: \(error)")
             }
-            let hello = UnsafeRawBufferPointer(rebasing: sealed[..<n])
-            streamNonce = StreamFrameContext.streamNonce(ofFrameZero: hello)
+            let hello = UnsafeRawBufferPointer(rebasing: io.sealed[..<n])
+            io.streamNonce = StreamFrameContext.streamNonce(ofFrameZero: hello)
             _ = up.push(hello)
         case .data:
             guard up.opened else { return breach("data before the device's open") }
@@ -567,35 +554,19 @@ struct LinkStream: ~Copyable {
 
     /// A data frame from the device, into its slot.
     mutating func take(frame n: UInt32, bytes: UnsafeRawBufferPointer) {
-        if let end = down.closeEnd, n &- end < 0x8000_0000 { return breach("data frame \(n) after the close at frame \(end)") }
-        // The device may have our window of frames past our last ack in flight, no more.
-        let ahead = n &- acked
-        if ahead < 0x8000_0000, ahead >= UInt32(Self.window) {
-            return breach("data frame \(n) beyond our window (acknowledged up to \(acked), window \(Self.window))")
-        }
-        switch down.arrive(n) {
-        case .inOrder:
-            // Proof of room: acked ≤ written ≤ n and n − acked < window (checked above), so the
-            // frames held, written ... n, each have their own slot; decode bounded the bytes by
-            // maxData.
-            let slot = Int(n % UInt32(Self.window))
-            let into = UnsafeMutableRawBufferPointer(rebasing: output[slot * Self.maxData ..< (slot + 1) * Self.maxData])
-            if let sealer {
-                guard let nonce = streamNonce else { return breach("data frame \(n) before our frame 0 (docs/security.md §5.2)") }
-                let context = StreamFrameContext(deviceID: deviceID, streamNonce: nonce, direction: .down, frame: n)
-                do throws(SealError) { outputCounts[slot] = try sealer.openFrame(bytes, for: context, into: into) } catch {
-                    say("the device's frame \(n) did not open with this key (another group's key, a stream that is not sealed, or altered on the way): \(error)")
-                    return breach("frame \(n) did not open", quiet: true)
-                }
-            } else {
-                UnsafeMutableRawBufferPointer(rebasing: into[..<bytes.count]).copyMemory(from: bytes)
-                outputCounts[slot] = bytes.count
-            }
+        switch io.take(frame: n, bytes: bytes, acked: acked, down: &down) {
+        case .held:
+            break
         case .duplicate:
             // A link does not repeat itself; if it did, the frame is dropped and written once.
             break
         case .gap:
             breach("data frame \(n) when \(down.next) was next (a link keeps order)")
+        case .breach(let detail):
+            breach(detail)
+        case .notOpened(let why):
+            say(why)
+            breach("frame \(n) did not open", quiet: true)
         }
     }
 
@@ -603,51 +574,17 @@ struct LinkStream: ~Copyable {
 
     /// One read from stdin as one frame (sealed, if sealing); its end, as the close.
     mutating func readInput() {
-        let room = sealer == nil ? up.maxData : up.maxData - SealedEnvelope.overhead
-        let n = Glibc.read(STDIN_FILENO, input.baseAddress, min(room, input.count))
-        if n < 0 {
-            if errno == EINTR || errno == EAGAIN { return }
-            return giveUp("reading stdin: \(String(cString: strerror(errno)))")
-        }
-        if n == 0 {
-            inputEnded = true
-            up.close()
-            return
-        }
-        let bytes = UnsafeRawBufferPointer(rebasing: input[..<n])
-        guard let sealer, let nonce = streamNonce else {
-            _ = up.push(bytes)
-            return
-        }
-        let context = StreamFrameContext(deviceID: deviceID, streamNonce: nonce, direction: .up, frame: up.next)
-        do throws(SealError) {
-            let count = try sealer.sealFrame(bytes, for: context, into: sealed)
-            _ = up.push(UnsafeRawBufferPointer(rebasing: sealed[..<count]))
-        } catch {
-            giveUp("sealing: \(error)")
+        switch io.readStdin(number: up.next, room: up.maxData) {
+        case .nothing: break
+        case .ended: up.close()
+        case .frame(let bytes): _ = up.push(bytes)
+        case .failed(let why): giveUp(why)
         }
     }
 
     /// Writes what stdout takes now; frames written whole may then be acknowledged (`flush`).
     mutating func writeOutput() {
-        while written != down.next {
-            let slot = Int(written % UInt32(Self.window))
-            let count = min(outputCounts[slot] - writtenOfFrame, Self.writeChunk)
-            let n = count == 0 ? 0 : Glibc.write(STDOUT_FILENO, output.baseAddress! + slot * Self.maxData + writtenOfFrame, count)
-            if n < 0 {
-                if errno == EINTR { continue }
-                if errno == EAGAIN { return }
-                return giveUp("writing stdout: \(String(cString: strerror(errno)))")
-            }
-            writtenOfFrame += n
-            if writtenOfFrame == outputCounts[slot] {
-                writtenOfFrame = 0
-                written &+= 1  // Proof: written < down.next here.
-            }
-            // More only while stdout still takes it at once (no O_NONBLOCK on a shared descriptor).
-            var p = pollfd(fd: STDOUT_FILENO, events: Int16(POLLOUT), revents: 0)
-            guard Glibc.poll(&p, 1, 0) == 1, p.revents & Int16(POLLOUT) != 0 else { return }
-        }
+        if let why = io.writeStdout(upTo: down.next) { giveUp(why) }
     }
 
     // MARK: frames out

@@ -104,20 +104,13 @@ struct StreamSession: ~Copyable {
     let timeout: Duration
     let timeoutSeconds: Double
 
-    /// Frames taken from the device and not yet written to stdout: frame n in slot n % window,
-    /// `maxData` bytes each, its length in `outputCounts`.
-    let output: UnsafeMutableRawBufferPointer
-    var outputCounts: [Int]
-    /// Bytes of frame `written` already on stdout.
-    var writtenOfFrame = 0
+    /// stdin into frames, the device's frames onto stdout (`StdioFrames`).
+    var io: StdioFrames
     /// Frames written whole to stdout: what we may acknowledge.
-    var written: UInt32 = 0
+    var written: UInt32 { io.written }
     /// The last ack we published: the device has at most `window` frames past it in flight.
     var acked: UInt32 = 0
     var ackedOnce = false
-    /// One read from stdin, at most `maxData` bytes.
-    let input: UnsafeMutableRawBufferPointer
-    var inputEnded = false
 
     var openSentAt: ContinuousClock.Instant?
     /// When the unacknowledged up frames are resent if no ack moves them on before.
@@ -127,28 +120,18 @@ struct StreamSession: ~Copyable {
     var gaps = 0
     /// With `--key`: seals our frames and opens the device's (docs/security.md §5.2); the
     /// stream nonce is our frame 0's, set when it is sent.
-    let sealer: SealedEnvelope?
-    let deviceID: UInt64
-    var streamNonce: InlineArray<12, UInt8>?
-    /// One sealed frame on its way into `up`.
-    let sealed: UnsafeMutableRawBufferPointer
+    var sealer: SealedEnvelope? { io.sealer }
 
     /// An open with no open frame back is published again after this: the broker may have
     /// lost it (docs/relay.md §7.2).
     static let openRetry = Duration.seconds(2)
     /// `relay.stream-retry`'s default (docs/relay.md §7.3): the endpoint resends as the gateway does.
     static let retry = Duration.seconds(1)
-    /// The most written to stdout per turn: a pipe that polls writable takes a page without
-    /// blocking (pipe(7): PIPE_BUF, 4096 on Linux), so no O_NONBLOCK is set on a descriptor
-    /// the shell shares with us.
-    static let writeChunk = 4096
 
     init(client: consuming MQTTClient, device: String, id: String, prefix: String, broker: String,
          window: Int, maxData: Int, timeout seconds: Double, sealer: SealedEnvelope? = nil) {
         self.client = client
-        self.sealer = sealer
-        deviceID = UInt64(device, radix: 16) ?? 0
-        sealed = .allocate(byteCount: maxData, alignment: 8)
+        io = StdioFrames(window: window, maxData: maxData, sealer: sealer, deviceID: UInt64(device, radix: 16) ?? 0)
         up = StreamSender(capacity: window, maxData: maxData)
         self.window = window
         self.maxData = maxData
@@ -160,15 +143,6 @@ struct StreamSession: ~Copyable {
         downTopic = "\(prefix)/streams/\(id)/down"
         timeout = .milliseconds(Int64(seconds * 1000))
         timeoutSeconds = seconds
-        output = .allocate(byteCount: window * maxData, alignment: 8)
-        outputCounts = Array(repeating: 0, count: window)
-        input = .allocate(byteCount: maxData, alignment: 8)
-    }
-
-    deinit {
-        output.deallocate()
-        input.deallocate()
-        sealed.deallocate()
     }
 
     /// Runs the stream to its end; the exit status.
@@ -177,7 +151,7 @@ struct StreamSession: ~Copyable {
         client.start(now: .now)
         var fds = [pollfd](repeating: pollfd(fd: -1, events: 0, revents: 0), count: 4)
         while true {
-            let reading = !inputEnded && up.canSend
+            let reading = !io.inputEnded && up.canSend
             let writing = written != down.next
             fds[0] = pollfd(fd: client.socket, events: Int16(POLLIN) | (client.wantsWrite ? Int16(POLLOUT) : 0), revents: 0)
             fds[1] = pollfd(fd: stop.fd, events: Int16(POLLIN), revents: 0)
@@ -301,7 +275,7 @@ struct StreamSession: ~Copyable {
             if sealer != nil, up.maxData <= SealedEnvelope.overhead {
                 return breach("the device's max data \(up.maxData) leaves no room for a sealed frame (\(SealedEnvelope.overhead) bytes besides the data)")
             }
-            if let sealer, streamNonce == nil { return sendHello(sealer, now: now) }
+            if let sealer, io.streamNonce == nil { return sendHello(sealer, now: now) }
         case .data:
             return payload.withUnsafeBytes { take(frame: m.number, bytes: UnsafeRawBufferPointer(rebasing: $0[m.body])) }
         case .ack:
@@ -340,13 +314,13 @@ struct StreamSession: ~Copyable {
     /// the stream nonce; the device sends no data before it has it.
     mutating func sendHello(_ sealer: SealedEnvelope, now: ContinuousClock.Instant) -> Int32? {
         let n: Int
-        do throws(SealError) { n = try sealer.sealHello(deviceID: deviceID, into: sealed) } catch {
+        do throws(SealError) { n = try sealer.sealHello(deviceID: io.deviceID, into: io.sealed) } catch {
             say("sealing: \(error)")
             send(Self.reset(.cancelled))
             return 1
         }
-        let hello = UnsafeRawBufferPointer(rebasing: sealed[..<n])
-        streamNonce = StreamFrameContext.streamNonce(ofFrameZero: hello)
+        let hello = UnsafeRawBufferPointer(rebasing: io.sealed[..<n])
+        io.streamNonce = StreamFrameContext.streamNonce(ofFrameZero: hello)
         return pushUp(hello, now: now)
     }
 
@@ -363,42 +337,23 @@ struct StreamSession: ~Copyable {
 
     /// A data frame from the device: into its slot when it is the next one.
     mutating func take(frame n: UInt32, bytes: UnsafeRawBufferPointer) -> Int32? {
-        // Distances are wrapping (§5.1's 32-bit numbers): below 2³¹ is at or after.
-        if let end = down.closeEnd, n &- end < 0x8000_0000 {
-            return breach("data frame \(n) after the close at frame \(end)")
-        }
-        // The device may have `window` frames past our last ack in flight, no more (§5.3).
-        let ahead = n &- acked
-        if ahead < 0x8000_0000, ahead >= UInt32(window) {
-            return breach("data frame \(n) beyond our window (acknowledged up to \(acked), window \(window))")
-        }
-        switch down.arrive(n) {
-        case .inOrder:
-            // Proof of room: acked ≤ written ≤ n and n - acked < window (checked above), so the
-            // frames held, written ..< n + 1, are at most `window`, each in its own slot; decode
-            // bounded the bytes by `maxData`.
-            let slot = Int(n % UInt32(window))
-            precondition(bytes.count <= maxData && n &- written < UInt32(window), "stdout slots overrun")
-            let into = UnsafeMutableRawBufferPointer(rebasing: output[slot * maxData ..< slot * maxData + maxData])
-            if let sealer {
-                guard let nonce = streamNonce else { return breach("data frame \(n) before our frame 0 (docs/security.md §5.2)") }
-                let context = StreamFrameContext(deviceID: deviceID, streamNonce: nonce, direction: .down, frame: n)
-                do throws(SealError) { outputCounts[slot] = try sealer.openFrame(bytes, for: context, into: into) } catch {
-                    send(Self.error(.protocolError, detail: "frame \(n) did not open"))
-                    say("the device's frame \(n) did not open with this key (another group's key, a stream that is not sealed, or altered on the way): \(error)")
-                    return 1
-                }
-            } else {
-                UnsafeMutableRawBufferPointer(rebasing: into[..<bytes.count]).copyMemory(from: bytes)
-                outputCounts[slot] = bytes.count
-            }
+        switch io.take(frame: n, bytes: bytes, acked: acked, down: &down) {
+        case .held:
+            return nil
         case .duplicate:
             // A resend: our ack was lost or is on its way. Say it again.
             acknowledge()
+            return nil
         case .gap:
             gaps += 1
+            return nil
+        case .breach(let detail):
+            return breach(detail)
+        case .notOpened(let why):
+            send(Self.error(.protocolError, detail: "frame \(n) did not open"))
+            say(why)
+            return 1
         }
-        return nil
     }
 
     /// Up frames not acknowledged, from the first (go-back-N, §5.3), then the close if said.
@@ -419,58 +374,29 @@ struct StreamSession: ~Copyable {
 
     /// One read from stdin, as one data frame; its end, as the close.
     mutating func readInput(now: ContinuousClock.Instant) -> Int32? {
-        // Sealed, each frame carries 29 bytes besides the data (checked at the device's open).
-        let room = sealer == nil ? up.maxData : up.maxData - SealedEnvelope.overhead
-        let n = read(STDIN_FILENO, input.baseAddress, min(room, input.count))
-        if n < 0 {
-            if errno == EINTR || errno == EAGAIN { return nil }
-            let why = String(cString: strerror(errno))
-            say("reading stdin: \(why)")
-            send(Self.reset(.cancelled))
-            return 1
-        }
-        if n == 0 {
-            inputEnded = true
+        switch io.readStdin(number: up.next, room: up.maxData) {
+        case .nothing:
+            return nil
+        case .ended:
             up.close()
             if let end = up.closeEnd { send(Self.close(end)) }
             return nil
-        }
-        let bytes = UnsafeRawBufferPointer(rebasing: input[..<n])
-        guard let sealer, let nonce = streamNonce else { return pushUp(bytes, now: now) }
-        let context = StreamFrameContext(deviceID: deviceID, streamNonce: nonce, direction: .up, frame: up.next)
-        let count: Int
-        do throws(SealError) { count = try sealer.sealFrame(bytes, for: context, into: sealed) } catch {
-            say("sealing: \(error)")
+        case .frame(let bytes):
+            return pushUp(bytes, now: now)
+        case .failed(let why):
+            say(why)
             send(Self.reset(.cancelled))
             return 1
         }
-        return pushUp(UnsafeRawBufferPointer(rebasing: sealed[..<count]), now: now)
     }
 
     /// Writes what stdout takes now, then acknowledges the frames written whole.
     mutating func writeOutput() -> Int32? {
         let before = written
-        while written != down.next {
-            let slot = Int(written % UInt32(window))
-            let start = slot * maxData + writtenOfFrame
-            let count = min(outputCounts[slot] - writtenOfFrame, Self.writeChunk)
-            let n = write(STDOUT_FILENO, output.baseAddress! + start, count)
-            if n < 0 {
-                if errno == EINTR { continue }
-                if errno == EAGAIN { break }
-                let why = String(cString: strerror(errno))
-                say("writing stdout: \(why)")
-                send(Self.reset(.cancelled))
-                return 1
-            }
-            writtenOfFrame += n
-            if writtenOfFrame == outputCounts[slot] {
-                writtenOfFrame = 0
-                written &+= 1  // Proof: written < down.next here.
-            }
-            // More only while stdout still takes it at once.
-            var p = pollfd(fd: STDOUT_FILENO, events: Int16(POLLOUT), revents: 0)
-            guard Glibc.poll(&p, 1, 0) == 1, p.revents & Int16(POLLOUT) != 0 else { break }
+        if let why = io.writeStdout(upTo: down.next) {
+            say(why)
+            send(Self.reset(.cancelled))
+            return 1
         }
         if written != before {
             // Once per batch: acks are cumulative (§5.3).
