@@ -47,6 +47,14 @@ final class Devices {
 
     func connect(_ device: LinkAddress) throws(LinkError) -> LinkChannel {
         if let error = refuse[device.address] { throw error }
+        let pair = try makePair(device)
+        // The channel makes its end non-blocking itself (LinkChannel.init).
+        return LinkChannel(fd: pair[0], handshake: .none, sendMTU: 65_535)
+    }
+
+    /// A socketpair for a link to `address`: the far end kept here (non-blocking), the near
+    /// end returned with `sendBuffer` applied.
+    func makePair(_ address: LinkAddress) throws(LinkError) -> [Int32] {
         var pair: [Int32] = [-1, -1]
         let type = Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_CLOEXEC.rawValue)
         guard socketpair(AF_UNIX, type, 0, &pair) == 0 else { throw .os(Errno(errno, call: "socketpair")) }
@@ -54,9 +62,8 @@ final class Devices {
         if var size = sendBuffer {
             _ = setsockopt(pair[0], SOL_SOCKET, SO_SNDBUF, &size, socklen_t(MemoryLayout<Int32>.size))
         }
-        ends.append(End(address: device.address, fd: pair[1]))
-        // The channel makes its end non-blocking itself (LinkChannel.init).
-        return LinkChannel(fd: pair[0], handshake: .none, sendMTU: 65_535)
+        ends.append(End(address: address.address, fd: pair[1]))
+        return pair
     }
 
     /// Reads whatever the relay sent on every open link; never blocks.
@@ -133,14 +140,7 @@ extension Devices {
     /// The phone's end is kept like a device's: `received`, `send`, `hangUp`, `paused` and
     /// `sendBuffer` (SO_SNDBUF of the gateway's end) work on it by the phone's address.
     func accept(_ phone: LinkAddress) throws(LinkError) -> LinkChannel {
-        var pair: [Int32] = [-1, -1]
-        let type = Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_CLOEXEC.rawValue)
-        guard socketpair(AF_UNIX, type, 0, &pair) == 0 else { throw .os(Errno(errno, call: "socketpair")) }
-        _ = fcntl(pair[1], F_SETFL, fcntl(pair[1], F_GETFL) | O_NONBLOCK)
-        if var size = sendBuffer {
-            _ = setsockopt(pair[0], SOL_SOCKET, SO_SNDBUF, &size, socklen_t(MemoryLayout<Int32>.size))
-        }
-        ends.append(End(address: phone.address, fd: pair[1]))
+        let pair = try makePair(phone)
         return LinkChannel(accepted: pair[0], peer: phone, l2cap: false)
     }
 }
