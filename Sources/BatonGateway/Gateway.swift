@@ -83,7 +83,8 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     let readvertiseRadio: (any AdvertisingController)?
     let tagger: BeaconTagger?
     var continuing: ContinuingLinks
-    /// Phone links this gateway could not take (accept failed, or the slot left the air).
+    /// The kernel refused an advertisement, or accepting a phone's link failed (stats
+    /// `relay.readvertise.errors`).
     var readvertiseErrors = 0
     /// The radio, the broker and the stop pipe, then the relay's links: reserved once.
     var pollFDs: [pollfd]

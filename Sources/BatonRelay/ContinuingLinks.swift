@@ -48,7 +48,7 @@ public struct ContinuingLinks: ~Copyable {
         let device: UInt64
         let serial: UInt64
         /// The fetch sent for the phone and not yet answered.
-        var asked: (sequence: UInt16, correlation: UInt64, deadline: ContinuousClock.Instant)?
+        var asked: (sequence: UInt16, correlation: [UInt8], deadline: ContinuousClock.Instant)?
         var idleSince: ContinuousClock.Instant
         /// The phone's open, taken while the channel drained; acted on after (`poll`).
         var open: (window: UInt16, maxData: UInt16)?
@@ -217,13 +217,11 @@ public struct ContinuingLinks: ~Copyable {
         correlations &+= 1  // Wraps from a random start: harmless, it only has to differ from the last.
         // A second fetch before the first was answered supersedes it: the owner answers the
         // first `cancelled` (same response topic), which no longer matches and is dropped.
-        l.asked = (sequence, correlations, now + config.fetchTimeout + Self.deliveryAllowance)
+        let correlation = (0..<8).map { UInt8(truncatingIfNeeded: correlations >> (8 * UInt64($0))) }
+        l.asked = (sequence, correlation, now + config.fetchTimeout + Self.deliveryAllowance)
         counters.fetches &+= 1
         let topic = answerRoot + String(l.serial)
-        var correlation = [UInt8](repeating: 0, count: 8)
-        for i in 0..<8 { correlation[i] = UInt8(truncatingIfNeeded: correlations >> (8 * UInt64(i))) }
-        var hex = ""
-        for b in correlation { hex += Self.hexDigits(b) }
+        let hex = correlation.map(FetchRelay.hexDigits).joined()
         let body = #"{"response_topic":"\#(topic)","correlation":"\#(hex)","#+requestTail
         let fetchTopic = "\(prefix)/fetch/\(ActivityBeacon.deviceIDText(l.device))"
         // Array.withUnsafeBytes rethrows untyped: a failure comes out as a value.
@@ -253,9 +251,7 @@ public struct ContinuingLinks: ~Copyable {
               let s = links.firstIndex(where: { $0?.serial == serial }), let l = links[s], let asked = l.asked else {
             return drops.count("continuing-answer-unknown")
         }
-        var expected = [UInt8](repeating: 0, count: 8)
-        for i in 0..<8 { expected[i] = UInt8(truncatingIfNeeded: asked.correlation >> (8 * UInt64(i))) }
-        guard correlation == expected else { return drops.count("continuing-answer-stale") }
+        guard correlation == asked.correlation else { return drops.count("continuing-answer-stale") }
         l.asked = nil
         l.idleSince = now
         if status == "ok", let sequence, !payload.isEmpty, payload.count <= config.payloadMax {
@@ -369,14 +365,7 @@ public struct ContinuingLinks: ~Copyable {
     /// A stream id of docs/relay.md §7.1: 16 random hex digits, as `baton stream` picks.
     static func streamID() -> String {
         var random = SystemRandomNumberGenerator()
-        var id = ""
-        let value = random.next()
-        for i in (0..<8).reversed() { id += hexDigits(UInt8(truncatingIfNeeded: value >> (8 * UInt64(i)))) }
-        return id
-    }
-
-    static func hexDigits(_ b: UInt8) -> String {
-        let digits = Array("0123456789abcdef".utf8)
-        return String(decoding: [digits[Int(b >> 4)], digits[Int(b & 0xF)]], as: UTF8.self)
+        let digits = String(random.next(), radix: 16)
+        return String(repeating: "0", count: 16 - digits.count) + digits
     }
 }
