@@ -6,6 +6,11 @@
 /// The wait before the next connection attempt: drawn from [min, ceiling], where the ceiling
 /// starts at `min`, doubles after every failure up to `max`, and returns to `min` after a
 /// successful CONNACK.
+///
+/// A broker that is simply not there (nothing listens: the connection is refused, or there is
+/// no route to it) is tried again within `absentCeiling` however long it has been away and
+/// whatever failed before: such an attempt costs one SYN answered by a RST, and the gateways
+/// must be back within a second of the broker's return (docs/broker.md "Reconnect").
 struct Backoff: Sendable {
     let min: Duration
     let max: Duration
@@ -22,7 +27,16 @@ struct Backoff: Sendable {
 
     /// The next wait. `fatal` (an error retrying cannot fix by itself: MQTTError.isFatal) skips
     /// the doubling and draws from the widest window at once.
-    mutating func next(fatal: Bool = false, using rng: inout some RandomNumberGenerator) -> Duration {
+    ///
+    /// `absent` (the broker is not there: MQTTError.isBrokerAbsent) draws from
+    /// [min, min(ceiling, absentCeiling)] and leaves the ceiling as it is, so a long outage of
+    /// refused connections does not push the wait after the broker's return past a second.
+    mutating func next(fatal: Bool = false, absent: Bool = false,
+                       using rng: inout some RandomNumberGenerator) -> Duration {
+        if absent && !fatal {
+            let cap = Swift.max(min, Swift.min(ceiling, Self.absentCeiling))
+            return .nanoseconds(Int64.random(in: Self.nanoseconds(min)...Self.nanoseconds(cap), using: &rng))
+        }
         if fatal { ceiling = max }
         let lo = Self.nanoseconds(min)
         let hi = Self.nanoseconds(ceiling)
@@ -33,10 +47,13 @@ struct Backoff: Sendable {
         return wait
     }
 
-    mutating func next(fatal: Bool = false) -> Duration {
+    mutating func next(fatal: Bool = false, absent: Bool = false) -> Duration {
         var rng = SystemRandomNumberGenerator()
-        return next(fatal: fatal, using: &rng)
+        return next(fatal: fatal, absent: absent, using: &rng)
     }
+
+    /// The widest window while the broker is absent (unless `min` is larger).
+    static let absentCeiling: Duration = .seconds(1)
 
     mutating func reset() { ceiling = min }
 

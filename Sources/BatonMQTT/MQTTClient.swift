@@ -519,7 +519,8 @@ public struct MQTTClient: ~Copyable {
         if rc == MOSQ_ERR_SUCCESS.rawValue {
             phase = .connecting
         } else {
-            phase = .waiting(until: now + backoff.next(fatal: MQTTError.isFatal(code: rc, errno: saved)))
+            phase = .waiting(until: now + backoff.next(fatal: MQTTError.isFatal(code: rc, errno: saved),
+                                                       absent: MQTTError.isBrokerAbsent(code: rc, errno: saved)))
             inbox.records.append(.attemptFailed(code: rc, errno: saved))
         }
     }
@@ -580,12 +581,14 @@ public struct MQTTClient: ~Copyable {
             }
             switch phase {
             case .connected:
-                phase = .waiting(until: now + backoff.next(fatal: code < 0x80 && MQTTError.isFatal(code: code, errno: savedErrno)))
+                phase = .waiting(until: now + backoff.next(fatal: code < 0x80 && MQTTError.isFatal(code: code, errno: savedErrno),
+                                                           absent: MQTTError.isBrokerAbsent(code: code, errno: savedErrno)))
                 return .disconnected(reason: "lost the connection to \(brokerName): "
                                      + connectionReason(code: code, errno: savedErrno, keepalive: config.keepalive,
                                                         clientID: config.clientID))
             case .connecting:
-                phase = .waiting(until: now + backoff.next(fatal: code < 0x80 && MQTTError.isFatal(code: code, errno: savedErrno)))
+                phase = .waiting(until: now + backoff.next(fatal: code < 0x80 && MQTTError.isFatal(code: code, errno: savedErrno),
+                                                           absent: MQTTError.isBrokerAbsent(code: code, errno: savedErrno)))
                 var note = ""
                 // The broker took the connection and closed it without a CONNACK: what some
                 // v3.1.1-only brokers do with a v5 CONNECT (MQTT 3.1.1 §3.1.2.2 lets them), but

@@ -41,6 +41,15 @@ extension MQTTError {
         }
     }
 
+    /// The broker is not there: nothing listens on its port (ECONNREFUSED), or the network has
+    /// no route to it for now (ENETUNREACH, EHOSTUNREACH: an interface coming back). Retrying
+    /// such a connection costs next to nothing, so it is retried within a second
+    /// (Backoff.absentCeiling) instead of on the doubling ceiling.
+    static func isBrokerAbsent(code: Int32, errno savedErrno: Int32) -> Bool {
+        code == MOSQ_ERR_ERRNO.rawValue
+            && (savedErrno == ECONNREFUSED || savedErrno == ENETUNREACH || savedErrno == EHOSTUNREACH)
+    }
+
     /// The text of `.library`, or the description of the other cases.
     var text: String {
         if case .library(_, _, let text) = self { text } else { description }

@@ -54,6 +54,33 @@ struct SeededGenerator: RandomNumberGenerator {
         #expect(b.ceiling == .seconds(30))
     }
 
+    /// Issue 16 item 2: a 3 s outage of refused connections pushed the ceiling to 2–4 s, so the
+    /// gateway came back 2.1–4.3 s after the broker did. While the broker is absent every wait
+    /// stays within a second, and the ceiling is left where it was.
+    @Test func anAbsentBrokerIsTriedAgainWithinASecondWhateverFailedBefore() {
+        var b = Backoff(min: .milliseconds(250), max: .seconds(30))
+        var rng = SeededGenerator(state: 11)
+        // Connections lost after the broker took them (it was going down): the ceiling climbs.
+        for _ in 0..<6 { _ = b.next(using: &rng) }
+        #expect(b.ceiling == .seconds(16))
+        let waits = (0..<200).map { _ in b.next(absent: true, using: &rng) }
+        #expect(waits.allSatisfy { $0 >= .milliseconds(250) && $0 <= .seconds(1) }, "\(waits.max()!)")
+        #expect(waits.contains { $0 > .milliseconds(900) }, "still jittered over the whole second")
+        #expect(b.ceiling == .seconds(16), "refused connections do not move the ceiling")
+        // A minimum above a second is the user's: it is kept.
+        var slow = Backoff(min: .seconds(2), max: .seconds(30))
+        #expect(slow.next(absent: true, using: &rng) == .seconds(2))
+    }
+
+    @Test func onlyANonListeningBrokerCountsAsAbsent() {
+        #expect(MQTTError.isBrokerAbsent(code: 14, errno: 111))   // MOSQ_ERR_ERRNO with ECONNREFUSED
+        #expect(MQTTError.isBrokerAbsent(code: 14, errno: 101))   // ENETUNREACH
+        #expect(MQTTError.isBrokerAbsent(code: 14, errno: 113))   // EHOSTUNREACH
+        #expect(!MQTTError.isBrokerAbsent(code: 14, errno: 104))  // ECONNRESET: it was there
+        #expect(!MQTTError.isBrokerAbsent(code: 7, errno: 111))   // MOSQ_ERR_CONN_LOST
+        #expect(!MQTTError.isBrokerAbsent(code: 5, errno: 0))     // a refused CONNACK: it answered
+    }
+
     @Test func fatalSplitFollowsLibMosquittoLoop() {
         // lib/loop.c, mosquitto_loop_forever: these return instead of reconnecting.
         #expect(MQTTError.isFatal(code: 8, errno: 0))    // MOSQ_ERR_TLS

@@ -232,6 +232,36 @@ func connect(_ client: inout MQTTClient, _ log: EventLog) throws {
         #expect(try broker.retained() == ["baton/activities/d": state])
     }
 
+    /// Issue 16 item 2, the issue's recipe: default backoff (250 ms … 30 s), the broker killed and
+    /// back 3 s later. Every attempt during the outage is refused, and each next attempt is
+    /// scheduled within a second of the failure, so the client is back within a second of the
+    /// broker's return whatever the outage did to the backoff.
+    @Test func aThreeSecondOutageKeepsEveryRetryWithinASecond() throws {
+        let broker = try MosquittoBroker()
+        var config = clientConfig(broker, id: "quick-return")
+        config.reconnectMin = .milliseconds(250)
+        config.reconnectMax = .seconds(30)
+        var client = try MQTTClient(config: config)
+        let log = EventLog()
+        try connect(&client, log)
+        broker.kill()
+        var longest: Duration = .zero
+        var seen = 0
+        runLoop(&client, log, limit: .seconds(3)) {
+            // After each failure: how far ahead the next attempt is.
+            if log.disconnects.count > seen, let next = log.state?.nextDeadline {
+                seen = log.disconnects.count
+                longest = max(longest, next - .now)
+            }
+            return false
+        }
+        #expect(seen >= 3, "it kept trying: \(log.disconnects)")
+        #expect(log.disconnects.dropFirst().allSatisfy { $0.hasSuffix("Connection refused") }, "\(log.disconnects)")
+        #expect(longest <= .seconds(1), "a retry was scheduled \(longest) after a failure")
+        try broker.restart()
+        #expect(runLoop(&client, log) { log.isConnected }, "events: \(log.events)")
+    }
+
     @Test func badCredentialsAreRefusedWithTheReasonAndRetriedWithBackoff() throws {
         let broker = try MosquittoBroker(users: ["gateway": "right-password"])
         var config = clientConfig(broker, id: "gw-wrong")
