@@ -71,6 +71,11 @@ public enum OwnershipReason: Sendable, Equatable {
     case stronger
     /// The owner went offline or stopped hearing the device; the best gateway hearing it took over at once.
     case takeover
+    /// A gateway that came online less than `dwell` ago was `margin` dB stronger than the
+    /// owner: it took the device at once (docs/rooms.md §7). Its first sightings are not noise
+    /// for the dwell to filter, and it is usually a room's own gateway coming back to the
+    /// devices in its room that another room stood in for.
+    case returned
     /// Nobody sighted the device for `forgetAfter`: it has no owner any more (`to` is nil).
     case forgotten
 }
@@ -140,6 +145,13 @@ public struct RoomOwnership: ~Copyable {
     // element types of ~Copyable generic storage).
     struct Gateway {
         var online = false
+        /// When its status last turned `online` (the `returned` rule, docs/rooms.md §7).
+        var onlineSince: Instant?
+        /// When its status last turned offline (orphans, docs/mqtt.md §5).
+        var offlineSince: Instant?
+        /// A sighting from it was accepted since this gateway last (re)joined the broker: its
+        /// evidence is known, not merely old (docs/rooms.md §7).
+        var heard = false
         /// Position of the id among the registered ones, byte-wise: the tie-break (rank 0 wins).
         var rank = 0
         /// The last accepted sighting's `since` and `n` (docs/rooms.md §5 "Replayed").
@@ -183,6 +195,8 @@ public struct RoomOwnership: ~Copyable {
     private var clock = MonotonicClamp()
     /// No later than the earliest instant `tick` could change something (docs on `nextDeadline`).
     private var deadline: Instant?
+    /// Until then, an owner not heard from since the last `rejoin` is unknown, not gone.
+    private var rejoinUntil: Instant?
 
     /// `selfID` is this gateway's id, `selfSince` its run's start (unix ms, the `since` of its
     /// own sightings). Allocates every table once. Capacities outside 1…2²⁴ (devices) and
@@ -242,10 +256,12 @@ public struct RoomOwnership: ~Copyable {
             }
             register(id)
             gateways[ids.count - 1].online = true
+            gateways[ids.count - 1].onlineSince = now
             return true
         }
         guard gateways[g].online != online else { return true }
         gateways[g].online = online
+        if online { gateways[g].onlineSince = now } else { gateways[g].offlineSince = now }
         // Coming online moves nothing: the gateway's sightings decide once they arrive.
         guard !online else { return true }
         // Its sightings from before no longer count, now or when it returns (rooms.md §4).
@@ -276,6 +292,7 @@ public struct RoomOwnership: ~Copyable {
         if entry == nil && s.rssi != nil && free.isEmpty { return drop(.devicesFull) }
 
         gateways[g].accepted = true
+        gateways[g].heard = true
         gateways[g].lastSince = s.since
         gateways[g].lastN = s.n
         counters.sightingsAccepted &+= 1
@@ -295,6 +312,35 @@ public struct RoomOwnership: ~Copyable {
         }
         lower(evaluate(d, now: now, onChange))
         return nil
+    }
+
+    /// This gateway (re)connected to the broker (docs/rooms.md §7). Whatever it knew of every
+    /// gateway's sightings, its own included, is from before: the broker may have restarted,
+    /// or this gateway may have been frozen while the building moved on. So every earlier
+    /// sighting becomes unknown (not weaker), and for one `sightingInterval` (a heartbeat: every
+    /// gateway that is there and hears a device has said so by then) a device whose owner has
+    /// not been heard from since is not taken over. After that the rule runs as always: an
+    /// owner still silent is gone, and the best gateway hearing its devices takes them.
+    public mutating func rejoin(now: Instant) {
+        let now = clock.clamp(now)
+        for g in gateways.indices { gateways[g].heard = false }
+        for d in 0 ..< config.capacity where devices[d].inUse {
+            let row = d * config.gateways
+            for g in 0 ..< config.gateways { cells[row + g].arrived = nil }
+            devices[d].challenger = -1
+            devices[d].leadSince = nil
+        }
+        rejoinUntil = now + config.sightingInterval
+        lower(rejoinUntil)
+    }
+
+    /// True while `rejoin`'s window is open.
+    public func isRejoining(now: Instant) -> Bool { rejoinUntil.map { now < $0 } ?? false }
+
+    /// When a registered gateway's status last turned offline; nil while online or unknown.
+    public func offlineSince(gateway id: Substring) -> Instant? {
+        guard let g = find(id), !gateways[g].online else { return nil }
+        return gateways[g].offlineSince
     }
 
     /// Runs the rule for what time alone decides (settle, dwell, freshness, forgetting).
@@ -434,14 +480,22 @@ public struct RoomOwnership: ~Copyable {
                 if now - e.leadSince! >= config.dwell {
                     e.owner = Int32(c.rival)
                     reason = .stronger
+                } else if let back = gateways[c.rival].onlineSince, now - back < config.dwell {
+                    e.owner = Int32(c.rival)
+                    reason = .returned
                 }
             } else {
                 e.challenger = -1
                 e.leadSince = nil
             }
         } else if c.best >= 0 {
-            e.owner = Int32(c.best)
-            reason = .takeover
+            // An owner not heard from since this gateway rejoined is unknown, not gone: it
+            // keeps the device until the window closes (docs/rooms.md §7).
+            let owner = Int(e.owner)
+            if !(gateways[owner].online && !gateways[owner].heard && isRejoining(now: now)) {
+                e.owner = Int32(c.best)
+                reason = .takeover
+            }
         }
         if reason != nil {
             e.challenger = -1
@@ -460,6 +514,7 @@ public struct RoomOwnership: ~Copyable {
         func consider(_ t: Instant) { if t > now { next = min(next ?? t, t) } }
         if e.owner < 0 { consider(firstSighted + config.settle) }
         if let lead = e.leadSince { consider(lead + config.dwell) }
+        if e.owner >= 0, let until = rejoinUntil { consider(until) }
         consider(lastSighted + config.forgetAfter)
         return next
     }

@@ -129,6 +129,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
             discovery: config.discovery, appleAddresses: config.appleAddresses, orphanGrace: config.table.expiry,
             ownedCapacity: config.table.capacity + config.apple.capacity, log: log)
         self.publisher.keyedGroup = keys.verifier?.groupHash
+        self.publisher.correctAfter = config.rooms.settle
         self.publisher.appleNames = config.appleIRKs.map(\.name)
         var rooms = config.rooms
         rooms.forgetAfter = config.table.expiry
@@ -148,7 +149,6 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         self.tagger = keys.tagger
         if let readvertising, let group = keys.verifier?.groupHash, keys.tagger != nil {
             self.readvertiser = Readvertiser(groupHash: group, selfID: config.gatewayID, psms: readvertising.psms)
-            self.publisher.keepsActivities = true
         } else {
             self.readvertiser = nil
         }
@@ -286,6 +286,9 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         if publisher.mqtt.isConnected, let due = publisher.nextOrphanDeadline, due <= now {
             publisher.clearOrphans(table: table, apple: apple, ownership: ownership, now: now)
         }
+        if publisher.mqtt.isConnected, let due = publisher.nextCorrection, due <= now {
+            publisher.correct(table: table, ownership: ownership, now: now)
+        }
         if let due = ownership.nextDeadline, due <= now {
             ownership.tick(now: now) { ownershipChanges.append($0) }
             handleOwnershipChanges(now: now)
@@ -319,6 +322,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         // while the broker is away.
         if publisher.mqtt.isConnected {
             consider(publisher.nextOrphanDeadline)
+            consider(publisher.nextCorrection)
             consider(publisher.retainedScanEnds)
             consider(nextSightingCheck)
         }
@@ -471,6 +475,9 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
             switch event {
             case .connected(let version, _):
                 log.info("connected to the broker \(config.broker.host):\(config.broker.port) (MQTT \(version.rawValue)); publishing status and \(table.count) activities")
+                // What this gateway knew of the building's sightings is from before the
+                // outage (docs/rooms.md §7).
+                ownership.rejoin(now: now)
                 publisher.connected(table: table, apple: apple, ownership: ownership, now: now)
                 publishStats(now: now)
                 sightings.reset()
@@ -568,6 +575,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
                 readvertiseChanged(change)
             }
             publisher.received(message, table: table, apple: apple, ownership: ownership, now: now)
+            publisher.observed(message, now: now)
         }
     }
 
@@ -690,6 +698,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
                     publisher.tookOver(d)
                 }
             } else if change.from == me, let to = change.to {
+                publisher.stoppedOwning(change.device)
                 log.info("device \(device): moved to \(ownership.id(of: to)) (\(change.reason))")
             } else if change.reason == .forgotten {
                 // The rooms id of a named Apple device (`ffff‖id`), unless an activity holds that id.
@@ -936,6 +945,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         try w.key("sightings_sent"); try w.int(Int64(pc.sightingsSent))
         try w.key("sightings_received"); try w.int(Int64(sightingsReceived))
         try w.key("cleared_for_others"); try w.int(Int64(pc.clearedForOthers))
+        try w.key("corrections"); try w.int(Int64(pc.corrections))
         // Apart from the radio's drops: a sighting's `truncated` is not an advert's.
         try w.key("drops"); try w.beginObject()
         for d in sightingDrops.sorted { try w.key(d.reason); try w.int(Int64(d.count)) }
@@ -1007,6 +1017,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         try w.key("connects"); try w.int(Int64(pc.connects))
         try w.key("changes_while_away"); try w.int(Int64(pc.changesWhileAway))
         try w.key("orphans_cleared"); try w.int(Int64(pc.orphansCleared))
+        try w.key("orphan_rescans"); try w.int(Int64(pc.orphanRescans))
         try w.key("publish_errors"); try w.int(Int64(pc.publishErrors))
         try w.endObject()
         try w.endObject()

@@ -24,6 +24,12 @@ public struct PublisherCounters: Sendable, Equatable {
     /// Activities of other, offline gateways that nobody hears any more, cleared by this one
     /// as the first online gateway (docs/rooms.md §4).
     public var clearedForOthers = 0
+    /// Retained activities of devices this gateway owns that said otherwise (another
+    /// gateway's, an older one, a clear), published again (docs/rooms.md §7).
+    public var corrections = 0
+    /// Times the broker was asked again for retained entries because more orphans were left
+    /// than the orphan list holds (docs/mqtt.md §5).
+    public var orphanRescans = 0
     public init() {}
 }
 
@@ -57,6 +63,23 @@ public struct Publisher: ~Copyable {
     /// Retained entries naming this gateway that it does not hold, or naming an offline
     /// gateway, with the instant they are cleared unless heard again first.
     private var orphans: [(topic: OwnedTopic, deadline: ContinuousClock.Instant, mine: Bool)]
+    /// Orphans were seen that did not fit the list: once a batch is cleared, the broker is
+    /// asked again (a new SUBSCRIBE sends every retained entry anew), no sooner than
+    /// `orphanRescanGap` after the last time, until one pass finds no more than fit.
+    private var orphansOverflowed = false
+    private var rescanAt: ContinuousClock.Instant?
+    private var lastRescan: ContinuousClock.Instant?
+    private var connectedAt: ContinuousClock.Instant?
+    static let orphanRescanGap: Duration = .milliseconds(500)
+    /// FNV-1a 64 of the last activity JSON this gateway published for each device it owns,
+    /// until it clears it or stops owning it: what the broker should retain (docs/rooms.md §7).
+    private var published: [UInt64: UInt64]
+    /// Owned devices whose retained activity was seen to say otherwise, and since when.
+    private var disputes: [UInt64: ContinuousClock.Instant]
+    /// How long a disagreement may stand before the owner publishes again: `rooms.settle`,
+    /// the time the rule gives every gateway's sightings to arrive, so a hand-over that the
+    /// other gateways have already made and this one is about to make is not fought over.
+    public var correctAfter: Duration = .seconds(1)
 
     public init(mqtt: consuming MQTTClient, topics: Topics, origin: Payloads.Origin, clock: WallClock, version: String,
                 discovery: Bool, appleAddresses: Bool, orphanGrace: Duration, ownedCapacity: Int, log: Logger) {
@@ -75,6 +98,11 @@ public struct Publisher: ~Copyable {
         self.pending.reserveCapacity(ownedCapacity)
         self.orphans = []
         self.orphans.reserveCapacity(ownedCapacity)
+        // Reserved once: an owner publishes only what its tables hold.
+        self.published = [:]
+        self.published.reserveCapacity(ownedCapacity)
+        self.disputes = [:]
+        self.disputes.reserveCapacity(ownedCapacity)
     }
 
     deinit { scratch.deallocate() }
@@ -83,7 +111,12 @@ public struct Publisher: ~Copyable {
 
     public var pendingClears: Int { pending.count }
     public var orphanCount: Int { orphans.count }
-    public var nextOrphanDeadline: ContinuousClock.Instant? { orphans.lazy.map(\.deadline).min() }
+    /// The earliest orphan's deadline, or the next rescan for orphans that did not fit.
+    public var nextOrphanDeadline: ContinuousClock.Instant? {
+        let first = orphans.lazy.map(\.deadline).min()
+        guard let rescanAt else { return first }
+        return first.map { min($0, rescanAt) } ?? rescanAt
+    }
 
     // MARK: changes
 
@@ -189,6 +222,7 @@ public struct Publisher: ~Copyable {
     }
 
     private mutating func clear(_ topic: OwnedTopic, removeDiscovery: Bool) {
+        if case .activity(let id) = topic { stoppedOwning(id) }
         var sent = mqtt.isConnected
         if sent {
             switch topic {
@@ -230,7 +264,13 @@ public struct Publisher: ~Copyable {
         } catch {
             return log.error("activity JSON did not fit 4 KiB (our bug): \(error)")
         }
-        if publish(topics.activity(a.deviceID), w.written) { counters.changesPublished &+= 1 }
+        if publish(topics.activity(a.deviceID), w.written) {
+            counters.changesPublished &+= 1
+            if published[a.deviceID] != nil || published.count < pendingCapacity {
+                published[a.deviceID] = Self.digest(w.written)
+            }
+            disputes[a.deviceID] = nil
+        }
     }
 
     private mutating func publishApple(_ d: AppleDevice) {
@@ -303,6 +343,10 @@ public struct Publisher: ~Copyable {
                                    ownership: borrowing RoomOwnership, now: ContinuousClock.Instant) {
         counters.connects &+= 1
         loggedPublishError = false
+        connectedAt = now
+        disputes.removeAll(keepingCapacity: true)
+        orphansOverflowed = false
+        rescanAt = nil
         // Every gateway's status and sightings, for the ownership rule (docs/rooms.md). The
         // statuses come first, so the retained scan below knows who is online.
         do throws(MQTTError) {
@@ -343,6 +387,8 @@ public struct Publisher: ~Copyable {
         }
         // Retained entries naming this gateway that it no longer holds (a restart of the
         // gateway, or clears lost while away) arrive as retained messages and become orphans.
+        // The activities stay subscribed for good: an owner keeps the retained state of what
+        // it owns right, whoever wrote it (docs/rooms.md §7).
         do throws(MQTTError) {
             try mqtt.subscribe(topics.activityPattern, qos: 1)
             try mqtt.subscribe(topics.applePattern, qos: 1)
@@ -355,28 +401,22 @@ public struct Publisher: ~Copyable {
     /// Before a clean stop: nothing more is wanted from the broker.
     public mutating func stopListening() {
         var patterns = [topics.statusPattern, topics.sightingPattern, topics.fetchPattern, topics.streamOpenPattern,
-                        topics.streamCarrierPattern]
-        if retainedScanEnds != nil { patterns += [topics.activityPattern, topics.applePattern] }
-        else if keepsActivities { patterns.append(topics.activityPattern) }
+                        topics.streamCarrierPattern, topics.activityPattern]
+        if retainedScanEnds != nil { patterns.append(topics.applePattern) }
         for pattern in patterns {
             do throws(MQTTError) { try mqtt.unsubscribe(pattern) } catch { return }
         }
     }
 
-    /// The broker sends retained messages right after SUBACK; after this long the
+    /// The broker sends retained messages right after SUBACK; after this long the Apple
     /// subscription only brings every gateway's live changes (ours included), each copied
-    /// into the heap for nothing, so it ends.
+    /// into the heap for nothing, so it ends. The activities' stays (docs/rooms.md §7).
     public static var retainedScan: Duration { .seconds(5) }
     public private(set) var retainedScanEnds: ContinuousClock.Instant?
-
-    /// Re-advertising follows other rooms' activities live (docs/relay.md §9): the activity
-    /// subscription then outlasts the retained scan.
-    public var keepsActivities = false
 
     public mutating func endRetainedScan() {
         retainedScanEnds = nil
         do throws(MQTTError) {
-            if !keepsActivities { try mqtt.unsubscribe(topics.activityPattern) }
             try mqtt.unsubscribe(topics.applePattern)
         } catch {
             // Harmless: the messages keep coming and are ignored, as before.
@@ -405,9 +445,74 @@ public struct Publisher: ~Copyable {
         // activity is everyone's (docs/rooms.md §4). Apple entries are per gateway.
         if !mine {
             guard Self.roomsID(owned, ownership) != nil, !ownership.isOnline(gateway: Substring(gateway)) else { return }
+            // Only the first online gateway clears them (docs/rooms.md §4): the others need not
+            // hold them, nor ask the broker again for the ones that did not fit.
+            guard ownership.firstOnline == ownership.selfSlot else { return }
         }
-        guard !orphans.contains(where: { $0.topic == owned }), orphans.count < pendingCapacity else { return }
-        orphans.append((owned, now + orphanGrace, mine))
+        guard !orphans.contains(where: { $0.topic == owned }) else { return }
+        guard orphans.count < pendingCapacity else {
+            // Not lost: cleared in a later batch (docs/mqtt.md §5).
+            if !orphansOverflowed {
+                log.info("more retained entries to check than the orphan list holds (table.capacity + apple.capacity = \(pendingCapacity)): clearing them in batches")
+            }
+            orphansOverflowed = true
+            return
+        }
+        // The grace runs from when the entry could first have been an orphan: this gateway's
+        // connect (its earlier run's entries; gateways offline by then), or the moment its
+        // gateway went offline. An entry found again by a later pass may be due at once.
+        var from = connectedAt ?? now
+        if !mine, let off = ownership.offlineSince(gateway: Substring(gateway)), off > from { from = off }
+        orphans.append((owned, max(now, from + orphanGrace), mine))
+    }
+
+    /// A message on an activity topic, retained or live (docs/rooms.md §7): for a device this
+    /// gateway owns and has published, anything but what it published last is a disagreement,
+    /// corrected after `correctAfter` unless a matching message comes first.
+    public mutating func observed(_ message: MQTTMessage, now: ContinuousClock.Instant) {
+        guard let id = topics.deviceID(inActivityTopic: message.topic), let mine = published[id] else { return }
+        if Self.digest(message.payload) == mine {
+            disputes[id] = nil
+        } else if disputes[id] == nil, disputes.count < pendingCapacity {
+            disputes[id] = now
+        }
+    }
+
+    /// This gateway no longer owns the device (or cleared it): what others publish is theirs.
+    public mutating func stoppedOwning(_ deviceID: UInt64) {
+        published[deviceID] = nil
+        disputes[deviceID] = nil
+    }
+
+    /// When the first disagreement is due to be corrected.
+    public var nextCorrection: ContinuousClock.Instant? {
+        disputes.values.min().map { $0 + correctAfter }
+    }
+
+    /// Publishes again, from the owner, every activity whose disagreement has stood for
+    /// `correctAfter` and that this gateway still owns and holds current.
+    public mutating func correct(table: borrowing ActivityTable, ownership: borrowing RoomOwnership,
+                                 now: ContinuousClock.Instant) {
+        let due = disputes.filter { $0.value + correctAfter <= now }.map(\.key)
+        for id in due {
+            disputes[id] = nil
+            guard ownership.owns(id), let a = table.activity(deviceID: id), a.state == .current else {
+                published[id] = nil
+                continue
+            }
+            log.info("device \(Topics.deviceText(id)): the retained activity says otherwise than this room, which owns it; publishing it again")
+            counters.corrections &+= 1
+            publishActivity(a)
+        }
+    }
+
+    /// FNV-1a 64 (draft-eastlake-fnv): equal payloads, equal digests; a different payload
+    /// that collided would only skip one correction.
+    static func digest(_ bytes: some Sequence<UInt8>) -> UInt64 {
+        var h: UInt64 = 0xcbf2_9ce4_8422_2325
+        // Proof: wrapping multiplication is FNV's definition.
+        for b in bytes { h = (h ^ UInt64(b)) &* 0x0000_0100_0000_01B3 }
+        return h
     }
 
     /// Clears the orphans whose grace has passed and that were not heard again: this
@@ -415,8 +520,11 @@ public struct Publisher: ~Copyable {
     /// gateway is the first online one (so one gateway clears, not all).
     public mutating func clearOrphans(table: borrowing ActivityTable, apple: borrowing AppleDeviceTable,
                                       ownership: borrowing RoomOwnership, now: ContinuousClock.Instant) {
-        guard mqtt.isConnected, orphans.contains(where: { $0.deadline <= now }) else { return }
+        guard mqtt.isConnected else { return }
+        if let due = rescanAt, due <= now { return rescanOrphans(now: now) }
+        guard orphans.contains(where: { $0.deadline <= now }) else { return }
         var kept: [(topic: OwnedTopic, deadline: ContinuousClock.Instant, mine: Bool)] = []
+        var cleared = 0
         for o in orphans {
             guard o.deadline <= now else { kept.append(o); continue }
             if Self.holds(o.topic, table: table, apple: apple, ownership: ownership) { continue }
@@ -425,12 +533,36 @@ public struct Publisher: ~Copyable {
                 continue  // an online gateway owns it now and keeps the topic right
             }
             if !o.mine, ownership.firstOnline != ownership.selfSlot { continue }
-            log.info("clearing \(topics.name(o.topic)), left retained by \(o.mine ? "an earlier run" : "an offline gateway") and not heard since")
+            if cleared < 8 {
+                log.info("clearing \(topics.name(o.topic)), left retained by \(o.mine ? "an earlier run" : "an offline gateway") and not heard since")
+            }
+            cleared += 1
             clear(o.topic, removeDiscovery: true)
             if o.mine { counters.orphansCleared &+= 1 } else { counters.clearedForOthers &+= 1 }
         }
+        if cleared > 8 { log.info("cleared \(cleared) retained entries left by an earlier run or offline gateways") }
         orphans.removeAll(keepingCapacity: true)
         orphans.append(contentsOf: kept)
+        if orphansOverflowed, rescanAt == nil {
+            rescanAt = max(now, (lastRescan ?? now) + Self.orphanRescanGap)
+        }
+    }
+
+    /// Asks the broker for every retained entry again: the ones that did not fit last time
+    /// come back (those cleared are gone), and fill the list for the next batch.
+    private mutating func rescanOrphans(now: ContinuousClock.Instant) {
+        rescanAt = nil
+        lastRescan = now
+        orphansOverflowed = false
+        counters.orphanRescans &+= 1
+        do throws(MQTTError) {
+            try mqtt.subscribe(topics.activityPattern, qos: 1)
+            try mqtt.subscribe(topics.applePattern, qos: 1)
+            retainedScanEnds = now + Self.retainedScan
+        } catch {
+            orphansOverflowed = true
+            log.warning("asking the broker again for retained entries failed: \(error)")
+        }
     }
 
     /// True when this gateway holds what the topic shows: a current activity it owns, an Apple entry.

@@ -19,10 +19,11 @@ private struct Building: ~Copyable {
     var counter: [String: UInt64] = [:]
     var changes: [(change: OwnershipChange, at: Instant)] = []
 
-    /// This gateway is `me`; `online` (which may include `me`) have sent `online` at t0.
-    init(_ config: RoomsConfig = RoomsConfig(), me: String = "a", online: [String]) {
+    /// This gateway is `me`; `online` (which may include `me`) have sent `online` at
+    /// `onlineAt` (t0 unless given: gateways that have just come online, §7 `returned`).
+    init(_ config: RoomsConfig = RoomsConfig(), me: String = "a", online: [String], onlineAt: Instant = t0) {
         rule = RoomOwnership(config: config, selfID: me, selfSince: run)
-        for g in online { status(g, online: true, at: t0) }
+        for g in online { status(g, online: true, at: onlineAt) }
     }
 
     @discardableResult
@@ -247,8 +248,10 @@ struct RoomOwnershipTests {
             if tenth == 50 { b.see("a", -40, at: at(s)) }
             b.tick(at: at(s))
         }
-        #expect(b.story == ["-→a settled", "a→b takeover", "b→a stronger"])
-        #expect(b.changes.last?.at == at(8))
+        // a came back online at 2.5 s and leads by 30 dB with its first sighting, 2.5 s later:
+        // it takes its device back at once, without the dwell (§7 `returned`).
+        #expect(b.story == ["-→a settled", "a→b takeover", "b→a returned"])
+        #expect(b.changes.last?.at == at(5))
     }
 
     // MARK: §4 forgetting
@@ -368,6 +371,104 @@ struct RoomOwnershipTests {
         #expect(b.see("a", -60, device: 2, at: at(0), n: 7) == nil, "another gateway, its own counter")
     }
 
+    // MARK: §7 after a fault
+
+    /// Issue 16: the first gateway back after a broker restart found only its own sightings
+    /// fresh and took every device it heard. After `rejoin`, the others' silence is unknown.
+    @Test func afterABrokerRestartAnOwnerNotYetHeardKeepsItsDevice() {
+        var b = Building(online: ["a", "b"], onlineAt: at(-10))
+        b.see("b", -50, at: at(0))
+        b.see("a", -70, at: at(0))
+        b.tick(from: 0, to: 1.5)
+        #expect(b.owner() == "b")
+        // The broker goes away at 2 s and is back at 5 s: nobody's sightings arrive meanwhile.
+        b.tick(from: 2, to: 5)
+        b.rule.rejoin(now: at(5.1))
+        b.see("a", -70, at: at(5.2))  // a's own sighting comes back first
+        b.tick(from: 5.2, to: 5.9)
+        #expect(b.owner() == "b", "b has not been heard since the rejoin: unknown, not gone")
+        b.see("b", -50, at: at(6))
+        b.tick(from: 6, to: 12)
+        #expect(b.story == ["-→b settled"])
+    }
+
+    @Test func anOwnerStillSilentWhenTheWindowClosesIsTakenOver() {
+        // b died while the broker was away: no will reaches anyone, its status stays online.
+        var b = Building(online: ["a", "b"], onlineAt: at(-10))
+        b.see("b", -50, at: at(0))
+        b.see("a", -70, at: at(0))
+        b.tick(from: 0, to: 1.5)
+        b.rule.rejoin(now: at(5))
+        #expect(b.rule.isRejoining(now: at(6.9)) && !b.rule.isRejoining(now: at(7)))
+        #expect(b.rule.nextDeadline.map { $0 <= at(7) } == true)
+        b.see("a", -70, at: at(5.1))
+        b.tick(from: 5.1, to: 6.9)
+        #expect(b.owner() == "b")
+        b.tick(at: at(7))  // one heartbeat (sighting-interval, 2 s) after the rejoin
+        #expect(b.story == ["-→b settled", "b→a takeover"])
+        #expect(b.changes.last?.at == at(7))
+    }
+
+    @Test func anOwnerThatWentOfflineDuringTheWindowIsTakenOverAtOnce() {
+        var b = Building(online: ["a", "b"], onlineAt: at(-10))
+        b.see("b", -50, at: at(0))
+        b.see("a", -70, at: at(0))
+        b.tick(from: 0, to: 1.5)
+        b.rule.rejoin(now: at(5))
+        b.see("a", -70, at: at(5.1))
+        b.status("b", online: false, at: at(5.5))  // its will: known, not unknown
+        #expect(b.story == ["-→b settled", "b→a takeover"])
+    }
+
+    /// The frozen gateway of issue 16: while it is away its room stands in (takeover); when it
+    /// comes back online and hears its devices `margin` stronger, it needs no dwell.
+    @Test func aGatewayThatComesBackTakesItsDevicesBackAtOnce() {
+        var b = Building(me: "b", online: ["a", "b"], onlineAt: at(-10))
+        b.see("a", -45, at: at(0))
+        b.see("b", -75, at: at(0))
+        b.tick(from: 0, to: 1.5)
+        b.status("a", online: false, at: at(2))
+        #expect(b.owner() == "b")
+        b.status("a", online: true, at: at(22))
+        b.see("b", -75, at: at(22.1))
+        b.see("a", -45, at: at(22.2))
+        #expect(b.story == ["-→a settled", "a→b takeover", "b→a returned"])
+        #expect(b.changes.last?.at == at(22.2))
+    }
+
+    @Test func aReturnedGatewayStillNeedsTheMargin() {
+        var b = Building(me: "b", online: ["a", "b"], onlineAt: at(-10))
+        b.see("a", -60, at: at(0))
+        b.see("b", -62, at: at(0))
+        b.tick(from: 0, to: 1.5)
+        b.status("a", online: false, at: at(2))
+        b.status("a", online: true, at: at(10))
+        for s in stride(from: 10.0, through: 20.0, by: 1.0) {
+            b.see("b", -62, at: at(s + 0.1))
+            b.see("a", -60, at: at(s + 0.2))  // 2 dB better: not clearly nearer
+            b.tick(from: s + 0.2, to: s + 0.9)
+        }
+        #expect(b.story == ["-→a settled", "a→b takeover"])
+    }
+
+    @Test func theDwellIsBackOnceTheReturnIsOlderThanTheDwell() {
+        var b = Building(me: "b", online: ["a", "b"], onlineAt: at(-10))
+        b.see("a", -60, at: at(0))
+        b.see("b", -70, at: at(0))
+        b.tick(from: 0, to: 1.5)
+        b.status("a", online: false, at: at(2))
+        b.status("a", online: true, at: at(3))
+        b.see("b", -70, at: at(3.1))
+        b.see("a", -90, at: at(3.2))  // back, but hears the device poorly for now
+        b.tick(from: 3.2, to: 6.5)
+        #expect(b.owner() == "b")
+        for s in stride(from: 7.0, through: 12.0, by: 1.0) { b.see("a", -55, at: at(s)); b.see("b", -70, at: at(s)) }
+        // 4 s after its return: the ordinary rule, a dwell of 3 s from 7 s.
+        b.tick(from: 7, to: 12)
+        #expect(b.story == ["-→a settled", "a→b takeover", "b→a stronger"])
+        #expect(b.changes.last.map { $0.at >= at(10) && $0.at <= at(10.1) } == true)
+    }
+
     // MARK: capacities
 
     @Test func capacityPlusOneDevices() {
@@ -427,7 +528,8 @@ struct RoomOwnershipTests {
     }
 
     @Test func nextDeadlineIsKeptAndTickBeforeItDoesNothing() {
-        var b = Building(online: ["a", "b"])
+        // Online long before: b's lead needs its dwell (§7 `returned` is for the first 3 s).
+        var b = Building(online: ["a", "b"], onlineAt: at(-10))
         #expect(b.rule.nextDeadline == nil)
         b.see("a", -60, at: at(0))
         #expect(b.rule.nextDeadline == at(1))

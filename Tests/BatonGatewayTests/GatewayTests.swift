@@ -132,6 +132,40 @@ import Testing
         #expect(text(try broker.retained(status)[status]) == "online")
     }
 
+    /// docs/rooms.md §7 rule 3: whoever writes a device's retained activity, its owner puts
+    /// its own back (issue 16: a thawed gateway's stale message stayed retained for good).
+    @Test func theOwnerCorrectsAWrongRetainedActivity() throws {
+        let dir = try scratchDirectory("correct")
+        let broker = try MosquittoBroker()
+        let capture = try GeneratedCapture(in: dir, devices: 30, reports: 2_000, seed: 17)
+        let gateway = try GatewayProcess(yaml: gatewayYAML(port: broker.port, radio: "capture:\(capture.path)"), in: dir)
+        defer { gateway.kill() }
+        let before = try eventually(within: 15) { () -> [String: [UInt8]]? in
+            let r = try broker.retained("baton/activities/+")
+            return r.count == capture.lastBeacons.count ? r : nil
+        }
+        let state = try #require(before, "\(gateway.log)")
+        let (topic, own) = try #require(state.first)
+        // Another room's message, as a gateway thawed with an old view would leave it; then a clear.
+        let wrong = Array(#"{"device":"x","state":"current","seq":1,"room":"Kitchen","gateway":"kitchen"}"#.utf8)
+        for payload in [wrong, []] {
+            try broker.publish(topic: topic, payload: payload, retain: true)
+            let back = try eventually(within: 5) { () -> [String: Any]? in
+                let now = try broker.retained(topic)[topic]
+                guard let now, let o = json(now), o["gateway"] as? String == "hall" else { return nil }
+                return o
+            }
+            let o = try #require(back, "still wrong 5 s later: \(gateway.log)")
+            #expect(o["room"] as? String == "Hall" && o["seq"] as? Int == json(own)?["seq"] as? Int)
+        }
+        let corrections = try eventually(within: 3) { () -> Int? in
+            let stats = json(try broker.retained("baton/gateways/hall/stats")["baton/gateways/hall/stats"] ?? [])
+            return ((stats?["rooms"] as? [String: Any])?["corrections"] as? Int).flatMap { $0 >= 2 ? $0 : nil }
+        }
+        #expect(corrections == 2, "\(gateway.log)")
+        #expect(gateway.log.contains("the retained activity says otherwise than this room, which owns it"))
+    }
+
     /// docs/broker.md: refused credentials are a clear log line and a retry with backoff,
     /// never a crash loop.
     @Test func refusedCredentialsAreLoggedAndRetriedWithBackoff() throws {
