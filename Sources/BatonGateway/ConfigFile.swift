@@ -106,19 +106,13 @@ extension GatewayConfig {
     /// Checks `text` as the contents of the config file `file`: `file` names the file in
     /// errors, and relative paths in the settings are taken from its directory.
     public static func parse(yaml text: String, file: String, hostName: String) throws(ConfigError) -> GatewayConfig {
-        let root: Node?
-        do {
-            root = try Yams.compose(yaml: text)
-        } catch let error as YamlError {
-            throw YAMLFileError.syntax(error, file: file, text: text)
-        } catch {
-            throw ConfigError(file: file, line: nil, key: "", message: "not readable as YAML: \(error)")
-        }
+        // Nesting past YAMLShape.maxDepth is refused here, before Yams recurses into it.
+        let (root, tags) = try YAMLShape.compose(text, file: file)
         var config = defaults(hostName: hostName)
         var reader = ConfigFileReader(file: file)
         if let root { reader.read(root, into: &config) }
         // File order; problems found by later cross-checks slot in by line.
-        try YAMLFileError.throwFirst(reader.errors)
+        try YAMLFileError.throwFirst(tags + reader.errors)
         return config
     }
 

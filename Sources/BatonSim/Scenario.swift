@@ -225,17 +225,11 @@ extension Scenario {
 
     /// Checks `text` as the scenario file `file` (which names the file in errors).
     public static func parse(yaml text: String, file: String) throws(ScenarioError) -> Scenario {
-        let root: Node?
-        do {
-            root = try Yams.compose(yaml: text)
-        } catch let error as YamlError {
-            throw YAMLFileError.syntax(error, file: file, text: text)
-        } catch {
-            throw ScenarioError(file: file, line: nil, key: "", message: "not readable as YAML: \(error)")
-        }
+        // Nesting past YAMLShape.maxDepth is refused here, before Yams recurses into it.
+        let (root, tags) = try YAMLShape.compose(text, file: file)
         var reader = ScenarioReader(file: file)
         let scenario = reader.read(root)
-        try YAMLFileError.throwFirst(reader.errors)
+        try YAMLFileError.throwFirst(tags + reader.errors)
         guard let scenario else { preconditionFailure("a scenario read without errors") }
         return scenario
     }
