@@ -662,7 +662,7 @@ struct ConfigFileReader {
         let expected = hex ? "a number like 0xFFFF" : "a whole number"
         guard let t = text(e, expected: expected) else { return nil }
         guard let n = parseInteger(t) else {
-            report(e.value, e.key, "expected \(expected), got \(quoted(t))")
+            report(e.value, e.key, "expected \(expected), got \(quoted(t))" + plusHint(t))
             return nil
         }
         guard range.contains(n) else {
@@ -683,6 +683,7 @@ struct ConfigFileReader {
             if !t.isEmpty, t.allSatisfy({ $0.isASCII && $0.isNumber }) {
                 message += " (a number needs its unit: ms, s, m or h)"
             }
+            message += plusHint(t)
             report(e.value, e.key, message)
             return nil
         }
@@ -772,14 +773,22 @@ func hexDigits(_ n: Int) -> String {
     return String(repeating: "0", count: max(0, 4 - digits.count)) + digits
 }
 
-/// Decimal (`256`, `-1`), or hexadecimal after `0x`. Not YAML 1.1's octal: `010` is ten.
+/// Decimal (`256`, `-1`), or hexadecimal after `0x`. Not YAML 1.1's octal: `010` is ten. Not
+/// `+5` either, which Swift's `Int("+5")` reads as 5: no setting is written with a plus, so
+/// one is more likely a slip (`+` for `-`, a pasted diff line) than a positive sign (issue 16).
 func parseInteger(_ text: String) -> Int? {
+    if text.hasPrefix("+") { return nil }
     if text.hasPrefix("0x") || text.hasPrefix("0X") {
         let digits = text.dropFirst(2)
         guard !digits.isEmpty, digits.allSatisfy(\.isHexDigit) else { return nil }
         return Int(digits, radix: 16)
     }
     return Int(text)
+}
+
+/// Said after "expected …, got "+5"": the plus is what was refused.
+func plusHint(_ text: String) -> String {
+    text.hasPrefix("+") ? " (write it without the +)" : ""
 }
 
 /// `250ms`, `30s`, `5m`, `1h`, or parts added up (`1m30s`). A bare number other than `0` is

@@ -157,11 +157,15 @@ func parseError(_ yaml: String) -> ScenarioError? {
         (minimal + "\ncrowd: {count: 10, first-id: 5b0000000000, payload-bytes: 70000}", 6, "crowd.payload-bytes",
          "must be between 64 and 65535"),
         (minimal + "\ncrowd: {count: 10, first-id: 5b0000000000, link: 2}", 6, "crowd.link", "expected true or false"),
-        // Nesting and tags (issue 16).
+        // Nesting, tags and a plus sign (issue 16).
         ("duration: 60\nrooms: " + String(repeating: "[", count: 5000) + "\n", 2, "",
          "YAML nesting deeper than 64 levels (lists and sections inside each other)"),
         (minimal.replacingOccurrences(of: "duration: 60", with: "duration: !!int 60"), 1, "", "YAML tag !!int is not allowed"),
         (minimal.replacingOccurrences(of: "at: hall", with: "at: !room hall"), 5, "", "YAML tag !room is not allowed"),
+        ("rate: +5\n" + minimal, 1, "rate", "got \"+5\": write it without the +"),
+        ("seed: +3\n" + minimal, 1, "seed", "got \"+3\": write it without the +"),
+        ("radio:\n  in-room: +5\n" + minimal, 2, "radio.in-room", "got \"+5\": write it without the +"),
+        ("company-id: 0x+FF\n" + minimal, 1, "company-id", "expected a number like 0xFFFF, got \"0x+FF\""),
     ]
 
     @Test(arguments: mistakes.indices)

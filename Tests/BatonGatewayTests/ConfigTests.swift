@@ -688,6 +688,16 @@ private let tooDeep = "YAML nesting deeper than 64 levels (lists and sections in
             /etc/baton/baton.yaml:4: YAML tag !!str is not allowed: remove it, each key already says how its value is read
             """)
     }
+
+    @Test func aNumberWrittenWithAPlusIsRefused() throws {
+        #expect(problems("table:\n  capacity: +5\n")
+                == #"/etc/baton/baton.yaml:2: table.capacity: expected a whole number, got "+5" (write it without the +)"#)
+        #expect(problems("radio:\n  company-id: +0xFFFF\n")
+                == #"/etc/baton/baton.yaml:2: radio.company-id: expected a number like 0xFFFF, got "+0xFFFF" (write it without the +)"#)
+        #expect(problems("status:\n  interval: +5s\n")
+                == #"/etc/baton/baton.yaml:2: status.interval: expected a duration like 30s or 500ms, got "+5s" (write it without the +)"#)
+        #expect(try parse("table:\n  capacity: 5\n").table.capacity == 5)
+    }
 }
 
 // MARK: - Flags over the file
