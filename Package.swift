@@ -22,13 +22,21 @@ var targets: [Target] = [
                    providers: [.apt(["libbluetooth-dev"])]),
     .systemLibrary(name: "CCrypto", pkgConfig: "libcrypto",
                    providers: [.apt(["libssl-dev"])]),
+    // Debian's libyaml, for its event parser: BatonYAML walks a file's events (iteratively)
+    // to bound its nesting before Yams composes it (recursively). Yams compiles its own copy of
+    // libyaml into the binary under the same names, and a definition in an object file wins
+    // over a shared library's without a duplicate-symbol error: while Yams is linked, our calls
+    // bind to its copy and libyaml-0.so.2 is loaded unused. Its yaml.h is byte for byte
+    // Debian's 0.2.5, so the structs we lay out are the ones that copy reads.
+    .systemLibrary(name: "CYAML", pkgConfig: "yaml-0.1",
+                   providers: [.apt(["libyaml-dev"])]),
 
     .target(name: "BatonWire", swiftSettings: wireSettings),
     .target(name: "BatonHCI", dependencies: ["BatonWire", "CBlueZ"], swiftSettings: wireSettings),
     // Scenarios are YAML like the gateway's config (docs/simulator.md "Scenarios").
     // BatonKeys: simulated devices of a keyed group seal their payloads as real ones do.
     // The two YAML files Baton reads (the config, scenarios) share their error shape and helpers.
-    .target(name: "BatonYAML", dependencies: [.product(name: "Yams", package: "Yams")], swiftSettings: wireSettings),
+    .target(name: "BatonYAML", dependencies: ["CYAML", .product(name: "Yams", package: "Yams")], swiftSettings: wireSettings),
     .target(name: "BatonSim", dependencies: ["BatonWire", "BatonHCI", "BatonKeys", "BatonYAML",
                                              .product(name: "Yams", package: "Yams")],
             swiftSettings: wireSettings),

@@ -106,19 +106,13 @@ extension GatewayConfig {
     /// Checks `text` as the contents of the config file `file`: `file` names the file in
     /// errors, and relative paths in the settings are taken from its directory.
     public static func parse(yaml text: String, file: String, hostName: String) throws(ConfigError) -> GatewayConfig {
-        let root: Node?
-        do {
-            root = try Yams.compose(yaml: text)
-        } catch let error as YamlError {
-            throw YAMLFileError.syntax(error, file: file, text: text)
-        } catch {
-            throw ConfigError(file: file, line: nil, key: "", message: "not readable as YAML: \(error)")
-        }
+        // Nesting past YAMLShape.maxDepth is refused here, before Yams recurses into it.
+        let (root, tags) = try YAMLShape.compose(text, file: file)
         var config = defaults(hostName: hostName)
         var reader = ConfigFileReader(file: file)
         if let root { reader.read(root, into: &config) }
         // File order; problems found by later cross-checks slot in by line.
-        try YAMLFileError.throwFirst(reader.errors)
+        try YAMLFileError.throwFirst(tags + reader.errors)
         return config
     }
 
@@ -668,7 +662,7 @@ struct ConfigFileReader {
         let expected = hex ? "a number like 0xFFFF" : "a whole number"
         guard let t = text(e, expected: expected) else { return nil }
         guard let n = parseInteger(t) else {
-            report(e.value, e.key, "expected \(expected), got \(quoted(t))")
+            report(e.value, e.key, "expected \(expected), got \(quoted(t))" + plusHint(t))
             return nil
         }
         guard range.contains(n) else {
@@ -689,6 +683,7 @@ struct ConfigFileReader {
             if !t.isEmpty, t.allSatisfy({ $0.isASCII && $0.isNumber }) {
                 message += " (a number needs its unit: ms, s, m or h)"
             }
+            message += plusHint(t)
             report(e.value, e.key, message)
             return nil
         }
@@ -778,14 +773,22 @@ func hexDigits(_ n: Int) -> String {
     return String(repeating: "0", count: max(0, 4 - digits.count)) + digits
 }
 
-/// Decimal (`256`, `-1`), or hexadecimal after `0x`. Not YAML 1.1's octal: `010` is ten.
+/// Decimal (`256`, `-1`), or hexadecimal after `0x`. Not YAML 1.1's octal: `010` is ten. Not
+/// `+5` either, which Swift's `Int("+5")` reads as 5: no setting is written with a plus, so
+/// one is more likely a slip (`+` for `-`, a pasted diff line) than a positive sign (issue 16).
 func parseInteger(_ text: String) -> Int? {
+    if text.hasPrefix("+") { return nil }
     if text.hasPrefix("0x") || text.hasPrefix("0X") {
         let digits = text.dropFirst(2)
         guard !digits.isEmpty, digits.allSatisfy(\.isHexDigit) else { return nil }
         return Int(digits, radix: 16)
     }
     return Int(text)
+}
+
+/// Said after "expected …, got "+5"": the plus is what was refused.
+func plusHint(_ text: String) -> String {
+    text.hasPrefix("+") ? " (write it without the +)" : ""
 }
 
 /// `250ms`, `30s`, `5m`, `1h`, or parts added up (`1m30s`). A bare number other than `0` is

@@ -225,17 +225,11 @@ extension Scenario {
 
     /// Checks `text` as the scenario file `file` (which names the file in errors).
     public static func parse(yaml text: String, file: String) throws(ScenarioError) -> Scenario {
-        let root: Node?
-        do {
-            root = try Yams.compose(yaml: text)
-        } catch let error as YamlError {
-            throw YAMLFileError.syntax(error, file: file, text: text)
-        } catch {
-            throw ScenarioError(file: file, line: nil, key: "", message: "not readable as YAML: \(error)")
-        }
+        // Nesting past YAMLShape.maxDepth is refused here, before Yams recurses into it.
+        let (root, tags) = try YAMLShape.compose(text, file: file)
         var reader = ScenarioReader(file: file)
         let scenario = reader.read(root)
-        try YAMLFileError.throwFirst(reader.errors)
+        try YAMLFileError.throwFirst(tags + reader.errors)
         guard let scenario else { preconditionFailure("a scenario read without errors") }
         return scenario
     }
@@ -686,8 +680,20 @@ struct ScenarioReader {
     mutating func integer(_ e: ScenarioEntry, _ range: ClosedRange<Int>, hex: Bool = false) -> Int? {
         let expected = hex ? "a number like 0xFFFF" : "a whole number"
         guard let t = text(e, expected: expected) else { return nil }
+        // No leading `+`, which Swift's `Int` and `Double` accept: no value is written with a
+        // plus, so one is more likely a slip than a sign (issue 16), as in the config file.
+        if t.hasPrefix("+") {
+            report(e.value, e.key, "expected \(expected), got \(quoted(t)): write it without the +")
+            return nil
+        }
         var n: Int?
-        if t.hasPrefix("0x") || t.hasPrefix("0X") { n = Int(t.dropFirst(2), radix: 16) } else { n = Int(t) }
+        if t.hasPrefix("0x") || t.hasPrefix("0X") {
+            // Hex digits only: `Int(_:radix:)` would also take a sign after the 0x.
+            let digits = t.dropFirst(2)
+            n = !digits.isEmpty && digits.allSatisfy(\.isHexDigit) ? Int(digits, radix: 16) : nil
+        } else {
+            n = Int(t)
+        }
         guard let n else {
             report(e.value, e.key, "expected \(expected), got \(quoted(t))")
             return nil
@@ -721,6 +727,10 @@ struct ScenarioReader {
 
     mutating func anyNumber(_ e: ScenarioEntry, _ unit: String) -> Double? {
         guard let t = text(e, expected: "a number (\(unit))") else { return nil }
+        guard !t.hasPrefix("+") else {
+            report(e.value, e.key, "expected a number (\(unit)), got \(quoted(t)): write it without the +")
+            return nil
+        }
         guard let v = Double(t), v.isFinite else {
             var message = "expected a number (\(unit)), got \(quoted(t))"
             if t.hasSuffix("s"), Double(t.dropLast()) != nil { message += ": write the number alone" }

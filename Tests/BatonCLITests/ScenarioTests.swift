@@ -157,6 +157,15 @@ func parseError(_ yaml: String) -> ScenarioError? {
         (minimal + "\ncrowd: {count: 10, first-id: 5b0000000000, payload-bytes: 70000}", 6, "crowd.payload-bytes",
          "must be between 64 and 65535"),
         (minimal + "\ncrowd: {count: 10, first-id: 5b0000000000, link: 2}", 6, "crowd.link", "expected true or false"),
+        // Nesting, tags and a plus sign (issue 16).
+        ("duration: 60\nrooms: " + String(repeating: "[", count: 5000) + "\n", 2, "",
+         "YAML nesting deeper than 64 levels (lists and sections inside each other)"),
+        (minimal.replacingOccurrences(of: "duration: 60", with: "duration: !!int 60"), 1, "", "YAML tag !!int is not allowed"),
+        (minimal.replacingOccurrences(of: "at: hall", with: "at: !room hall"), 5, "", "YAML tag !room is not allowed"),
+        ("rate: +5\n" + minimal, 1, "rate", "got \"+5\": write it without the +"),
+        ("seed: +3\n" + minimal, 1, "seed", "got \"+3\": write it without the +"),
+        ("radio:\n  in-room: +5\n" + minimal, 2, "radio.in-room", "got \"+5\": write it without the +"),
+        ("company-id: 0x+FF\n" + minimal, 1, "company-id", "expected a number like 0xFFFF, got \"0x+FF\""),
     ]
 
     @Test(arguments: mistakes.indices)
@@ -170,6 +179,18 @@ func parseError(_ yaml: String) -> ScenarioError? {
         if let line = m.line { prefix += ":\(line)" }
         if !m.key.isEmpty { prefix += ": \(m.key)" }
         #expect(error.description.hasPrefix(prefix + ": "), "\(error)")
+    }
+
+    /// 64 levels pass the check and reach the schema; 65 do not. A device's title is 3 down
+    /// (the top, `devices`, the device), so 61 lists in it make 64.
+    @Test func nestingUpToTheCapIsReadOn() throws {
+        func title(lists n: Int) -> String {
+            Self.minimal + "\n    title: " + String(repeating: "[", count: n) + String(repeating: "]", count: n)
+        }
+        let inside = try #require(parseError(title(lists: 61)))
+        #expect(inside.description == "s.yaml:6: devices[0].title: expected the activity's title, got a list", "\(inside)")
+        let past = try #require(parseError(title(lists: 62)))
+        #expect(past.description == "s.yaml:6: YAML nesting deeper than 64 levels (lists and sections inside each other): is it the right file?")
     }
 
     @Test func everyMistakeInTheFileIsReportedInFileOrder() throws {
@@ -646,6 +667,18 @@ func simDirectory(_ name: String) throws -> URL {
         #expect((counts["kitchen"]?["not_scanning"] ?? 0) > 0)
         #expect((counts["hall"]?["delivered"] ?? 0) >= 10)
         #expect(!FileManager.default.fileExists(atPath: sockets + "/hall.sock"))
+    }
+
+    /// The issue's file: Yams recursed once per `[` and the simulator died of SIGSEGV.
+    @Test func aScenarioNestedFiveThousandDeepExitsTwo() throws {
+        let dir = try simDirectory("nested")
+        let file = dir.appendingPathComponent("n.yaml")
+        try (String(repeating: "[", count: 5000) + "\n").write(to: file, atomically: true, encoding: .utf8)
+        let r = try baton("sim", "--scenario", file.path, "--sockets", dir.path + "/s")
+        #expect(r.status == 2)
+        #expect(r.stderr == "\(file.path):1: YAML nesting deeper than 64 levels (lists and sections inside each other): "
+                + "is it the right file?\n")
+        #expect(r.stdout.isEmpty)
     }
 
     @Test func aBadScenarioExitsTwoWithFileLineAndKey() throws {

@@ -605,6 +605,101 @@ private func urlReason(_ text: String) -> String {
     }
 }
 
+// MARK: - Nesting and tags (issue 16)
+
+/// `depth` lists inside each other, flow style, on one line: `[[[…]]]`.
+private func flowLists(_ depth: Int) -> String {
+    String(repeating: "[", count: depth) + String(repeating: "]", count: depth)
+}
+
+/// `depth` sections inside each other, block style: `a:` indented under `a:`, one per line,
+/// the innermost holding `a: 1`. Section n starts on line n.
+private func blockSections(_ depth: Int) -> String {
+    (0..<depth).map { String(repeating: "  ", count: $0) + "a:" + ($0 == depth - 1 ? " 1" : "") + "\n" }.joined()
+}
+
+private let tooDeep = "YAML nesting deeper than 64 levels (lists and sections inside each other): is it the right file?"
+
+@Suite struct ConfigNestingTests {
+    /// The issue's file: Yams recursed once per `[` and the gateway died of SIGSEGV.
+    @Test func aFileNestedFiveThousandDeepIsRefusedWithItsLine() throws {
+        let dir = try Scratch()
+        let file = try dir.write("n.yaml", String(repeating: "[", count: 5000) + "\n")
+        let error = try #require(throws: ConfigError.self) { try GatewayConfig.load(file: file, hostName: host) }
+        #expect(error.description == "\(file):1: \(tooDeep)")
+    }
+
+    @Test func theGatewayExitsTwoOnIt() throws {
+        let dir = try Scratch()
+        let file = try dir.write("n.yaml", String(repeating: "[", count: 5000) + "\n")
+        let gateway = Process()
+        gateway.executableURL = batonBinary
+        gateway.arguments = ["gateway", "--config", file]
+        let stderr = Pipe()
+        gateway.standardError = stderr
+        gateway.standardOutput = FileHandle.nullDevice
+        try gateway.run()
+        let said = stderr.fileHandleForReading.readDataToEndOfFile()
+        gateway.waitUntilExit()
+        #expect(gateway.terminationReason == .exit, "killed by signal \(gateway.terminationStatus)")
+        #expect(gateway.terminationStatus == 2)
+        #expect(String(decoding: said, as: UTF8.self) == "baton gateway: \(file):1: \(tooDeep)\n")
+    }
+
+    @Test func sectionsNestedPastTheCapAreRefusedWhereTheyPassIt() {
+        #expect(problems(blockSections(65)) == "\(etc):65: \(tooDeep)")
+        #expect(problems(blockSections(3000)) == "\(etc):65: \(tooDeep)")
+        let flowSections = String(repeating: "{a: ", count: 65) + "1" + String(repeating: "}", count: 65) + "\n"
+        #expect(problems(flowSections) == "\(etc):1: \(tooDeep)")
+        #expect(problems("gateway:\n  room: Kitchen\nbroker:\n  tls: " + flowLists(65) + "\n") == "\(etc):4: \(tooDeep)")
+    }
+
+    /// 64 levels pass the check and reach the schema, which refuses them for what they are.
+    @Test func nestingUpToTheCapIsReadOn() {
+        #expect(problems(flowLists(64) + "\n")
+                == #"/etc/baton/baton.yaml:1: expected sections like "broker:" at the top of the file, got a list"#)
+        #expect(problems(flowLists(65) + "\n") == "\(etc):1: \(tooDeep)")
+        #expect(problems(blockSections(64))?.hasPrefix(#"/etc/baton/baton.yaml:1: unknown key "a""#) == true)
+        // The deepest real setting, a TLS file 3 levels down, is far inside.
+        #expect(problems("broker:\n  tls:\n    insecure: \(flowLists(61))\n")
+                == "/etc/baton/baton.yaml:3: broker.tls.insecure: expected true or false, got a list")
+    }
+
+    /// Yams puts the anchored node where its alias stands, so the nesting it builds is the
+    /// alias's depth plus the anchored node's height: 1 + 23 + 40 = 64 passes, one more does not.
+    @Test func anAliasCountsAsTheNestingItStandsFor() {
+        let anchored = "x: &deep " + flowLists(40) + "\n"
+        func alias(inside lists: Int) -> String {
+            anchored + "y: " + String(repeating: "[", count: lists) + "*deep" + String(repeating: "]", count: lists) + "\n"
+        }
+        #expect(problems(alias(inside: 23))?.hasPrefix(#"/etc/baton/baton.yaml:1: unknown key "x""#) == true)
+        #expect(problems(alias(inside: 24)) == "\(etc):2: YAML nesting deeper than 64 levels through the alias *deep "
+                + "(lists and sections inside each other): is it the right file?")
+    }
+
+    @Test func aYAMLTagIsRefusedWithItsLine() {
+        #expect(problems("status:\n  interval: !!int 5s\n")
+                == "\(etc):2: YAML tag !!int is not allowed: remove it, each key already says how its value is read")
+        #expect(problems("gateway: !section\n  room: Kitchen\n")
+                == "\(etc):1: YAML tag !section is not allowed: remove it, each key already says how its value is read")
+        // Reported with the schema's problems, in file order.
+        #expect(problems("table:\n  capacity: 0\nlog:\n  level: !!str info\n") == """
+            /etc/baton/baton.yaml:2: table.capacity: must be between 1 and 100000, got 0
+            /etc/baton/baton.yaml:4: YAML tag !!str is not allowed: remove it, each key already says how its value is read
+            """)
+    }
+
+    @Test func aNumberWrittenWithAPlusIsRefused() throws {
+        #expect(problems("table:\n  capacity: +5\n")
+                == #"/etc/baton/baton.yaml:2: table.capacity: expected a whole number, got "+5" (write it without the +)"#)
+        #expect(problems("radio:\n  company-id: +0xFFFF\n")
+                == #"/etc/baton/baton.yaml:2: radio.company-id: expected a number like 0xFFFF, got "+0xFFFF" (write it without the +)"#)
+        #expect(problems("status:\n  interval: +5s\n")
+                == #"/etc/baton/baton.yaml:2: status.interval: expected a duration like 30s or 500ms, got "+5s" (write it without the +)"#)
+        #expect(try parse("table:\n  capacity: 5\n").table.capacity == 5)
+    }
+}
+
 // MARK: - Flags over the file
 
 @Suite struct ConfigOverrideTests {
