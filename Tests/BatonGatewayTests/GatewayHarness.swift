@@ -36,6 +36,14 @@ final class GatewayProcess {
     var log: String { (try? String(contentsOf: stderrFile, encoding: .utf8)) ?? "" }
     var isRunning: Bool { process.isRunning }
 
+    /// SIGSTOP / SIGCONT: a hung Pi or a cut cable, its socket left open (issue 16).
+    /// Foundation's Process leaves the child's signal mask as the test thread's, but neither
+    /// SIGSTOP nor SIGKILL can be blocked, and SIGCONT always resumes a stopped process.
+    func signal(_ number: Int32) {
+        guard process.isRunning else { return }
+        Foundation.kill(process.processIdentifier, number)
+    }
+
     func kill() {
         guard process.isRunning else { return }
         Foundation.kill(process.processIdentifier, SIGKILL)

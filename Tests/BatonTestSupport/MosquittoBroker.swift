@@ -200,6 +200,56 @@ public final class MosquittoBroker: @unchecked Sendable {
         }
     }
 
+    /// Publishes many retained messages over one connection, QoS 0, and returns once the broker
+    /// has stored them all. One `mosquitto_pub` per message costs a process each (5,000 orphans
+    /// would take minutes), and `mosquitto_pub -l` sends every line to one topic.
+    ///
+    /// A plain MQTT 3.1.1 client on a TCP socket: CONNECT, the PUBLISH packets back to back,
+    /// then PINGREQ. mosquitto handles one client's packets in the order they arrive, so its
+    /// PINGRESP comes after every PUBLISH before it is in the retained store (3.1.1 §3.12).
+    public func publishRetained(_ messages: [(topic: String, payload: [UInt8])]) throws {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw BrokerError("socket(): \(String(cString: strerror(errno)))") }
+        defer { close(fd) }
+        var timeout = timeval(tv_sec: 10, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = UInt16(port).bigEndian
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let connected = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0
+            }
+        }
+        guard connected else { throw BrokerError("connect(127.0.0.1:\(port)): \(String(cString: strerror(errno)))") }
+
+        // 3.1.1 §3.1: protocol name, level 4, flags (clean session, login if any), keepalive 60 s.
+        var connectBody: [UInt8] = Self.utf8String("MQTT") + [4, 0x02, 0, 60]
+        connectBody += Self.utf8String("baton-test-bulk-\(UInt32.random(in: 0...UInt32.max))")
+        if let helperLogin {
+            connectBody[7] |= 0xC0
+            connectBody += Self.utf8String(helperLogin.username) + Self.utf8String(helperLogin.password)
+        }
+        try Self.send(fd, Self.packet(0x10, connectBody))
+        let connack = try Self.receive(fd, count: 4)
+        guard connack == [0x20, 0x02, 0x00, 0x00] else { throw BrokerError("CONNECT refused: \(connack)") }
+
+        var bytes: [UInt8] = []
+        for m in messages {
+            // 3.1.1 §3.3.1: PUBLISH, QoS 0, RETAIN set.
+            bytes += Self.packet(0x31, Self.utf8String(m.topic) + m.payload)
+            if bytes.count >= 1 << 16 {
+                try Self.send(fd, bytes)
+                bytes.removeAll(keepingCapacity: true)
+            }
+        }
+        try Self.send(fd, bytes + [0xC0, 0x00])                   // PINGREQ
+        let pingresp = try Self.receive(fd, count: 2)
+        guard pingresp == [0xD0, 0x00] else { throw BrokerError("expected PINGRESP, got \(pingresp)") }
+        try Self.send(fd, [0xE0, 0x00])                           // DISCONNECT: no will, a clean close
+    }
+
     /// Writes a mosquitto password file with `mosquitto_passwd -b` (hashed the broker's way).
     public static func writePasswordFile(at path: String, users: [String: String]) throws {
         for (index, (user, password)) in users.sorted(by: { $0.key < $1.key }).enumerated() {
@@ -288,6 +338,47 @@ public final class MosquittoBroker: @unchecked Sendable {
                 connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0
             }
         }
+    }
+
+    /// 3.1.1 §1.5.3: a two-byte length, then the bytes.
+    private static func utf8String(_ s: String) -> [UInt8] {
+        let b = Array(s.utf8)
+        return [UInt8(b.count >> 8), UInt8(b.count & 0xFF)] + b
+    }
+
+    /// 3.1.1 §2.2.3: the fixed header's remaining length, 7 bits a byte, least significant first.
+    private static func packet(_ header: UInt8, _ body: [UInt8]) -> [UInt8] {
+        var out: [UInt8] = [header]
+        var n = body.count
+        repeat {
+            var byte = UInt8(n & 0x7F)
+            n >>= 7
+            if n > 0 { byte |= 0x80 }
+            out.append(byte)
+        } while n > 0
+        return out + body
+    }
+
+    private static func send(_ fd: Int32, _ bytes: [UInt8]) throws {
+        var sent = 0
+        while sent < bytes.count {
+            let n = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress! + sent, $0.count - sent, Int32(MSG_NOSIGNAL)) }
+            if n < 0, errno == EINTR { continue }
+            guard n > 0 else { throw BrokerError("send(): \(String(cString: strerror(errno)))") }
+            sent += n
+        }
+    }
+
+    private static func receive(_ fd: Int32, count: Int) throws -> [UInt8] {
+        var out = [UInt8](repeating: 0, count: count)
+        var got = 0
+        while got < count {
+            let n = out.withUnsafeMutableBytes { recv(fd, $0.baseAddress! + got, count - got, 0) }
+            if n < 0, errno == EINTR { continue }
+            guard n > 0 else { throw BrokerError("recv(): \(n == 0 ? "closed by the broker" : String(cString: strerror(errno)))") }
+            got += n
+        }
+        return out
     }
 
     private static func bytes(hex: Substring) -> [UInt8]? {

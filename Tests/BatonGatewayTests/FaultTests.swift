@@ -1,0 +1,453 @@
+// Issue 16: faults injected into a building of three rooms, twenty devices and one gateway per
+// room, on a real mosquitto (persistence off, no logins). The simulator's event lines are the
+// ground truth: after each fault the retained activities must be exactly the truth (every
+// device once, in its room, at its latest sequence) within 2 s of the broker's or the
+// gateway's return, and stay so. Each test prints its measured times as `FAULT …` lines.
+//
+// Real time (speed 1) with the default room parameters (docs/rooms.md §3), because the faults
+// are measured against real timeouts: the broker's keepalive (1.5 × 5 s) and a 3 s outage.
+import BatonTestSupport
+import Foundation
+import Testing
+
+@Suite(.serialized) struct FaultTests {
+    /// Issue 16 case 1: mosquitto killed (-9) and started again on its port 3 s later, twice.
+    /// Without persistence the broker returns empty; every gateway reconnects and must
+    /// republish exactly what it owns, and nothing it does not.
+    @Test func brokerKilledAndRestartedTwiceLeavesTheTruth() throws {
+        let rig = try FaultRig("broker-restart", duration: 90)
+        try #require(try rig.settled(), "the building never held the truth before the fault")
+        for round in 1...2 {
+            rig.broker.kill()
+            sleep(3)
+            try rig.broker.restart()
+            let returned = Date()
+            let statuses = try StatusWatcher(port: rig.broker.port, in: rig.dir, name: "status-\(round)")
+            let watcher = try ActivityWatcher(port: rig.broker.port, in: rig.dir, name: "watch-\(round)")
+            try rig.expectConverges("broker-restart \(round)", since: returned, watcher: watcher)
+            // Issue 16 case 2: how long each gateway took to be back (its `online` arrived).
+            rig.report("broker-restart \(round): online again after the broker's return: \(statuses.report(since: returned))")
+        }
+        rig.report(String(format: "test took %.1f s", Date().timeIntervalSince(rig.started)))
+    }
+
+    /// Issue 16 case 1, frozen: the kitchen's gateway stopped (SIGSTOP) for 20 s with its
+    /// socket open, as a hung Pi or a cut cable gives, then continued. While it is frozen its
+    /// devices move to the next rooms (the broker drops it after 1.5 × keepalive, its will
+    /// says `offline`); after the thaw the truth must be back within 2 s.
+    @Test func aGatewayFrozenFor20sThenThawedLeavesTheTruth() throws {
+        let rig = try FaultRig("freeze", duration: 90)
+        try #require(try rig.settled(), "the building never held the truth before the fault")
+        let kitchen = rig.gateways["kitchen"]!
+        let frozen = Date()
+        kitchen.signal(SIGSTOP)
+        let (movedAt, willAt) = try rig.watchHandOver(of: "kitchen", since: frozen, bound: 19.5)
+        // The hand-over the issue saw working: devices moved in 3.5–4.8 s, the will at 8.5 s.
+        #expect(movedAt != nil, "the frozen kitchen's devices were never handed over")
+        #expect(willAt != nil, "the frozen kitchen's will never came")
+        let rest = 20 - Date().timeIntervalSince(frozen)
+        if rest > 0 { usleep(UInt32(rest * 1_000_000)) }
+        let statuses = try StatusWatcher(port: rig.broker.port, in: rig.dir, name: "status-thaw")
+        let watcher = try ActivityWatcher(port: rig.broker.port, in: rig.dir, name: "watch-thaw")
+        kitchen.signal(SIGCONT)
+        let thawed = Date()
+        try rig.expectConverges("thaw", since: thawed, watcher: watcher)
+        rig.report("thaw: online again after the thaw: \(statuses.report(since: thawed, gateways: ["kitchen"]))")
+        #expect(kitchen.isRunning, "the kitchen's gateway died after the thaw:\n\(kitchen.log)")
+        rig.report(String(format: "test took %.1f s", Date().timeIntervalSince(rig.started)))
+    }
+
+    /// Issue 16: the kitchen's gateway SIGKILLed (the broker sends its will at once, the
+    /// socket being closed), then started again with the same config once the will is out.
+    ///
+    /// Here and after a thaw the 2 s is tighter than docs/rooms.md §3 as written: a gateway
+    /// back `online` "moves nothing until its new sightings arrive", and the rooms that took
+    /// its devices over keep them until it has led by `margin` for `dwell` (3 s).
+    @Test func aGatewayKilledThenRestartedLeavesTheTruth() throws {
+        let rig = try FaultRig("kill", duration: 90)
+        try #require(try rig.settled(), "the building never held the truth before the fault")
+        let killed = Date()
+        rig.gateways["kitchen"]!.kill()
+        let (movedAt, willAt) = try rig.watchHandOver(of: "kitchen", since: killed, bound: 10)
+        #expect(movedAt != nil, "the killed kitchen's devices were never handed over")
+        try #require(willAt != nil, "the killed kitchen's will never came")
+        let statuses = try StatusWatcher(port: rig.broker.port, in: rig.dir, name: "status-restart")
+        let watcher = try ActivityWatcher(port: rig.broker.port, in: rig.dir, name: "watch-restart")
+        try rig.startGateway("kitchen")
+        let restarted = Date()
+        try rig.expectConverges("gateway-restart", since: restarted, watcher: watcher)
+        rig.report("gateway-restart: online after the start: \(statuses.report(since: restarted, gateways: ["kitchen"]))")
+        rig.report(String(format: "test took %.1f s", Date().timeIntervalSince(rig.started)))
+    }
+
+    /// Issue 16 case 3: 5,000 retained activities of `ghost`, a gateway whose retained status
+    /// is `offline`, are more than a gateway's table and Apple table together (256 + 64). A
+    /// fresh gateway with a 2 s table expiry must clear them all, not only the first 320.
+    @Test func fiveThousandOrphansOfAnOfflineGatewayAreAllCleared() throws {
+        let count = 5_000, bound = 40.0
+        let began = Date()
+        let broker = try MosquittoBroker()
+        let dir = try scratchDirectory("fault-orphans")
+        try broker.publish(topic: "baton/gateways/ghost/status", payload: Array("offline".utf8), retain: true)
+        let orphans: [(topic: String, payload: [UInt8])] = (0..<count).map { i in
+            let device = String(format: "5c%010x", i)
+            // As a gateway publishes it (docs/mqtt.md §2).
+            let body = #"{"device":"\#(device)","state":"current","change":"became-current","seq":1,"#
+                + #""type_hash":"be9b4bb7","group":"a1b2c3d4","supports_streams":false,"has_web_url":false,"#
+                + #""relayed":false,"psm":128,"verified":false,"room":"Ghost","gateway":"ghost","rssi":-61,"#
+                + #""first_seen":"2026-11-23T09:14:03.512204Z","changed":"2026-11-23T09:14:03.512204Z"}"#
+            return ("baton/activities/\(device)", Array(body.utf8))
+        }
+        let publishing = Date()
+        try broker.publishRetained(orphans)
+        let held = try broker.retained("baton/activities/+").count
+        print(String(format: "FAULT orphans: %d retained in %.2f s", held, Date().timeIntervalSince(publishing)))
+        try #require(held == count)
+
+        // Default capacities; a capture of three devices, so the gateway has a radio and
+        // activities of its own (which expire too, 2 s after the capture ends).
+        let capture = try GeneratedCapture(in: dir, devices: 3, reports: 50, seed: 16)
+        let gateway = try GatewayProcess(
+            yaml: gatewayYAML(port: broker.port, id: "hall", room: "Hall", radio: "capture:\(capture.path)",
+                              expiry: "2s"), in: dir)
+        defer { gateway.kill() }
+        let started = Date()
+        var left = count, firstCleared: Double?
+        while Date().timeIntervalSince(started) < bound {
+            let read = Date().timeIntervalSince(started)
+            left = try broker.retained("baton/activities/+").keys.filter { $0.hasPrefix("baton/activities/5c") }.count
+            if firstCleared == nil, left < count {
+                firstCleared = read
+                print(String(format: "FAULT orphans: %d cleared %.2f s after the gateway started", count - left, read))
+            }
+            if left == 0 { break }
+            usleep(500_000)
+        }
+        let took = Date().timeIntervalSince(started)
+        let stats = json(try broker.retained("baton/gateways/hall/stats")["baton/gateways/hall/stats"] ?? [])
+        let rooms = stats?["rooms"] as? [String: Any], brokerStats = stats?["broker"] as? [String: Any]
+        let counters = "rooms.cleared_for_others \(rooms?["cleared_for_others"] ?? "?"), "
+            + "broker.orphans_cleared \(brokerStats?["orphans_cleared"] ?? "?")"
+        if left == 0 {
+            print(String(format: "FAULT orphans: all %d cleared %.2f s after the gateway started; %@", count, took, counters))
+        } else {
+            print(String(format: "FAULT orphans: %d of %d still retained %.0f s after the gateway started; %@",
+                         left, count, took, counters))
+        }
+        #expect(left == 0, "\(left) of \(count) orphans of the offline gateway still retained after \(bound) s; \(counters)")
+        #expect(gateway.isRunning, "\(gateway.log)")
+        print(String(format: "FAULT orphans: test took %.1f s", Date().timeIntervalSince(began)))
+    }
+}
+
+// MARK: - The building, its truth, and the checks
+
+/// The issue's building: hall, kitchen, office in a line; device i stands in room i mod 3 for
+/// the whole scenario (7, 7 and 6 devices). Its own room hears it at -55 dBm, the next room
+/// at -70 and the far one at -85, each with 1 dB of noise: 15 dB apart, well beyond the
+/// 6 dB margin, so the room that must own each device is never in doubt.
+struct FaultBuilding {
+    static let devices: [(id: String, room: String)] = (0..<20).map { i in
+        (String(format: "5a00000001%02x", i), threeRooms[i % 3].0)
+    }
+
+    /// Devices 0, 1, 5, 6, 10, 11, 15, 16 (some in each room) save every 3 or 4 s, so
+    /// sequences move during every fault.
+    static func saves(_ i: Int, duration: Int) -> [Int] {
+        guard i % 5 < 2 else { return [] }
+        return Array(stride(from: 2 + i % 3, to: duration, by: 3 + i % 2))
+    }
+
+    static func scenario(duration: Int) -> String {
+        var yaml = """
+            seed: 16
+            speed: 1
+            duration: \(duration)
+            rate: 10
+            radio: {in-room: -55, per-room: -15, heard-down-to: -95, noise: 1, loss: 0.02}
+            rooms:
+              - {id: hall, name: Hall}
+              - {id: kitchen, name: Kitchen}
+              - {id: office, name: Office}
+            devices:
+
+            """
+        for (i, d) in devices.enumerated() {
+            yaml += "  - {id: \(d.id), at: \(d.room)"
+            let steps = saves(i, duration: duration).map { "{at: \($0), save: true}" }
+            yaml += steps.isEmpty ? "}\n" : ", script: [\(steps.joined(separator: ", "))]}\n"
+        }
+        return yaml
+    }
+}
+
+/// Where a device is according to the simulator, and so who must publish it.
+struct Truth: CustomStringConvertible {
+    var gateway: String
+    var room: String
+    var sequence: Int
+    /// When the simulator made the latest sequence (unix seconds); 0 for the first.
+    var since: Double
+    var description: String { "\(room) by \(gateway), seq \(sequence)" }
+}
+
+/// A saved sequence reaches the retained store a report or two later (10 reports a second,
+/// 2 % lost): for this long after a save the previous sequence is not yet a fault.
+let publishGrace = 1.0
+
+/// One run of the building: the broker, the simulator, a gateway per room.
+final class FaultRig {
+    let broker: MosquittoBroker
+    let dir: URL
+    let building: SimulatedBuilding
+    var gateways: [String: GatewayProcess] = [:]
+    /// When the three gateways were started.
+    private(set) var started = Date()
+    let label: String
+
+    init(_ label: String, duration: Int) throws {
+        self.label = label
+        broker = try MosquittoBroker()
+        dir = try scratchDirectory("fault-\(label)")
+        building = try SimulatedBuilding(scenario: FaultBuilding.scenario(duration: duration), in: dir)
+        started = Date()
+        for (id, _) in threeRooms { try startGateway(id) }
+    }
+
+    func yaml(_ id: String) -> String {
+        let room = threeRooms.first { $0.0 == id }!.1
+        return roomGatewayYAML(port: broker.port, id: id, room: room, socket: building.socket(id), speed: 1,
+                               keepalive: "5s")
+    }
+
+    /// A new `baton gateway` for the room with its usual config (a restart after a crash).
+    func startGateway(_ id: String) throws {
+        let gdir = dir.appendingPathComponent(id)
+        try FileManager.default.createDirectory(at: gdir, withIntermediateDirectories: true)
+        gateways[id] = try GatewayProcess(yaml: yaml(id), in: gdir)
+    }
+
+    /// The simulator's truth now: each device's room (its place, then every `walk` to a room),
+    /// that room's gateway and name, and the sequence of its latest step.
+    func truth() -> [String: Truth] {
+        let lines = building.lines
+        let names = lines.first { $0["event"] as? String == "ready" }?["names"] as? [String: String] ?? [:]
+        var truth: [String: Truth] = [:]
+        for (id, room) in FaultBuilding.devices {
+            truth[id] = Truth(gateway: room, room: names[room] ?? room, sequence: 1, since: 0)
+        }
+        for line in lines {
+            guard let device = line["device"] as? String, var t = truth[device] else { continue }
+            if let room = line["room"] as? String, line["event"] as? String == "walk" {
+                t.gateway = room
+                t.room = names[room] ?? room
+            }
+            if let sequence = line["sequence"] as? Int, sequence != t.sequence {
+                t.sequence = sequence
+                t.since = Double(line["unix_us"] as? Int ?? 0) / 1e6
+            }
+            truth[device] = t
+        }
+        return truth
+    }
+
+    /// nil when `baton/activities/+` holds exactly the truth: every device once, by its room's
+    /// gateway with its room's name, at its latest sequence (the one before during
+    /// `publishGrace` after a save), and nothing else. Otherwise one line per difference.
+    func retainedMatchesTruth() throws -> String? {
+        let retained = try broker.retained("baton/activities/+")
+        // Read after the broker, so the truth is never older than what was retained.
+        let truth = self.truth()
+        let now = Date().timeIntervalSince1970
+        var diff: [String] = []
+        for (device, t) in truth.sorted(by: { $0.key < $1.key }) {
+            guard let bytes = retained["baton/activities/\(device)"] else {
+                diff.append("\(device): nothing retained; is \(t)")
+                continue
+            }
+            guard let m = json(bytes) else {
+                diff.append("\(device): not JSON: \(String(decoding: bytes, as: UTF8.self))")
+                continue
+            }
+            let gateway = m["gateway"] as? String ?? "?", room = m["room"] as? String ?? "?"
+            let seq = m["seq"] as? Int ?? -1
+            let seqOK = seq == t.sequence || (seq == t.sequence - 1 && now - t.since < publishGrace)
+            if gateway != t.gateway || room != t.room || !seqOK {
+                diff.append("\(device): retained \(room) by \(gateway), seq \(seq); is \(t)")
+            }
+        }
+        for topic in retained.keys.sorted() where truth[String(topic.split(separator: "/").last ?? "")] == nil {
+            diff.append("\(topic): retained, but no such device")
+        }
+        return diff.isEmpty ? nil : diff.joined(separator: "\n")
+    }
+
+    /// Seconds from `since` until the retained activities first equal the truth, polled for
+    /// up to `bound` seconds; nil (with the last difference) if they never do. The time is
+    /// taken when the matching read began, so it does not count the read itself.
+    func convergence(since: Date, bound: Double) throws -> (seconds: Double?, diff: String) {
+        var last = ""
+        while Date().timeIntervalSince(since) < bound {
+            let began = Date()
+            guard let diff = try retainedMatchesTruth() else { return (began.timeIntervalSince(since), "") }
+            last = diff
+            usleep(100_000)
+        }
+        return (nil, last)
+    }
+
+    /// Problems seen in `seconds` after convergence: a retained state that differs from the
+    /// truth at any of the reads (every 0.5 s), or any message `watcher` saw after its line
+    /// `from` that names another room, clears a device, or goes back in sequence.
+    func stays(for seconds: Double, watcher: ActivityWatcher, from: Int) throws -> [String] {
+        var problems: [String] = []
+        let end = Date().addingTimeInterval(seconds)
+        while Date() < end {
+            if let diff = try retainedMatchesTruth() {
+                problems.append(String(format: "at +%.1f s the retained state differs:\n", seconds - end.timeIntervalSinceNow)
+                                + diff)
+                break
+            }
+            usleep(500_000)
+        }
+        let truth = self.truth()
+        var highest: [String: Int] = [:]
+        for (i, (device, m)) in watcher.ordered.enumerated() {
+            let seq = m?["seq"] as? Int ?? -1
+            defer { highest[device] = max(highest[device] ?? 0, seq) }
+            guard i >= from, let t = truth[device] else { continue }
+            guard let m else { problems.append("\(device) was cleared"); continue }
+            let gateway = m["gateway"] as? String ?? "?", room = m["room"] as? String ?? "?"
+            if gateway != t.gateway || room != t.room {
+                problems.append("\(device): late message \(room) by \(gateway), seq \(seq); the truth now: \(t)")
+            } else if seq < highest[device] ?? 0 {
+                problems.append("\(device): late message goes back to seq \(seq) from \(highest[device]!)")
+            }
+        }
+        return problems
+    }
+
+    /// Waits for the building to hold the truth before any fault: the gateways settle every
+    /// device within a few seconds of the scenario's start.
+    func settled() throws -> Bool {
+        let (seconds, diff) = try convergence(since: started, bound: 20)
+        report("start: retained == truth \(seconds.map { String(format: "%.2f s", $0) } ?? "never") after the gateways started")
+        if seconds == nil { print(diff) }
+        return seconds != nil
+    }
+
+    /// After a fault: how long until retained == truth (expected within 2 s, polled up to
+    /// `bound`), then whether it stays so for `hold` seconds. Records an issue per failure.
+    func expectConverges(_ what: String, since returned: Date, watcher: ActivityWatcher, bound: Double = 10,
+                         hold: Double = 5, sourceLocation: SourceLocation = #_sourceLocation) throws {
+        let (seconds, diff) = try convergence(since: returned, bound: bound)
+        let publishers = watcher.publishers
+        let multiple = publishers.filter { $0.value.count > 1 }.count
+        let published = "\(multiple) of \(FaultBuilding.devices.count) devices seen from two or more gateways since (retained included)"
+        guard let seconds else {
+            report("\(what): NOT converged within \(Int(bound)) s; \(published)\n\(diff)")
+            Issue.record("\(label) \(what): not converged within \(bound) s (the issue asks for 2 s); \(published):\n\(diff)",
+                         sourceLocation: sourceLocation)
+            return
+        }
+        report(String(format: "%@: retained == truth first %.2f s after the return; %@", what, seconds, published))
+        #expect(seconds <= 2, "\(label) \(what): converged after \(seconds) s, the issue asks for 2 s",
+                sourceLocation: sourceLocation)
+        let from = watcher.ordered.count
+        let problems = try stays(for: hold, watcher: watcher, from: from)
+        report("\(what): \(problems.isEmpty ? "stayed equal" : "did NOT stay equal") for \(Int(hold)) s")
+        #expect(problems.isEmpty, "\(label) \(what): after converging:\n\(problems.joined(separator: "\n"))",
+                sourceLocation: sourceLocation)
+    }
+
+    func report(_ text: String) { print("FAULT \(label) \(text)") }
+
+    /// Devices whose retained activity names `gateway`, and `gateway`'s retained status.
+    func snapshot(of gateway: String) throws -> (owned: Set<String>, status: String?) {
+        let r = try broker.retained("baton/#")
+        var owned: Set<String> = []
+        for (topic, bytes) in r where topic.hasPrefix("baton/activities/") {
+            if json(bytes)?["gateway"] as? String == gateway { owned.insert(String(topic.dropFirst(17))) }
+        }
+        return (owned, text(r["baton/gateways/\(gateway)/status"]))
+    }
+
+    /// Polls until `gateway`'s devices have all moved to other rooms and its status is
+    /// `offline`, up to `bound` seconds from `since`; prints when each happened.
+    func watchHandOver(of gateway: String, since: Date, bound: Double) throws -> (movedAt: Double?, willAt: Double?) {
+        var movedAt: Double?, willAt: Double?
+        while Date().timeIntervalSince(since) < bound, movedAt == nil || willAt == nil {
+            let began = Date().timeIntervalSince(since)
+            let (owned, status) = try snapshot(of: gateway)
+            if movedAt == nil, owned.isEmpty { movedAt = began }
+            if willAt == nil, status == "offline" { willAt = began }
+            usleep(200_000)
+        }
+        func seconds(_ s: Double?) -> String { s.map { String(format: "%.2f s", $0) } ?? "never" }
+        report("\(gateway): its devices moved after \(seconds(movedAt)), its status offline after \(seconds(willAt))")
+        return (movedAt, willAt)
+    }
+
+    deinit {
+        for g in gateways.values { g.kill() }
+    }
+}
+
+/// `mosquitto_sub` on the gateways' statuses, each message with the time it arrived
+/// (`%U`, unix seconds with nanoseconds): when each gateway was back.
+final class StatusWatcher {
+    let process: ChildProcess
+    let output: URL
+
+    init(port: Int, in dir: URL, name: String) throws {
+        output = dir.appendingPathComponent("\(name).txt")
+        process = try ChildProcess("/usr/bin/mosquitto_sub",
+                                   ["-h", "127.0.0.1", "-p", "\(port)", "-t", "baton/gateways/+/status", "-F", "%U %t %p"],
+                                   stdout: output.path)
+    }
+
+    /// Seconds from `since` until each gateway's first `online`.
+    func online(since: Date) -> [String: Double] {
+        let text = (try? String(contentsOf: output, encoding: .utf8)) ?? ""
+        var result: [String: Double] = [:]
+        for line in text.split(separator: "\n") {
+            let parts = line.split(separator: " ")
+            guard parts.count == 3, parts[2] == "online", let at = Double(parts[0]) else { continue }
+            let gateway = String(parts[1].split(separator: "/")[2])
+            if result[gateway] == nil { result[gateway] = at - since.timeIntervalSince1970 }
+        }
+        return result
+    }
+
+    func report(since: Date, gateways: [String] = threeRooms.map(\.0)) -> String {
+        let online = self.online(since: since)
+        return gateways.map { id in "\(id) \(online[id].map { String(format: "%.2f s", $0) } ?? "not yet")" }
+            .joined(separator: ", ")
+    }
+
+    deinit {
+        process.signal(SIGKILL)
+        _ = process.wait(timeout: .seconds(5))
+    }
+}
+
+extension ActivityWatcher {
+    /// Every message in arrival order: the device and its JSON, nil for a clear.
+    var ordered: [(device: String, message: [String: Any]?)] {
+        let text = (try? String(contentsOf: output, encoding: .utf8)) ?? ""
+        return text.split(separator: "\n").compactMap { line in
+            let parts = line.split(separator: " ", maxSplits: 1)
+            guard let device = parts.first?.split(separator: "/").last else { return nil }
+            return (String(device), parts.count > 1 ? json(Array(parts[1].utf8)) : nil)
+        }
+    }
+
+    /// The gateways that published each device since the watcher started.
+    var publishers: [String: Set<String>] {
+        var result: [String: Set<String>] = [:]
+        for (device, m) in ordered {
+            if let g = m?["gateway"] as? String { result[device, default: []].insert(g) }
+        }
+        return result
+    }
+}
