@@ -221,20 +221,21 @@ public struct Publisher: ~Copyable {
         }
     }
 
-    private mutating func clear(_ topic: OwnedTopic, removeDiscovery: Bool) {
+    /// `qos` 0 only for orphans (clearOrphans says why).
+    private mutating func clear(_ topic: OwnedTopic, removeDiscovery: Bool, qos: Int32 = 1) {
         if case .activity(let id) = topic { stoppedOwning(id) }
         var sent = mqtt.isConnected
         if sent {
             switch topic {
             case .activity(let id):
                 if removeDiscovery && discovery {
-                    sent = publish(topics.deviceRoomConfig(id), empty: true) && sent
-                    sent = publish(topics.deviceActivityConfig(id), empty: true) && sent
+                    sent = publish(topics.deviceRoomConfig(id), empty: true, qos: qos) && sent
+                    sent = publish(topics.deviceActivityConfig(id), empty: true, qos: qos) && sent
                 }
-                sent = publish(topics.activity(id), empty: true) && sent
+                sent = publish(topics.activity(id), empty: true, qos: qos) && sent
             case .apple(let id):
-                if removeDiscovery && discovery { sent = publish(topics.personRoomConfig(id), empty: true) && sent }
-                sent = publish(topics.apple(id), empty: true) && sent
+                if removeDiscovery && discovery { sent = publish(topics.personRoomConfig(id), empty: true, qos: qos) && sent }
+                sent = publish(topics.apple(id), empty: true, qos: qos) && sent
             }
         }
         if sent {
@@ -302,10 +303,10 @@ public struct Publisher: ~Copyable {
     /// JSON documents say so in MQTT v5's content type (MQTT 5.0 §3.3.2.3.9); the status text
     /// and clears carry nothing.
     @discardableResult
-    private mutating func publish(_ topic: String, _ payload: UnsafeRawBufferPointer) -> Bool {
+    private mutating func publish(_ topic: String, _ payload: UnsafeRawBufferPointer, qos: Int32 = 1) -> Bool {
         let isJSON = payload.first == UInt8(ascii: "{")
         do throws(MQTTError) {
-            try mqtt.publish(topic: topic, payload: payload, qos: 1, retain: true,
+            try mqtt.publish(topic: topic, payload: payload, qos: qos, retain: true,
                              properties: isJSON ? Self.jsonProperties : nil)
             return true
         } catch {
@@ -321,8 +322,8 @@ public struct Publisher: ~Copyable {
 
     private var loggedPublishError = false
 
-    private mutating func publish(_ topic: String, empty: Bool) -> Bool {
-        publish(topic, UnsafeRawBufferPointer(start: nil, count: 0))
+    private mutating func publish(_ topic: String, empty: Bool, qos: Int32 = 1) -> Bool {
+        publish(topic, UnsafeRawBufferPointer(start: nil, count: 0), qos: qos)
     }
 
     public mutating func publish(_ topic: String, text: String) {
@@ -537,7 +538,11 @@ public struct Publisher: ~Copyable {
                 log.info("clearing \(topics.name(o.topic)), left retained by \(o.mine ? "an earlier run" : "an offline gateway") and not heard since")
             }
             cleared += 1
-            clear(o.topic, removeDiscovery: true)
+            // QoS 0: libmosquitto holds back QoS 1 publishes beyond the broker's receive
+            // maximum, so the next pass's SUBSCRIBE would overtake a batch of clears and bring
+            // the same entries back. QoS 0 goes out in order, before it. One that is lost is
+            // found again by the next pass or the next connect's scan.
+            clear(o.topic, removeDiscovery: true, qos: 0)
             if o.mine { counters.orphansCleared &+= 1 } else { counters.clearedForOthers &+= 1 }
         }
         if cleared > 8 { log.info("cleared \(cleared) retained entries left by an earlier run or offline gateways") }
