@@ -508,6 +508,30 @@ let streamBroker = ["set_tcp_nodelay true"]
         for g in b.gateways.dropFirst() { #expect(g.stop() == 0) }
     }
 
+    /// docs/relay.md §7.4: `baton stream` watches its carrier's status itself, so the end is
+    /// heard when no gateway is left online to send error gone.
+    @Test func theEndpointHearsItsCarrierGoWithNoGatewayLeftToSayIt() throws {
+        let broker = try MosquittoBroker(extraConfig: streamBroker)
+        let b = try RelayBuilding(name: "stream-alone", brokers: [broker])
+        for g in b.gateways.dropFirst() { #expect(g.stop() == 0) }  // the kitchen and the office
+        try "import sys,time\nwhile True:\n    sys.stdout.buffer.write(b'x'*1024); sys.stdout.flush()\n    time.sleep(0.01)\n"
+            .write(to: b.dir.appendingPathComponent("endless.py"), atomically: true, encoding: .utf8)
+        let run = try ChildProcess("/bin/sh", ["-c", "cd '\(b.dir.path)' && python3 endless.py | ('\(batonBinary.path)' stream \(alice) --broker mqtt://127.0.0.1:\(broker.port) > out.bin 2> err.txt; echo $? > status.txt)"])
+        defer { run.signal(SIGKILL); _ = run.wait(timeout: .seconds(5)) }
+        let flowing = eventually(within: 10) { () -> Bool? in
+            let size = (try? FileManager.default.attributesOfItem(atPath: b.dir.appendingPathComponent("out.bin").path)[.size] as? Int) ?? 0
+            return size > 0 ? true : nil
+        }
+        try #require(flowing != nil, "the stream never flowed")
+        b.gateways[0].kill()  // the hall: the last gateway
+        let status = eventually(within: 10) { () -> String? in
+            (try? String(contentsOf: b.dir.appendingPathComponent("status.txt"), encoding: .utf8)).flatMap { $0.hasSuffix("\n") ? $0 : nil }
+        }
+        let err = (try? String(contentsOf: b.dir.appendingPathComponent("err.txt"), encoding: .utf8)) ?? ""
+        #expect(status?.trimmingCharacters(in: .whitespacesAndNewlines) == "1", "baton stream went on after its gateway died: \(err)")
+        #expect(err.contains("gone: gateway hall went offline (its status says so"), "the endpoint did not hear it: \(err)")
+    }
+
     /// Garbage on the stream topics is answered with an error frame or counted, and the
     /// gateway goes on carrying the stream that was open. `relay.streams: 1` makes the
     /// second open one too many.
