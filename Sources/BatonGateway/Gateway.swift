@@ -561,7 +561,12 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         } else if readvertiser != nil, message.topic.hasPrefix(continuing.answerRoot) {
             answeredForPhone(message, now: now)
         } else if let id = topics.streamID(inTopic: message.topic, leaf: "gateway") {
-            streams.carried(stream: id, by: String(decoding: message.payload, as: UTF8.self))
+            // MQTT 3.1.1 clears the retain flag of live messages: there it says nothing (§7.3).
+            let retained = publisher.mqtt.protocolVersion == .v5 ? message.retained : nil
+            if let full = streams.carried(stream: id, payload: message.payload, retained: retained,
+                                          isOnline: { ownership.isOnline(gateway: $0) }, now: now) {
+                log.warning("\(full)")
+            }
         } else if message.topic.hasPrefix(topics.streamOpenRoot) || message.topic.hasPrefix(topics.streamsRoot) {
             // Under the stream topics, but no stream id of docs/relay.md §7.1.
             streams.dropped("stream-topic")

@@ -357,7 +357,8 @@ public struct Publisher: ~Copyable {
             try mqtt.subscribe(topics.fetchPattern, qos: 1)
             // Stream opens, and who carries which stream (docs/relay.md §7).
             try mqtt.subscribe(topics.streamOpenPattern, qos: 1)
-            try mqtt.subscribe(topics.streamCarrierPattern, qos: 1)
+            // Retain As Published: the stream directory takes only retained claims (docs/relay.md §7.3).
+            try mqtt.subscribe(topics.streamCarrierPattern, qos: 1, retainAsPublished: true)
         } catch {
             log.warning("subscribing to the building's statuses, sightings, fetches and streams failed: \(error)")
         }

@@ -114,7 +114,8 @@ public struct MQTTMessage: Sendable, Equatable {
     public var topic: String
     public var payload: [UInt8]
     public var qos: Int32
-    /// The broker sent it from its retained store (it was retained before we subscribed).
+    /// The broker sent it from its retained store (it was retained before we subscribed), or,
+    /// on a subscription made with `retainAsPublished` over MQTT v5, it was published retained.
     public var retained: Bool
     public var properties: MQTTProperties
 
@@ -427,11 +428,17 @@ public struct MQTTClient: ~Copyable {
 
     /// Subscribes on the current connection. The session is clean, so subscriptions end with
     /// the connection: subscribe again on every `.connected`.
-    public mutating func subscribe(_ pattern: String, qos: Int32 = 0) throws(MQTTError) {
+    /// `retainAsPublished`: on MQTT v5, messages to this subscription keep the retain flag
+    /// they were published with (MQTT 5.0 §3.8.3.1), so `MQTTMessage.retained` says whether a
+    /// live message was retained. MQTT 3.1.1 has no such option: there the broker clears the
+    /// flag on every message but the retained ones it sends at subscribe (§3.3.1.3), and
+    /// libmosquitto would write the option into the QoS byte's reserved bits, so it is not sent.
+    public mutating func subscribe(_ pattern: String, qos: Int32 = 0, retainAsPublished: Bool = false) throws(MQTTError) {
         guard phase == .connected else { throw .notConnected }
         try rejectNUL(pattern, "the topic filter \"\(pattern)\"")
         let closesBefore = inbox.closes
-        let rc = pattern.withCString { mosquitto_subscribe(handle, nil, $0, qos) }
+        let options: Int32 = retainAsPublished && attemptVersion == .v5 ? Int32(MQTT_SUB_OPT_RETAIN_AS_PUBLISHED.rawValue) : 0
+        let rc = pattern.withCString { mosquitto_subscribe_v5(handle, nil, $0, qos, options, nil) }
         let saved = errno
         guard rc == MOSQ_ERR_SUCCESS.rawValue else {
             noteClose(rc, saved, closesBefore)

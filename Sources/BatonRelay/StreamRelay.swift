@@ -162,10 +162,28 @@ public struct StreamRelay: ~Copyable {
     /// Every slot's queue of the broker side's frames waiting for the link, also taken at start.
     let queueFrames: UnsafeMutableRawBufferPointer
 
-    /// Every stream of the building and the gateway carrying it (`<prefix>/streams/+/gateway`),
-    /// so the first online gateway can tell the endpoints of a gateway that died. Bounded.
-    public private(set) var directory: [String: String] = [:]
-    public let directoryCapacity: Int
+    /// The stream directory (docs/relay.md §7.3): every stream of the building and the gateway
+    /// carrying it, from `<prefix>/streams/+/gateway`, so the first online gateway can tell the
+    /// endpoints of a gateway that died. Only what gateways write is taken (`carried`). Each
+    /// carrier has at most `directoryPerCarrier` entries, and only a gateway whose status is
+    /// online becomes a carrier, of which a building has at most rooms.gateways (RoomOwnership
+    /// registers no more); so the directory holds at most relay.streams × rooms.gateways.
+    var claims: [String: Claim] = [:]
+    /// Entries per carrier, so the full rule needs no scan until it fires.
+    var claimsPerCarrier: [String: Int] = [:]
+    /// Stamps claims in arrival order: the full rule forgets a carrier's oldest.
+    var claimOrder: UInt64 = 0
+    /// When the full rule was last logged (at most once a minute: junk can make it fire often).
+    var fullLoggedAt: ContinuousClock.Instant?
+    public let directoryPerCarrier: Int
+
+    struct Claim {
+        var carrier: String
+        var order: UInt64
+    }
+
+    /// The directory as stream → carrier (for tests and logs; allocates).
+    public var directory: [String: String] { claims.mapValues(\.carrier) }
 
     public private(set) var counters = StreamCounters()
     public private(set) var drops = DropCounts()
@@ -186,7 +204,10 @@ public struct StreamRelay: ~Copyable {
         frameScratch = .allocate(byteCount: config.streamMaxData + 128, alignment: 8)
         frames = .allocate(byteCount: max(1, config.streams * config.streamWindow * config.streamMaxData), alignment: 8)
         queueFrames = .allocate(byteCount: max(1, config.streams * Self.queueBytes(config)), alignment: 8)
-        directoryCapacity = config.streams * 8
+        // A gateway carries at most relay.streams streams (docs/relay.md §7.3 asks every gateway
+        // of a building for the same); at least one, so a gateway that carries none itself can
+        // still tell the endpoints of one that does.
+        directoryPerCarrier = max(1, config.streams)
     }
 
     deinit {
@@ -734,15 +755,74 @@ public struct StreamRelay: ~Copyable {
         }
     }
 
-    /// A retained `<prefix>/streams/S/gateway`: who carries stream S (empty: it ended).
-    public mutating func carried(stream id: String, by gateway: String) {
-        if gateway.isEmpty {
-            directory[id] = nil
-        } else if directory[id] != nil || directory.count < directoryCapacity {
-            directory[id] = gateway
-        } else {
-            drops.count("stream-directory-full")
+    /// A message on `<prefix>/streams/S/gateway` (docs/relay.md §7.3, "The stream directory").
+    /// Taken only as a gateway writes it: retained, and either empty (the stream ended: its
+    /// entry goes) or the id of a gateway (docs/config.md `gateway.id`) whose status is online
+    /// (`isOnline`). Anything else is dropped and counted by reason. `retained` is the
+    /// message's retain flag, nil when the connection cannot tell (MQTT 3.1.1 clears it on
+    /// messages to a subscription that exists, §3.3.1.3; MQTT v5 keeps it for a subscription
+    /// made with Retain As Published, §3.8.3.1).
+    ///
+    /// Full: a carrier with `directoryPerCarrier` entries (relay.streams) claims one more. Its
+    /// oldest claim is forgotten, counted as `stream-directory-full`: a gateway says its claims
+    /// again at every reconnect, so the newest are the likeliest to be live. Returns the line to
+    /// log then, naming the knob, at most once a minute.
+    public mutating func carried(stream id: String, payload: [UInt8], retained: Bool?,
+                                 isOnline: (Substring) -> Bool, now: ContinuousClock.Instant) -> String? {
+        guard retained ?? true else {
+            drops.count("stream-carrier-not-retained")
+            return nil
         }
+        guard !payload.isEmpty else {
+            forget(id)
+            return nil
+        }
+        guard Self.isGatewayID(payload) else {
+            drops.count("stream-carrier-malformed")
+            return nil
+        }
+        let carrier = String(decoding: payload, as: UTF8.self)
+        guard isOnline(Substring(carrier)) else {
+            drops.count("stream-carrier-offline")
+            return nil
+        }
+        claimOrder &+= 1  // Proof: 2⁶⁴ claims never arrive.
+        if claims[id]?.carrier == carrier {
+            claims[id]?.order = claimOrder
+            return nil
+        }
+        forget(id)
+        var warning: String?
+        if claimsPerCarrier[carrier, default: 0] >= directoryPerCarrier {
+            var oldest: (id: String, order: UInt64)?
+            for (other, claim) in claims where claim.carrier == carrier && claim.order < (oldest?.order ?? .max) {
+                oldest = (other, claim.order)
+            }
+            // Proof: the carrier has directoryPerCarrier ≥ 1 entries, so one is the oldest.
+            forget(oldest!.id)
+            drops.count("stream-directory-full")
+            if fullLoggedAt.map({ now - $0 >= .seconds(60) }) ?? true {
+                fullLoggedAt = now
+                warning = "gateway \(carrier) claims more than relay.streams (\(directoryPerCarrier)) streams; its oldest claim is"
+                    + " forgotten (junk on …/streams/+/gateway, or a gateway with a larger relay.streams: give every gateway the same)"
+            }
+        }
+        claims[id] = Claim(carrier: carrier, order: claimOrder)
+        claimsPerCarrier[carrier, default: 0] += 1
+        return warning
+    }
+
+    /// Removes stream `id`'s entry, if any.
+    mutating func forget(_ id: String) {
+        guard let old = claims.removeValue(forKey: id) else { return }
+        let left = claimsPerCarrier[old.carrier, default: 1] - 1
+        claimsPerCarrier[old.carrier] = left > 0 ? left : nil
+    }
+
+    /// docs/config.md `gateway.id`: 1–64 of `a-z 0-9 _ -`.
+    static func isGatewayID(_ bytes: [UInt8]) -> Bool {
+        !bytes.isEmpty && bytes.count <= 64
+            && bytes.allSatisfy { (0x61...0x7A).contains($0) || (0x30...0x39).contains($0) || $0 == 0x2D || $0 == 0x5F }
     }
 
     /// A gateway went offline; this one is the first online gateway: tell the endpoints of its
@@ -750,10 +830,10 @@ public struct StreamRelay: ~Copyable {
     /// told too: the `gone` on its `…/S/down` reaches the phone.
     public mutating func gatewayWentOffline(_ gateway: Substring, downTopic: (String) -> String,
                                             gatewayTopic: (String) -> String, mqtt: inout MQTTClient) {
-        for (id, carrier) in directory where carrier == gateway && slot(id, .carrier) == nil {
+        for (id, claim) in claims where claim.carrier == gateway && slot(id, .carrier) == nil {
             publishError(.gone, "gateway \(gateway) went offline", to: downTopic(id), mqtt: &mqtt)
             publishText(gatewayTopic(id), "", retain: true, mqtt: &mqtt)
-            directory[id] = nil
+            forget(id)
             counters.goneForOthers &+= 1
         }
     }

@@ -100,6 +100,18 @@ struct StreamSession: ~Copyable {
     let openTopic: String
     let upTopic: String
     let downTopic: String
+    /// `<prefix>/streams/S/gateway`: who carries the stream (docs/relay.md §7.1).
+    let carrierTopic: String
+    /// `<prefix>/gateways/`, where the carrier's status is.
+    let gatewaysRoot: String
+    /// The carrier `…/S/gateway` names now, whose status we follow (§7.4): its going offline
+    /// ends the stream even when no gateway is left to send error gone.
+    var carrier: String?
+    /// When the carrier's status stopped saying `online`, while connected since. Its end is
+    /// heard `carrierGrace` later: mosquitto sends every client's will when it shuts down
+    /// (a broker restart), just before it closes our connection too, and such an `offline`
+    /// is not the carrier's end. The disconnect forgets it; a real one comes again, retained.
+    var carrierOfflineSince: ContinuousClock.Instant?
     /// `--timeout`: no open frame from a gateway by then, and the stream is given up.
     let timeout: Duration
     let timeoutSeconds: Double
@@ -127,6 +139,8 @@ struct StreamSession: ~Copyable {
     static let openRetry = Duration.seconds(2)
     /// `relay.stream-retry`'s default (docs/relay.md §7.3): the endpoint resends as the gateway does.
     static let retry = Duration.seconds(1)
+    /// How long the carrier's `offline` must stand, connected, before it ends the stream.
+    static let carrierGrace = Duration.seconds(1)
 
     init(client: consuming MQTTClient, device: String, id: String, prefix: String, broker: String,
          window: Int, maxData: Int, timeout seconds: Double, sealer: SealedEnvelope? = nil) {
@@ -141,6 +155,8 @@ struct StreamSession: ~Copyable {
         openTopic = "\(prefix)/stream/\(device)/\(id)"
         upTopic = "\(prefix)/streams/\(id)/up"
         downTopic = "\(prefix)/streams/\(id)/down"
+        carrierTopic = "\(prefix)/streams/\(id)/gateway"
+        gatewaysRoot = "\(prefix)/gateways/"
         timeout = .milliseconds(Int64(seconds * 1000))
         timeoutSeconds = seconds
     }
@@ -186,6 +202,13 @@ struct StreamSession: ~Copyable {
                 }
                 if client.isConnected, let sent = openSentAt, now - sent >= Self.openRetry { publishOpen(now: now) }
             }
+            if let since = carrierOfflineSince, let carrier, client.isConnected, now - since >= Self.carrierGrace {
+                say("gone: gateway \(carrier) went offline (its status says so; docs/relay.md §7.4)")
+                // As when it gives up: a carrier that was only cut off lets its device go when
+                // it is back.
+                send(Self.reset(.cancelled))
+                return end(1)
+            }
             if let at = retryAt, now >= at {
                 if up.inFlight > 0 {
                     resendUp()
@@ -213,6 +236,7 @@ struct StreamSession: ~Copyable {
             if let sent = openSentAt { next = min(next, sent + Self.openRetry) }
         }
         if let r = retryAt { next = min(next, r) }
+        if let since = carrierOfflineSince { next = min(next, since + Self.carrierGrace) }
         guard next > now else { return 0 }
         let left = next - now
         // Rounded up: waking a moment early would only spin a turn.
@@ -228,7 +252,13 @@ struct StreamSession: ~Copyable {
             // A clean session: subscriptions end with the connection (docs/broker.md). The
             // broker handles one connection's packets in order, so the subscription is in
             // place before anything we publish next.
-            do throws(MQTTError) { try client.subscribe(downTopic, qos: 1) } catch {
+            do throws(MQTTError) {
+                try client.subscribe(downTopic, qos: 1)
+                // The carrier's claim, retained: it comes again at once, and with it the
+                // carrier's status below (docs/relay.md §7.4).
+                try client.subscribe(carrierTopic, qos: 1)
+                if let carrier { try client.subscribe(statusTopic(carrier), qos: 1) }
+            } catch {
                 say("subscribing to \(downTopic): \(error)")
                 return nil  // the connection is going; the next .connected tries again
             }
@@ -243,12 +273,40 @@ struct StreamSession: ~Copyable {
             }
         case .refused(let reason), .disconnected(let reason):
             say(reason)
+            carrierOfflineSince = nil
         case .message(let m) where m.topic == downTopic:
             return take(m.payload, now: now)
+        case .message(let m) where m.topic == carrierTopic:
+            carried(by: m.payload)
+        case .message(let m) where carrier.map({ m.topic == statusTopic($0) }) ?? false:
+            // docs/mqtt.md §1: `online`, or the will `offline`; anything else is not online either.
+            carrierOfflineSince = m.payload.elementsEqual("online".utf8) ? nil : (carrierOfflineSince ?? now)
         case .message:
             break
         }
         return nil
+    }
+
+    func statusTopic(_ gateway: String) -> String { gatewaysRoot + gateway + "/status" }
+
+    /// `…/S/gateway` named the stream's carrier (empty: the stream ended there, and its frames
+    /// say how). The watch moves to the named gateway's status.
+    mutating func carried(by payload: [UInt8]) {
+        // A gateway id (docs/config.md `gateway.id`), or nothing to follow.
+        let named = payload.count <= 64 && payload.allSatisfy {
+            (0x61...0x7A).contains($0) || (0x30...0x39).contains($0) || $0 == 0x2D || $0 == 0x5F
+        } ? String(decoding: payload, as: UTF8.self) : ""
+        guard named != (carrier ?? "") else { return }
+        do throws(MQTTError) {
+            if let carrier { try client.unsubscribe(statusTopic(carrier)) }
+            carrier = named.isEmpty ? nil : named
+            carrierOfflineSince = nil
+            if let carrier { try client.subscribe(statusTopic(carrier), qos: 1) }
+        } catch {
+            // The connection is going: the next .connected subscribes to the carrier's status.
+            carrier = named.isEmpty ? nil : named
+            carrierOfflineSince = nil
+        }
     }
 
     mutating func publishOpen(now: ContinuousClock.Instant) {

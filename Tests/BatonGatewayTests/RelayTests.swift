@@ -508,6 +508,142 @@ let streamBroker = ["set_tcp_nodelay true"]
         for g in b.gateways.dropFirst() { #expect(g.stop() == 0) }
     }
 
+    /// docs/relay.md §7.4: `baton stream` watches its carrier's status itself, so the end is
+    /// heard when no gateway is left online to send error gone.
+    @Test func theEndpointHearsItsCarrierGoWithNoGatewayLeftToSayIt() throws {
+        let broker = try MosquittoBroker(extraConfig: streamBroker)
+        let b = try RelayBuilding(name: "stream-alone", brokers: [broker])
+        for g in b.gateways.dropFirst() { #expect(g.stop() == 0) }  // the kitchen and the office
+        try "import sys,time\nwhile True:\n    sys.stdout.buffer.write(b'x'*1024); sys.stdout.flush()\n    time.sleep(0.01)\n"
+            .write(to: b.dir.appendingPathComponent("endless.py"), atomically: true, encoding: .utf8)
+        let run = try ChildProcess("/bin/sh", ["-c", "cd '\(b.dir.path)' && python3 endless.py | ('\(batonBinary.path)' stream \(alice) --broker mqtt://127.0.0.1:\(broker.port) > out.bin 2> err.txt; echo $? > status.txt)"])
+        defer { run.signal(SIGKILL); _ = run.wait(timeout: .seconds(5)) }
+        let flowing = eventually(within: 10) { () -> Bool? in
+            let size = (try? FileManager.default.attributesOfItem(atPath: b.dir.appendingPathComponent("out.bin").path)[.size] as? Int) ?? 0
+            return size > 0 ? true : nil
+        }
+        try #require(flowing != nil, "the stream never flowed")
+        b.gateways[0].kill()  // the hall: the last gateway
+        let status = eventually(within: 10) { () -> String? in
+            (try? String(contentsOf: b.dir.appendingPathComponent("status.txt"), encoding: .utf8)).flatMap { $0.hasSuffix("\n") ? $0 : nil }
+        }
+        let err = (try? String(contentsOf: b.dir.appendingPathComponent("err.txt"), encoding: .utf8)) ?? ""
+        #expect(status?.trimmingCharacters(in: .whitespacesAndNewlines) == "1", "baton stream went on after its gateway died: \(err)")
+        #expect(err.contains("gone: gateway hall went offline (its status says so"), "the endpoint did not hear it: \(err)")
+    }
+
+    /// Issue 16: junk on `<prefix>/streams/<id>/gateway` cannot hide a stream's end
+    /// (docs/relay.md §7.3 "The stream directory", §7.4). 200 junk messages, more than the
+    /// directory of the old rule held (relay.streams × 8 = 128), reach every gateway before a
+    /// real stream opens: not retained, retained but not a gateway id, naming a gateway nobody
+    /// knows, and retained claims naming the online hall and office beyond what a gateway can
+    /// carry (relay.streams = 16 each). Then the hall, carrying the real stream, is killed: the
+    /// kitchen, first online now, still knows the stream and says `gone`, and `baton stream`
+    /// exits with it.
+    @Test func junkOnTheStreamDirectoryCannotHideAStreamsEnd() throws {
+        let broker = try MosquittoBroker(extraConfig: streamBroker)
+        let b = try RelayBuilding(name: "stream-junk", brokers: [broker])
+        let downs = b.dir.appendingPathComponent("downs.txt")
+        let sub = try ChildProcess("/usr/bin/mosquitto_sub", ["-h", "127.0.0.1", "-p", "\(broker.port)", "-v",
+                                                              "-F", "%t %x", "-t", "baton/streams/+/down"],
+                                   stdout: downs.path)
+        defer { sub.signal(SIGKILL); _ = sub.wait(timeout: .seconds(5)) }
+
+        // One line per junk message: retain flag, stream id, payload in hex.
+        var junk: [(retain: Bool, id: String, payload: [UInt8])] = []
+        var random = SystemRandomNumberGenerator()
+        func id() -> String { String(format: "%016llx", UInt64.random(in: .min ... .max, using: &random)) }
+        for i in 0 ..< 100 { junk.append((false, id(), Array(["hall", "kitchen", "office"][i % 3].utf8))) }
+        for i in 0 ..< 40 {
+            let bad: [[UInt8]] = [Array("Hall".utf8), Array("hall/x".utf8), [0xFF, 0x00, 0x68], Array(repeating: 0x61, count: 65),
+                                  Array("hall ".utf8)]
+            junk.append((true, id(), bad[i % bad.count]))
+        }
+        for i in 0 ..< 20 { junk.append((true, id(), Array("ghost-\(i)".utf8))) }
+        for _ in 0 ..< 20 { junk.append((true, id(), Array("hall".utf8))) }
+        for _ in 0 ..< 20 { junk.append((true, id(), Array("office".utf8))) }
+        let lines = junk.map { "\($0.retain ? 1 : 0) \($0.id) \($0.payload.map { String(format: "%02x", $0) }.joined())" }
+        try (lines.joined(separator: "\n") + "\n").write(to: b.dir.appendingPathComponent("junk.txt"), atomically: true, encoding: .utf8)
+        // MQTT 3.1.1 by hand (§3.1 CONNECT, §3.3 PUBLISH at QoS 0, §3.12 PINGREQ): the ping's
+        // answer says the broker has read every publish before it.
+        try """
+            import socket,sys
+            def rl(n):
+                out=b''
+                while True:
+                    d=n%128; n//=128
+                    out+=bytes([d|128 if n else d])
+                    if not n: return out
+            def pkt(t,body): return bytes([t])+rl(len(body))+body
+            def st(b): return len(b).to_bytes(2,'big')+b
+            s=socket.create_connection(('127.0.0.1',int(sys.argv[1])))
+            s.sendall(pkt(0x10,st(b'MQTT')+bytes([4,2])+(60).to_bytes(2,'big')+st(b'junk')))
+            assert s.recv(4)[:2]==b'\\x20\\x02'
+            for line in open('junk.txt'):
+                r,i,h=(line.split()+[''])[:3]
+                s.sendall(pkt(0x30|int(r),st(('baton/streams/%s/gateway'%i).encode())+bytes.fromhex(h)))
+            s.sendall(b'\\xc0\\x00')
+            assert s.recv(2)==b'\\xd0\\x00'
+            s.sendall(b'\\xe0\\x00')
+            """.write(to: b.dir.appendingPathComponent("junk.py"), atomically: true, encoding: .utf8)
+        #expect(try shell("python3 junk.py \(broker.port)", in: b.dir) == 0, "the junk was not published")
+        // The junk reaches the gateways before the real stream's claim does.
+        usleep(500_000)
+
+        try "import sys,time\nwhile True:\n    sys.stdout.buffer.write(b'x'*1024); sys.stdout.flush()\n    time.sleep(0.01)\n"
+            .write(to: b.dir.appendingPathComponent("endless.py"), atomically: true, encoding: .utf8)
+        let run = try ChildProcess("/bin/sh", ["-c", "cd '\(b.dir.path)' && python3 endless.py | ('\(batonBinary.path)' stream \(alice) --broker mqtt://127.0.0.1:\(broker.port) > out.bin 2> err.txt; echo $? > status.txt)"])
+        defer { run.signal(SIGKILL); _ = run.wait(timeout: .seconds(5)) }
+        let flowing = eventually(within: 10) { () -> Bool? in
+            let size = (try? FileManager.default.attributesOfItem(atPath: b.dir.appendingPathComponent("out.bin").path)[.size] as? Int) ?? 0
+            return size > 0 ? true : nil
+        }
+        try #require(flowing != nil, "the stream never flowed: \((try? String(contentsOf: b.dir.appendingPathComponent("err.txt"), encoding: .utf8)) ?? "")")
+        // The real stream: the one the hall claims that is not junk.
+        let junkIDs = Set(junk.map(\.id))
+        let stream = try #require(eventually(within: 5) { () -> String? in
+            let retained = (try? broker.retained("baton/streams/+/gateway")) ?? [:]
+            return retained.first { $0.value == Array("hall".utf8) && !junkIDs.contains($0.key.split(separator: "/")[2].description) }
+                .map { String($0.key.split(separator: "/")[2]) }
+        }, "the hall never claimed the stream")
+
+        b.gateways[0].kill()  // the hall, alice's room and the stream's carrier
+        let killed = ContinuousClock.now
+        let status = eventually(within: 10) { () -> String? in
+            (try? String(contentsOf: b.dir.appendingPathComponent("status.txt"), encoding: .utf8)).flatMap { $0.hasSuffix("\n") ? $0 : nil }
+        }
+        let took = ContinuousClock.now - killed
+        let err = (try? String(contentsOf: b.dir.appendingPathComponent("err.txt"), encoding: .utf8)) ?? ""
+        #expect(status?.trimmingCharacters(in: .whitespacesAndNewlines) == "1", "baton stream went on after its gateway died (\(took)): \(err)")
+        #expect(err.contains("gone: gateway hall went offline"), "the endpoint was not told: \(err)")
+        // The kitchen, first online now, knew the stream despite the junk and said gone on its
+        // …/down (error 06, docs/protocol.md §5.4).
+        let told = eventually(within: 5) { () -> Bool? in
+            let text = (try? String(contentsOf: downs, encoding: .utf8)) ?? ""
+            return text.split(separator: "\n").contains { $0.hasPrefix("baton/streams/\(stream)/down 1506") } ? true : nil
+        }
+        #expect(told != nil, "the kitchen did not tell stream \(stream) gone: \(b.gateways[1].log)")
+
+        // Every junk message was counted by the kitchen, by reason; the claims beyond what a
+        // gateway carries replaced that gateway's oldest.
+        // Stats written after the kitchen told the hall's streams gone: the real one and the 15
+        // junk claims naming the hall that it kept with it.
+        var last: [String: Any]?
+        let streams = eventually(within: 10) { () -> [String: Any]? in
+            let s = json((try? broker.retained("baton/gateways/kitchen/stats"))?["baton/gateways/kitchen/stats"] ?? [])
+            last = (s?["relay"] as? [String: Any])?["streams"] as? [String: Any]
+            return (last?["gone_for_others"] as? Int ?? 0) > 0 ? last : nil
+        }
+        #expect(streams?["gone_for_others"] as? Int == 16, "\(last.map { "\($0)" } ?? "no stats")")
+        let drops = streams?["drops"] as? [String: Any]
+        #expect(drops?["stream-carrier-not-retained"] as? Int == 100, "\(last.map { "\($0)" } ?? "no stats")")
+        #expect(drops?["stream-carrier-malformed"] as? Int == 40, "\(last.map { "\($0)" } ?? "no stats")")
+        #expect(drops?["stream-carrier-offline"] as? Int == 20, "\(last.map { "\($0)" } ?? "no stats")")
+        #expect(drops?["stream-directory-full"] as? Int == 9, "\(last.map { "\($0)" } ?? "no stats")")
+        #expect(b.gateways[1].log.contains("relay.streams"), "the full rule was not logged naming its knob: \(b.gateways[1].log)")
+        for g in b.gateways.dropFirst() { #expect(g.stop() == 0) }
+    }
+
     /// Garbage on the stream topics is answered with an error frame or counted, and the
     /// gateway goes on carrying the stream that was open. `relay.streams: 1` makes the
     /// second open one too many.

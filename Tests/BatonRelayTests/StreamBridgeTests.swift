@@ -614,7 +614,7 @@ struct StreamBridgeTests {
     func carrierOffline() throws {
         let rig = try Rig()
         try rig.openBridge("s1", pixel)
-        rig.relay.carried(stream: "s1", by: "hall")
+        _ = rig.relay.carried(stream: "s1", payload: Array("hall".utf8), retained: true, isOnline: { _ in true }, now: .now)
         rig.relay.gatewayWentOffline("hall", downTopic: { topics($0).down }, gatewayTopic: { topics($0).gateway },
                                      mqtt: &rig.gateway)
         try rig.waitPhoneClosed(pixel)

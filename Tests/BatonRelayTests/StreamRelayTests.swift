@@ -86,6 +86,8 @@ private final class Rig {
     /// What the gateway's ownership rules say about the next opens (docs/relay.md §7.2):
     /// nil, the device is this gateway's to reach.
     var refusal: String?
+    /// The gateways whose status is online, as the ownership rules would say (docs/rooms.md §4).
+    var online: Set<String> = [gatewayID, "kitchen"]
     /// Everything the endpoint received on `baton/streams/+/down`, in order.
     private(set) var downMessages: [MQTTMessage] = []
     /// What the endpoint saw on each stream's `…/gateway`, in order ("" = cleared).
@@ -122,7 +124,7 @@ private final class Rig {
                      sourceLocation: sourceLocation)
         probes.removeAll()
         try gateway.subscribe("baton/stream/+/+", qos: 1)
-        try gateway.subscribe("baton/streams/+/gateway", qos: 1)
+        try gateway.subscribe("baton/streams/+/gateway", qos: 1, retainAsPublished: true)
         try gateway.subscribe("probe/gateway", qos: 1)
         try endpoint.subscribe("baton/streams/+/down", qos: 1)
         try endpoint.subscribe("baton/streams/+/gateway", qos: 1)
@@ -219,7 +221,8 @@ private final class Rig {
             } else if level.count == 4, level[1] == "streams", level[3] == "up" {
                 if !relay.fromEndpoint(id: level[2], m.payload, now: now, mqtt: &gateway) { relay.dropped("stream-unknown") }
             } else if level.count == 4, level[1] == "streams", level[3] == "gateway" {
-                relay.carried(stream: level[2], by: String(decoding: m.payload, as: UTF8.self))
+                _ = relay.carried(stream: level[2], payload: m.payload, retained: m.retained,
+                                  isOnline: { online.contains(String($0)) }, now: now)
             }
         default:
             break
@@ -848,10 +851,17 @@ struct StreamRelayTests {
         // kitchen's streams, as its retained messages say.
         try rig.broker.publish(topic: "baton/streams/k1/gateway", payload: utf8("kitchen"), retain: true)
         try rig.broker.publish(topic: "baton/streams/k2/gateway", payload: utf8("kitchen"), retain: true)
+        // Junk on the directory's topic (§7.3 "The stream directory"): not retained, and retained
+        // but naming a gateway that is not online. Neither is taken.
+        try rig.broker.publish(topic: "baton/streams/j1/gateway", payload: utf8("kitchen"), retain: false)
+        try rig.broker.publish(topic: "baton/streams/j2/gateway", payload: utf8("ghost"), retain: true)
         try #require(rig.run { rig.relay.directory == ["h1": "hall", "k1": "kitchen", "k2": "kitchen"] },
                      "directory: \(rig.relay.directory)")
+        rig.settle()
+        #expect(rig.relay.directory == ["h1": "hall", "k1": "kitchen", "k2": "kitchen"])
+        #expect(rig.drops("stream-carrier-not-retained") == 1 && rig.drops("stream-carrier-offline") == 1)
         // A stale entry naming kitchen for a stream this gateway carries now.
-        rig.relay.carried(stream: "h1", by: "kitchen")
+        _ = rig.relay.carried(stream: "h1", payload: utf8("kitchen"), retained: true, isOnline: { _ in true }, now: rig.now)
 
         rig.relay.gatewayWentOffline("kitchen", downTopic: { topics($0).down }, gatewayTopic: { topics($0).gateway },
                                      mqtt: &rig.gateway)
@@ -861,7 +871,8 @@ struct StreamRelayTests {
         for id in ["k1", "k2"] {
             #expect(rig.down(id) == [frame("15 06") + utf8("gateway kitchen went offline")])
         }
-        #expect(try rig.retainedCarriers() == ["baton/streams/h1/gateway": "hall"])
+        // The retained junk stays on the broker, untaken.
+        #expect(try rig.retainedCarriers() == ["baton/streams/h1/gateway": "hall", "baton/streams/j2/gateway": "ghost"])
         #expect(rig.relay.counters.goneForOthers == 2)
         #expect(rig.relay.directory["k1"] == nil && rig.relay.directory["k2"] == nil)
         // h1 goes on.
@@ -870,22 +881,77 @@ struct StreamRelayTests {
         #expect(!rig.devices.isClosed(reader.link))
     }
 
-    @Test("Capacity: the directory of carried streams (relay.streams × 8) + 1 is dropped and counted")
-    func directoryPlusOne() {
-        var relay = StreamRelay(config: RelayConfig(streams: 1), link: nil, gatewayID: gatewayID)
-        #expect(relay.directoryCapacity == 8)
-        for i in 0 ..< 8 { relay.carried(stream: "k\(i)", by: "kitchen") }
-        relay.carried(stream: "k8", by: "kitchen")
-        #expect(relay.directory.count == 8)
-        #expect(relay.directory["k8"] == nil)
+    // MARK: §7.3 the stream directory
+
+    @Test("§7.3 the stream directory: only a retained claim naming an online gateway is taken; junk is dropped by reason; an empty retained claim removes the entry")
+    func directoryTakesOnlyWhatGatewaysWrite() {
+        var relay = StreamRelay(config: RelayConfig(streams: 2), link: nil, gatewayID: gatewayID)
+        let online: (Substring) -> Bool = { $0 == "kitchen" || $0 == "hall" }
+        let now = ContinuousClock.now
+        func claim(_ id: String, _ payload: [UInt8], retained: Bool? = true) {
+            #expect(relay.carried(stream: id, payload: payload, retained: retained, isOnline: online, now: now) == nil)
+        }
+        claim("n1", utf8("kitchen"), retained: false)           // not retained
+        claim("m1", utf8("Kitchen"))                            // upper case
+        claim("m2", utf8("kitchen "))                           // a space
+        claim("m3", utf8("kit/chen"))                           // a topic level
+        claim("m4", [0xFF, 0x00])                               // not UTF-8
+        claim("m5", Array(repeating: 0x61, count: 65))          // 65 characters
+        claim("o1", utf8("office"))                             // unknown here
+        claim("o2", utf8("ghost"))                              // or offline: the same
+        #expect(relay.directory.isEmpty)
+        #expect(relay.drops.sorted.map { "\($0.reason)=\($0.count)" }
+                == ["stream-carrier-malformed=5", "stream-carrier-not-retained=1", "stream-carrier-offline=2"])
+
+        claim("k1", utf8("kitchen"))
+        claim("h1", utf8("hall"), retained: nil)                // MQTT 3.1.1: the flag cannot say
+        claim("x1", Array(repeating: 0x61, count: 64))          // 64 characters, but not online
+        #expect(relay.directory == ["k1": "kitchen", "h1": "hall"])
+        // An empty claim ends the entry only when retained; a stream nobody knows is no drop.
+        claim("k1", [], retained: false)
+        #expect(relay.directory["k1"] == "kitchen")
+        claim("k1", [])
+        claim("zz", [])
+        #expect(relay.directory == ["h1": "hall"])
+        #expect(relay.drops.total == 10)
+    }
+
+    @Test("Capacity: relay.streams entries per carrier; + 1 forgets that carrier's oldest, counted and logged naming relay.streams; other carriers keep theirs")
+    func directoryPerCarrierPlusOne() {
+        var relay = StreamRelay(config: RelayConfig(streams: 3), link: nil, gatewayID: gatewayID)
+        #expect(relay.directoryPerCarrier == 3)
+        var now = ContinuousClock.now
+        func claim(_ id: String, _ carrier: String) -> String? {
+            relay.carried(stream: id, payload: utf8(carrier), retained: true, isOnline: { _ in true }, now: now)
+        }
+        for i in 0 ..< 3 { #expect(claim("k\(i)", "kitchen") == nil) }
+        #expect(claim("h0", "hall") == nil)
+        // At capacity: nothing dropped. A carrier's claim said again refreshes it (k0 is now
+        // kitchen's newest), and takes no room.
+        #expect(relay.drops.total == 0)
+        #expect(claim("k0", "kitchen") == nil)
+        #expect(relay.directory.count == 4)
+
+        // Capacity + 1: kitchen's oldest, k1, goes; hall's entry stays.
+        let line = claim("k3", "kitchen")
+        #expect(line?.contains("relay.streams (3)") == true, "\(line ?? "no log line")")
+        #expect(relay.directory == ["k0": "kitchen", "k2": "kitchen", "k3": "kitchen", "h0": "hall"])
         #expect(relay.drops.sorted.map(\.reason) == ["stream-directory-full"])
-        // A stream already known moves without room; an ended one frees its entry.
-        relay.carried(stream: "k0", by: "study")
-        #expect(relay.directory["k0"] == "study")
-        relay.carried(stream: "k1", by: "")
-        relay.carried(stream: "k8", by: "kitchen")
-        #expect(relay.directory["k8"] == "kitchen")
-        #expect(relay.directory.count == 8)
-        #expect(relay.drops.total == 1)
+        // Again within a minute: counted, not logged; then k2 goes.
+        #expect(claim("k4", "kitchen") == nil)
+        #expect(relay.directory["k2"] == nil && relay.directory.count == 4)
+        #expect(relay.drops.total == 2)
+        now += .seconds(61)
+        #expect(claim("k5", "kitchen") != nil)
+
+        // A stream that moves to another carrier leaves kitchen's count: room for one more.
+        #expect(claim("k3", "hall") == nil)
+        #expect(claim("k6", "kitchen") == nil)
+        #expect(relay.drops.total == 3)
+        // 200 claims from one carrier: the directory stays at relay.streams for it.
+        for i in 0 ..< 200 { _ = claim("j\(i)", "kitchen") }
+        #expect(relay.directory.filter { $0.value == "kitchen" }.count == 3)
+        #expect(relay.directory.filter { $0.value == "hall" }.count == 2)
+        #expect(relay.drops.total == 203)
     }
 }
