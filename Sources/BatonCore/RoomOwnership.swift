@@ -166,6 +166,8 @@ public struct RoomOwnership: ~Copyable {
         /// Gateway indices; -1: none.
         var owner: Int32 = -1
         var challenger: Int32 = -1
+        /// The gateway whose device the owner took over (reason `takeover`); -1 otherwise.
+        var standInFor: Int32 = -1
         /// When the challenger's lead began; nil without a challenger.
         var leadSince: Instant?
         /// The first and the latest non-nil sighting from any gateway. Valid while `inUse`: an
@@ -197,6 +199,8 @@ public struct RoomOwnership: ~Copyable {
     private var deadline: Instant?
     /// Until then, an owner not heard from since the last `rejoin` is unknown, not gone.
     private var rejoinUntil: Instant?
+    /// The last `rejoin`: a status `offline` from before it is old news too.
+    private var rejoinedAt: Instant?
 
     /// `selfID` is this gateway's id, `selfSince` its run's start (unix ms, the `since` of its
     /// own sightings). Allocates every table once. Capacities outside 1…2²⁴ (devices) and
@@ -330,6 +334,7 @@ public struct RoomOwnership: ~Copyable {
             devices[d].challenger = -1
             devices[d].leadSince = nil
         }
+        rejoinedAt = now
         rejoinUntil = now + config.sightingInterval
         lower(rejoinUntil)
     }
@@ -371,6 +376,14 @@ public struct RoomOwnership: ~Copyable {
 
     /// True when this gateway owns the device.
     public func owns(_ device: UInt64) -> Bool { owner(of: device) == selfSlot }
+
+    /// True when this gateway owns the device because it took it over from another gateway
+    /// (reason `takeover`), rather than by settling on it or being stronger: it stands in
+    /// for a room that went offline or stopped hearing it (docs/rooms.md §7).
+    public func standsIn(for device: UInt64) -> Bool {
+        guard let d = index.find(device) else { return false }
+        return devices[Int(d)].owner == 0 && devices[Int(d)].standInFor >= 0
+    }
 
     public func id(of slot: GatewaySlot) -> String { ids[slot.index] }
 
@@ -490,9 +503,13 @@ public struct RoomOwnership: ~Copyable {
             }
         } else if c.best >= 0 {
             // An owner not heard from since this gateway rejoined is unknown, not gone: it
-            // keeps the device until the window closes (docs/rooms.md §7).
-            let owner = Int(e.owner)
-            if !(gateways[owner].online && !gateways[owner].heard && isRejoining(now: now)) {
+            // keeps the device until the window closes (docs/rooms.md §7). So is one whose
+            // `offline` came before the rejoin: a broker that shuts down delivers every
+            // client's will on the way, and the gateway may be back already. An `offline`
+            // since the rejoin is news: taken over at once.
+            let g = gateways[Int(e.owner)]
+            let goneSinceRejoin = !g.online && (g.offlineSince.map { t in rejoinedAt.map { t >= $0 } ?? true } ?? true)
+            if !(isRejoining(now: now) && !g.heard && !goneSinceRejoin) {
                 e.owner = Int32(c.best)
                 reason = .takeover
             }
@@ -500,6 +517,7 @@ public struct RoomOwnership: ~Copyable {
         if reason != nil {
             e.challenger = -1
             e.leadSince = nil
+            e.standInFor = reason == .takeover ? from : -1
         }
         devices[d] = e
         if let reason {

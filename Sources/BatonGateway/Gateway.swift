@@ -100,6 +100,9 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     var radioRetryAt: ContinuousClock.Instant?
     var nextStats: ContinuousClock.Instant
     var mqttEvents: [MQTTEvent]
+    /// When the rejoin window of the last connect closes: the devices this gateway stands in
+    /// for, left out of the connect's republish, go out then if it still owns them.
+    var standInsDue: ContinuousClock.Instant?
     var announcedFinish = false
     let statsScratch: UnsafeMutableRawBufferPointer
     /// How long after a radio error the source is started again.
@@ -286,6 +289,9 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         if publisher.mqtt.isConnected, let due = publisher.nextOrphanDeadline, due <= now {
             publisher.clearOrphans(table: table, apple: apple, ownership: ownership, now: now)
         }
+        if publisher.mqtt.isConnected, let due = standInsDue, due <= now {
+            republishStandIns()
+        }
         if publisher.mqtt.isConnected, let due = publisher.nextCorrection, due <= now {
             publisher.correct(table: table, ownership: ownership, now: now)
         }
@@ -323,6 +329,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         if publisher.mqtt.isConnected {
             consider(publisher.nextOrphanDeadline)
             consider(publisher.nextCorrection)
+            consider(standInsDue)
             consider(publisher.retainedScanEnds)
             consider(nextSightingCheck)
         }
@@ -478,6 +485,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
                 // What this gateway knew of the building's sightings is from before the
                 // outage (docs/rooms.md §7).
                 ownership.rejoin(now: now)
+                standInsDue = now + config.rooms.sightingInterval
                 publisher.connected(table: table, apple: apple, ownership: ownership, now: now)
                 publishStats(now: now)
                 sightings.reset()
@@ -727,6 +735,16 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
             }
         }
         ownershipChanges.removeAll(keepingCapacity: true)
+    }
+
+    /// The rejoin window closed: what this gateway still stands in for is its to publish
+    /// (docs/rooms.md §7); a room that came back in the window has taken its devices back.
+    mutating func republishStandIns() {
+        standInsDue = nil
+        table.forEach { a in
+            guard ownership.owns(a.deviceID), ownership.standsIn(for: a.deviceID) else { return }
+            publisher.tookOver(a)
+        }
     }
 
     /// The named Apple device that rooms know as `roomsID`, if this gateway holds it.

@@ -376,7 +376,11 @@ public struct Publisher: ~Copyable {
         pending.removeAll(keepingCapacity: true)
         for owedClear in owed { clear(owedClear.topic, removeDiscovery: owedClear.removeDiscovery) }
         table.forEach { a in
-            guard ownership.owns(a.deviceID) else { return }
+            // A device this gateway only stands in for waits for the rejoin window: its room
+            // may come back in it (the wills a broker sends as it shuts down make every
+            // gateway stand in for the others on the way down), and is published then if not
+            // (Gateway.republishStandIns, docs/rooms.md §7).
+            guard ownership.owns(a.deviceID), !ownership.standsIn(for: a.deviceID) else { return }
             // An invalidated device keeps its Home Assistant entities (docs/mqtt.md §4).
             publishDeviceDiscovery(a.deviceID)
             if a.state == .current { publishActivity(a) }

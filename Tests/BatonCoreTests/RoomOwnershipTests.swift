@@ -409,6 +409,24 @@ struct RoomOwnershipTests {
         #expect(b.changes.last?.at == at(7))
     }
 
+    /// A broker that shuts down (SIGTERM) delivers every client's will on its way down: the
+    /// `offline` this gateway saw before it rejoined is old news, the owner may be back.
+    @Test func anOfflineFromBeforeTheRejoinDoesNotHandTheDeviceOver() {
+        var b = Building(online: ["a", "b"], onlineAt: at(-10))
+        b.see("b", -50, at: at(0))
+        b.tick(from: 0, to: 1.5)
+        b.status("b", online: false, at: at(2))  // b's will, as the broker went down
+        // nobody hears the device now (its sightings stopped with the broker): b stays owner
+        b.rule.rejoin(now: at(5))
+        b.see("a", -70, at: at(5.1))
+        b.tick(from: 5.1, to: 5.9)
+        #expect(b.owner() == "b", "b's offline came before the rejoin: unknown, not gone")
+        b.status("b", online: true, at: at(6))
+        b.see("b", -50, at: at(6.1))
+        b.tick(from: 6.1, to: 10)
+        #expect(b.story == ["-→b settled"])
+    }
+
     @Test func anOwnerThatWentOfflineDuringTheWindowIsTakenOverAtOnce() {
         var b = Building(online: ["a", "b"], onlineAt: at(-10))
         b.see("b", -50, at: at(0))
@@ -434,6 +452,23 @@ struct RoomOwnershipTests {
         b.see("a", -45, at: at(22.2))
         #expect(b.story == ["-→a settled", "a→b takeover", "b→a returned"])
         #expect(b.changes.last?.at == at(22.2))
+    }
+
+    @Test func aGatewayKnowsWhichDevicesItOnlyStandsInFor() {
+        var b = Building(me: "b", online: ["a", "b"], onlineAt: at(-10))
+        b.see("a", -45, at: at(0))
+        b.see("b", -75, at: at(0))
+        b.see("b", -50, device: 7, at: at(0))
+        b.tick(from: 0, to: 1.5)
+        #expect(b.rule.standsIn(for: phone) == false)
+        #expect(b.rule.standsIn(for: 7) == false)
+        b.status("a", online: false, at: at(2))
+        #expect(b.rule.standsIn(for: phone) == true, "taken over from a: b stands in for its room")
+        #expect(b.rule.standsIn(for: 7) == false, "settled on b: its own")
+        b.status("a", online: true, at: at(3))
+        b.see("a", -45, at: at(3.1))
+        #expect(b.owner() == "a")
+        #expect(b.rule.standsIn(for: phone) == false)
     }
 
     @Test func aReturnedGatewayStillNeedsTheMargin() {

@@ -11,14 +11,17 @@ import Foundation
 import Testing
 
 @Suite(.serialized) struct FaultTests {
-    /// Issue 16 case 1: mosquitto killed (-9) and started again on its port 3 s later, twice.
-    /// Without persistence the broker returns empty; every gateway reconnects and must
-    /// republish exactly what it owns, and nothing it does not.
-    @Test func brokerKilledAndRestartedTwiceLeavesTheTruth() throws {
+    /// Issue 16 case 1: mosquitto killed (-9) and started again on its port 3 s later, twice;
+    /// then stopped as `systemctl restart mosquitto` does (SIGTERM), which also delivers every
+    /// gateway's will `offline` to whoever is still connected, so the gateways see each other
+    /// leave and take each other's devices on the way down. Without persistence the broker
+    /// returns empty; every gateway reconnects and must republish exactly what it owns, and
+    /// nothing it does not.
+    @Test func brokerKilledTwiceThenStoppedLeavesTheTruthEachTime() throws {
         let rig = try FaultRig("broker-restart", duration: 90)
         try #require(try rig.settled(), "the building never held the truth before the fault")
-        for round in 1...2 {
-            rig.broker.kill()
+        for round in 1...3 {
+            if round < 3 { rig.broker.kill() } else { rig.broker.stop() }
             sleep(3)
             try rig.broker.restart()
             let returned = Date()
