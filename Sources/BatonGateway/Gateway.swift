@@ -132,7 +132,6 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
             discovery: config.discovery, appleAddresses: config.appleAddresses, orphanGrace: config.table.expiry,
             ownedCapacity: config.table.capacity + config.apple.capacity, log: log)
         self.publisher.keyedGroup = keys.verifier?.groupHash
-        self.publisher.correctAfter = config.rooms.settle
         self.publisher.appleNames = config.appleIRKs.map(\.name)
         var rooms = config.rooms
         rooms.forgetAfter = config.table.expiry

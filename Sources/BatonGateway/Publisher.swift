@@ -76,10 +76,13 @@ public struct Publisher: ~Copyable {
     private var published: [UInt64: UInt64]
     /// Owned devices whose retained activity was seen to say otherwise, and since when.
     private var disputes: [UInt64: ContinuousClock.Instant]
-    /// How long a disagreement may stand before the owner publishes again: `rooms.settle`,
-    /// the time the rule gives every gateway's sightings to arrive, so a hand-over that the
-    /// other gateways have already made and this one is about to make is not fought over.
-    public var correctAfter: Duration = .seconds(1)
+    /// How long a disagreement may stand before the owner publishes again. Gateways that
+    /// receive the same sightings decide a hand-over within milliseconds of each other
+    /// (docs/rooms.md §3 "How far the gateways agree"), so a quarter second lets one that the
+    /// others have already made pass without a fight, and bounds a fight (two gateways that
+    /// both believe they own a device, until the next heartbeat) to four messages a second;
+    /// a message that libmosquitto resent from before an outage is corrected within it.
+    public static let correctAfter: Duration = .milliseconds(250)
 
     public init(mqtt: consuming MQTTClient, topics: Topics, origin: Payloads.Origin, clock: WallClock, version: String,
                 discovery: Bool, appleAddresses: Bool, orphanGrace: Duration, ownedCapacity: Int, log: Logger) {
@@ -474,7 +477,7 @@ public struct Publisher: ~Copyable {
 
     /// A message on an activity topic, retained or live (docs/rooms.md §7): for a device this
     /// gateway owns and has published, anything but what it published last is a disagreement,
-    /// corrected after `correctAfter` unless a matching message comes first.
+    /// corrected after `Publisher.correctAfter` unless a matching message comes first.
     public mutating func observed(_ message: MQTTMessage, now: ContinuousClock.Instant) {
         guard let id = topics.deviceID(inActivityTopic: message.topic), let mine = published[id] else { return }
         if Self.digest(message.payload) == mine {
@@ -492,14 +495,14 @@ public struct Publisher: ~Copyable {
 
     /// When the first disagreement is due to be corrected.
     public var nextCorrection: ContinuousClock.Instant? {
-        disputes.values.min().map { $0 + correctAfter }
+        disputes.values.min().map { $0 + Self.correctAfter }
     }
 
     /// Publishes again, from the owner, every activity whose disagreement has stood for
-    /// `correctAfter` and that this gateway still owns and holds current.
+    /// `Publisher.correctAfter` and that this gateway still owns and holds current.
     public mutating func correct(table: borrowing ActivityTable, ownership: borrowing RoomOwnership,
                                  now: ContinuousClock.Instant) {
-        let due = disputes.filter { $0.value + correctAfter <= now }.map(\.key)
+        let due = disputes.filter { $0.value + Self.correctAfter <= now }.map(\.key)
         for id in due {
             disputes[id] = nil
             guard ownership.owns(id), let a = table.activity(deviceID: id), a.state == .current else {

@@ -365,11 +365,24 @@ final class FaultRig {
             return
         }
         report(String(format: "%@: retained == truth first %.2f s after the return; %@", what, seconds, published))
-        #expect(seconds <= 2, "\(label) \(what): converged after \(seconds) s, the issue asks for 2 s",
+        // Converged means equal from then on: a wrong message that lands after the first
+        // equal reading (one libmosquitto resent from before the outage, say) and is corrected
+        // moves the convergence to the next equal reading. At most three such transients.
+        var converged = seconds
+        var problems = try stays(for: hold, watcher: watcher, from: watcher.ordered.count)
+        var transients = 0
+        while !problems.isEmpty, transients < 3 {
+            transients += 1
+            report("\(what): a transient after \(String(format: "%.2f s", converged)):\n  \(problems.joined(separator: "\n  "))")
+            guard let again = try convergence(since: returned, bound: bound).seconds else { break }
+            converged = again
+            problems = try stays(for: hold, watcher: watcher, from: watcher.ordered.count)
+        }
+        report(String(format: "%@: converged %.2f s after the return (%d transient%@), %@ for %d s", what, converged,
+                      transients, transients == 1 ? "" : "s", problems.isEmpty ? "stayed equal" : "did NOT stay equal",
+                      Int(hold)))
+        #expect(converged <= 2, "\(label) \(what): equal for good only \(converged) s after the return, the issue asks for 2 s",
                 sourceLocation: sourceLocation)
-        let from = watcher.ordered.count
-        let problems = try stays(for: hold, watcher: watcher, from: from)
-        report("\(what): \(problems.isEmpty ? "stayed equal" : "did NOT stay equal") for \(Int(hold)) s")
         #expect(problems.isEmpty, "\(label) \(what): after converging:\n\(problems.joined(separator: "\n"))",
                 sourceLocation: sourceLocation)
     }
