@@ -149,9 +149,6 @@ public struct RoomOwnership: ~Copyable {
         var onlineSince: Instant?
         /// When its status last turned offline (orphans, docs/mqtt.md §5).
         var offlineSince: Instant?
-        /// A sighting from it was accepted since this gateway last (re)joined the broker: its
-        /// evidence is known, not merely old (docs/rooms.md §7).
-        var heard = false
         /// Position of the id among the registered ones, byte-wise: the tie-break (rank 0 wins).
         var rank = 0
         /// The last accepted sighting's `since` and `n` (docs/rooms.md §5 "Replayed").
@@ -180,6 +177,9 @@ public struct RoomOwnership: ~Copyable {
     struct Cell {
         var arrived: Instant?
         var rssi: Int8 = 0
+        /// Nothing from that gateway about this device since the last `rejoin`: what it said
+        /// before is unknown now, not weaker (docs/rooms.md §7).
+        var unknown = false
     }
 
     private let selfSince: Int64
@@ -296,7 +296,6 @@ public struct RoomOwnership: ~Copyable {
         if entry == nil && s.rssi != nil && free.isEmpty { return drop(.devicesFull) }
 
         gateways[g].accepted = true
-        gateways[g].heard = true
         gateways[g].lastSince = s.since
         gateways[g].lastN = s.n
         counters.sightingsAccepted &+= 1
@@ -313,6 +312,7 @@ public struct RoomOwnership: ~Copyable {
             devices[d].lastSighted = now
         } else {
             cells[cell].arrived = nil
+            cells[cell].unknown = false
         }
         lower(evaluate(d, now: now, onChange))
         return nil
@@ -323,14 +323,13 @@ public struct RoomOwnership: ~Copyable {
     /// or this gateway may have been frozen while the building moved on. So every earlier
     /// sighting becomes unknown (not weaker), and for one `sightingInterval` (a heartbeat: every
     /// gateway that is there and hears a device has said so by then) a device whose owner has
-    /// not been heard from since is not taken over. After that the rule runs as always: an
+    /// said nothing of it since is not taken over. After that the rule runs as always: an
     /// owner still silent is gone, and the best gateway hearing its devices takes them.
     public mutating func rejoin(now: Instant) {
         let now = clock.clamp(now)
-        for g in gateways.indices { gateways[g].heard = false }
         for d in 0 ..< config.capacity where devices[d].inUse {
             let row = d * config.gateways
-            for g in 0 ..< config.gateways { cells[row + g].arrived = nil }
+            for g in 0 ..< config.gateways { cells[row + g] = Cell(arrived: nil, rssi: 0, unknown: true) }
             devices[d].challenger = -1
             devices[d].leadSince = nil
         }
@@ -509,7 +508,8 @@ public struct RoomOwnership: ~Copyable {
             // since the rejoin is news: taken over at once.
             let g = gateways[Int(e.owner)]
             let goneSinceRejoin = !g.online && (g.offlineSince.map { t in rejoinedAt.map { t >= $0 } ?? true } ?? true)
-            if !(isRejoining(now: now) && !g.heard && !goneSinceRejoin) {
+            let unknown = cells[d * config.gateways + Int(e.owner)].unknown
+            if !(isRejoining(now: now) && unknown && !goneSinceRejoin) {
                 e.owner = Int32(c.best)
                 reason = .takeover
             }

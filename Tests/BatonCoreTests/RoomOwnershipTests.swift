@@ -392,6 +392,25 @@ struct RoomOwnershipTests {
         #expect(b.story == ["-→b settled"])
     }
 
+    /// A gateway's sightings come back device by device, over a few turns of its loop: the
+    /// owner's word on one device says nothing yet of another.
+    @Test func afterARejoinTheOwnersEvidenceIsKnownDeviceByDevice() {
+        var b = Building(online: ["a", "b", "c"], onlineAt: at(-10))
+        b.see("b", -50, at: at(0))
+        b.see("c", -70, at: at(0))
+        b.tick(from: 0, to: 1.5)
+        b.rule.rejoin(now: at(5))
+        b.see("b", -50, device: 9, at: at(5.05))  // b is back, but has not said this device yet
+        b.see("c", -70, at: at(5.06))
+        b.tick(from: 5.06, to: 5.2)
+        #expect(b.owner() == "b")
+        b.see("b", -50, at: at(5.3))
+        b.tick(from: 5.3, to: 12)
+        // The phone settled on b before the fault, device 9 after it; the phone never moved.
+        #expect(b.story == ["-→b settled", "-→b settled"])
+        #expect(b.changes.filter { $0.change.device == phone }.count == 1)
+    }
+
     @Test func anOwnerStillSilentWhenTheWindowClosesIsTakenOver() {
         // b died while the broker was away: no will reaches anyone, its status stays online.
         var b = Building(online: ["a", "b"], onlineAt: at(-10))
