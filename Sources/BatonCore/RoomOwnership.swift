@@ -71,10 +71,11 @@ public enum OwnershipReason: Sendable, Equatable {
     case stronger
     /// The owner went offline or stopped hearing the device; the best gateway hearing it took over at once.
     case takeover
-    /// A gateway that came online less than `dwell` ago was `margin` dB stronger than the
-    /// owner: it took the device at once (docs/rooms.md §7). Its first sightings are not noise
-    /// for the dwell to filter, and it is usually a room's own gateway coming back to the
-    /// devices in its room that another room stood in for.
+    /// A gateway that came online less than `dwell` ago, or the one the owner took the device
+    /// over from, was `margin` dB stronger than the owner: it took the device at once
+    /// (docs/rooms.md §7). Its first sightings are not noise for the dwell to filter, and it is
+    /// usually a room's own gateway coming back to the devices in its room that another room
+    /// stood in for.
     case returned
     /// Nobody sighted the device for `forgetAfter`: it has no owner any more (`to` is nil).
     case forgotten
@@ -493,6 +494,12 @@ public struct RoomOwnership: ~Copyable {
                     e.owner = Int32(c.rival)
                     reason = .stronger
                 } else if let back = gateways[c.rival].onlineSince, now - back < config.dwell {
+                    e.owner = Int32(c.rival)
+                    reason = .returned
+                } else if e.standInFor == Int32(c.rival) {
+                    // The room this one stood in for hears the device clearly better again:
+                    // its absence (its evidence unknown when a rejoin window closed, its
+                    // sightings stale) was not the device leaving it.
                     e.owner = Int32(c.rival)
                     reason = .returned
                 }

@@ -518,8 +518,12 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
             // A gateway coming online subscribed to the sightings before it said so, but missed
             // the ones sent before: send ours again now, within its `rooms.settle`, rather than
             // at the next heartbeat, after it (two gateways starting together would each settle
-            // on itself first, docs/rooms.md §3).
-            if online, id != config.gatewayID, !ownership.isOnline(gateway: id) { sightings.reset() }
+            // on itself first, docs/rooms.md §3). Also when it was online already as far as
+            // this gateway knows: after a broker restart nobody's will was sent, and a live
+            // `online` is its reconnect (a retained one is old news, sent at our own subscribe,
+            // and our own connect sent everything anyway). Its rejoin window waits for exactly
+            // these (docs/rooms.md §7).
+            if online, id != config.gatewayID, !message.retained || !ownership.isOnline(gateway: id) { sightings.reset() }
             if !ownership.status(gateway: id, online: online, now: now, { ownershipChanges.append($0) }) {
                 sightingDrops.count(SightingDrop.gatewaysFull.name)
                 log.warning("gateway \(id): more gateways than rooms.gateways (\(config.rooms.gateways)); its devices are not followed")

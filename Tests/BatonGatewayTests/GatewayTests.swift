@@ -6,6 +6,25 @@ import BatonWire
 import Foundation
 import Testing
 
+/// A broker, and the hall's gateway replaying a generated capture of 30 devices (10 of them
+/// Baton beacons), once every activity it holds is retained: those activities.
+private func replayedHall(_ name: String, seed: UInt64) throws
+    -> (broker: MosquittoBroker, gateway: GatewayProcess, activities: [String: [UInt8]]) {
+    let dir = try scratchDirectory(name)
+    let broker = try MosquittoBroker()
+    let capture = try GeneratedCapture(in: dir, devices: 30, reports: 2_000, seed: seed)
+    let gateway = try GatewayProcess(yaml: gatewayYAML(port: broker.port, radio: "capture:\(capture.path)"), in: dir)
+    let retained = try eventually(within: 15) { () -> [String: [UInt8]]? in
+        let r = try broker.retained("baton/activities/+")
+        return r.count == capture.lastBeacons.count ? r : nil
+    }
+    guard let retained else {
+        gateway.kill()
+        throw BrokerError("the hall never retained its \(capture.lastBeacons.count) activities:\n\(gateway.log)")
+    }
+    return (broker, gateway, retained)
+}
+
 @Suite(.serialized) struct GatewayTests {
     /// docs/mqtt.md §2: after a replay, a fresh subscriber sees exactly one retained activity
     /// per Baton device, with the last sequence it sent, and the gateway `online` (§1).
@@ -109,16 +128,8 @@ import Testing
     /// docs/mqtt.md §5: a broker restarted without persistence holds the gateway's exact
     /// retained state again within 2 s of its return.
     @Test func brokerRestartWithoutPersistenceConverges() throws {
-        let dir = try scratchDirectory("restart")
-        let broker = try MosquittoBroker()
-        let capture = try GeneratedCapture(in: dir, devices: 30, reports: 2_000, seed: 16)
-        let gateway = try GatewayProcess(yaml: gatewayYAML(port: broker.port, radio: "capture:\(capture.path)"), in: dir)
+        let (broker, gateway, state) = try replayedHall("restart", seed: 16)
         defer { gateway.kill() }
-        let before = try eventually(within: 15) { () -> [String: [UInt8]]? in
-            let r = try broker.retained("baton/activities/+")
-            return r.count == capture.lastBeacons.count ? r : nil
-        }
-        let state = try #require(before, "\(gateway.log)")
         broker.kill()
         usleep(300_000)
         try broker.restart()
@@ -135,16 +146,8 @@ import Testing
     /// docs/rooms.md §7 rule 3: whoever writes a device's retained activity, its owner puts
     /// its own back (issue 16: a thawed gateway's stale message stayed retained for good).
     @Test func theOwnerCorrectsAWrongRetainedActivity() throws {
-        let dir = try scratchDirectory("correct")
-        let broker = try MosquittoBroker()
-        let capture = try GeneratedCapture(in: dir, devices: 30, reports: 2_000, seed: 17)
-        let gateway = try GatewayProcess(yaml: gatewayYAML(port: broker.port, radio: "capture:\(capture.path)"), in: dir)
+        let (broker, gateway, state) = try replayedHall("correct", seed: 17)
         defer { gateway.kill() }
-        let before = try eventually(within: 15) { () -> [String: [UInt8]]? in
-            let r = try broker.retained("baton/activities/+")
-            return r.count == capture.lastBeacons.count ? r : nil
-        }
-        let state = try #require(before, "\(gateway.log)")
         let (topic, own) = try #require(state.first)
         // Another room's message, as a gateway thawed with an old view would leave it; then a clear.
         let wrong = Array(#"{"device":"x","state":"current","seq":1,"room":"Kitchen","gateway":"kitchen"}"#.utf8)
