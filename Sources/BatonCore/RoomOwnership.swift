@@ -77,6 +77,10 @@ public enum OwnershipReason: Sendable, Equatable {
     /// usually a room's own gateway coming back to the devices in its room that another room
     /// stood in for.
     case returned
+    /// This gateway and another both believed they owned the device (their views parted in
+    /// a fault), and the other ranks higher on the sightings both hold: this one gave way
+    /// (docs/rooms.md §7 rule 3).
+    case yielded
     /// Nobody sighted the device for `forgetAfter`: it has no owner any more (`to` is nil).
     case forgotten
 }
@@ -259,14 +263,24 @@ public struct RoomOwnership: ~Copyable {
                 counters.gatewaysFull &+= 1
                 return false
             }
+            // A first `online` is not a return: the `returned` rule needs the `offline` before
+            // it seen, as every gateway that was there saw it (docs/rooms.md §7).
             register(id)
             gateways[ids.count - 1].online = true
-            gateways[ids.count - 1].onlineSince = now
             return true
         }
-        guard gateways[g].online != online else { return true }
+        guard gateways[g].online != online else {
+            // An `offline` of a gateway not yet seen online (this gateway's own, from its
+            // previous run, at start) still makes its next `online` a return.
+            if !online && gateways[g].offlineSince == nil { gateways[g].offlineSince = now }
+            return true
+        }
         gateways[g].online = online
-        if online { gateways[g].onlineSince = now } else { gateways[g].offlineSince = now }
+        if !online {
+            gateways[g].offlineSince = now
+        } else if gateways[g].offlineSince != nil {
+            gateways[g].onlineSince = now
+        }
         // Coming online moves nothing: the gateway's sightings decide once they arrive.
         guard !online else { return true }
         // Its sightings from before no longer count, now or when it returns (rooms.md §4).
@@ -341,6 +355,34 @@ public struct RoomOwnership: ~Copyable {
 
     /// True while `rejoin`'s window is open.
     public func isRejoining(now: Instant) -> Bool { rejoinUntil.map { now < $0 } ?? false }
+
+    /// This gateway owns `device`, and so does `gateway` by its own view (its retained message
+    /// says so): views that parted in a fault. The one that ranks higher on the sightings both
+    /// hold keeps it, at both (docs/rooms.md §7 rule 3): if `gateway` is online, is a candidate
+    /// and ranks above this one (or this one is no candidate), this one gives way (reason
+    /// `yielded`) and returns true; otherwise it keeps the device and returns false.
+    @discardableResult
+    public mutating func yield(_ device: UInt64, to gateway: Substring, now: Instant,
+                               _ onChange: (OwnershipChange) -> Void) -> Bool {
+        let now = clock.clamp(now)
+        guard let found = index.find(device), let g = find(gateway), g != 0, gateways[g].online else { return false }
+        let d = Int(found)
+        guard devices[d].owner == 0 else { return false }
+        let row = d * config.gateways
+        func fresh(_ k: Int) -> Int8? {
+            guard let arrived = cells[row + k].arrived, now < arrived + config.sightingFresh else { return nil }
+            return cells[row + k].rssi
+        }
+        guard let theirs = fresh(g) else { return false }
+        if let mine = fresh(0), !beats(g, theirs, 0, mine) { return false }
+        devices[d].owner = Int32(g)
+        devices[d].challenger = -1
+        devices[d].leadSince = nil
+        devices[d].standInFor = -1
+        report(OwnershipChange(device: devices[d].device, from: selfSlot, to: GatewaySlot(index: g), reason: .yielded),
+               onChange)
+        return true
+    }
 
     /// When a registered gateway's status last turned offline; nil while online or unknown.
     public func offlineSince(gateway id: Substring) -> Instant? {

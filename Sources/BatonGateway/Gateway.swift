@@ -103,6 +103,10 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     /// When the rejoin window of the last connect closes: the devices this gateway stands in
     /// for, left out of the connect's republish, go out then if it still owns them.
     var standInsDue: ContinuousClock.Instant?
+    /// The last broker failure logged as a warning, when, and how many like it since (debug).
+    var lastBrokerFailure: String?
+    var brokerFailureSaid: ContinuousClock.Instant?
+    var brokerFailuresUnsaid = 0
     var announcedFinish = false
     let statsScratch: UnsafeMutableRawBufferPointer
     /// How long after a radio error the source is started again.
@@ -292,7 +296,8 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
             republishStandIns()
         }
         if publisher.mqtt.isConnected, let due = publisher.nextCorrection, due <= now {
-            publisher.correct(table: table, ownership: ownership, now: now)
+            Self.correct(&publisher, table, &ownership, &ownershipChanges, now: now)
+            handleOwnershipChanges(now: now)
         }
         if let due = ownership.nextDeadline, due <= now {
             ownership.tick(now: now) { ownershipChanges.append($0) }
@@ -480,6 +485,10 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         for event in mqttEvents {
             switch event {
             case .connected(let version, _):
+                if brokerFailuresUnsaid > 0 { log.info("\(brokerFailuresUnsaid) more failed attempts before this connect") }
+                lastBrokerFailure = nil
+                brokerFailureSaid = nil
+                brokerFailuresUnsaid = 0
                 log.info("connected to the broker \(config.broker.host):\(config.broker.port) (MQTT \(version.rawValue)); publishing status and \(table.count) activities")
                 // What this gateway knew of the building's sightings is from before the
                 // outage (docs/rooms.md §7).
@@ -500,7 +509,19 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
             case .refused(let reason):
                 log.error("\(reason)")
             case .disconnected(let reason):
-                log.warning("broker connection lost: \(reason); reconnecting with backoff")
+                // While the broker refuses connections the gateway retries every second
+                // (docs/broker.md "Reconnect"): the same failure is said once a minute, not
+                // once an attempt, with the count of those not said.
+                if reason == lastBrokerFailure, let said = brokerFailureSaid, now - said < .seconds(60) {
+                    brokerFailuresUnsaid &+= 1
+                    log.debug("broker connection lost: \(reason)")
+                } else {
+                    let unsaid = brokerFailuresUnsaid > 0 ? " (and \(brokerFailuresUnsaid) attempts since the last line)" : ""
+                    log.warning("broker connection lost: \(reason); reconnecting with backoff\(unsaid)")
+                    lastBrokerFailure = reason
+                    brokerFailureSaid = now
+                    brokerFailuresUnsaid = 0
+                }
             case .message(let message):
                 received(message, now: now)
             }
@@ -524,6 +545,12 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
             // and our own connect sent everything anyway). Its rejoin window waits for exactly
             // these (docs/rooms.md §7).
             if online, id != config.gatewayID, !message.retained || !ownership.isOnline(gateway: id) { sightings.reset() }
+            let wasFirst = ownership.firstOnline == ownership.selfSlot
+            defer {
+                if !wasFirst, ownership.firstOnline == ownership.selfSlot, id != config.gatewayID {
+                    publisher.becameFirstOnline(now: now)
+                }
+            }
             if !ownership.status(gateway: id, online: online, now: now, { ownershipChanges.append($0) }) {
                 sightingDrops.count(SightingDrop.gatewaysFull.name)
                 log.warning("gateway \(id): more gateways than rooms.gateways (\(config.rooms.gateways)); its devices are not followed")
@@ -740,6 +767,16 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         ownershipChanges.removeAll(keepingCapacity: true)
     }
 
+    /// Disagreements about devices this gateway owns (docs/rooms.md §7 rule 3): another
+    /// gateway's claim is settled by rank, the same way at both; anything else is published over.
+    static func correct(_ publisher: inout Publisher, _ table: borrowing ActivityTable, _ ownership: inout RoomOwnership,
+                        _ changes: inout [OwnershipChange], now: ContinuousClock.Instant) {
+        for (device, claimant) in publisher.correct(table: table, ownership: ownership, now: now) {
+            let gaveWay = ownership.yield(device, to: Substring(claimant), now: now) { changes.append($0) }
+            if !gaveWay { publisher.republish(device, table: table) }
+        }
+    }
+
     /// The rejoin window closed: what this gateway still stands in for is its to publish
     /// (docs/rooms.md §7); a room that came back in the window has taken its devices back.
     mutating func republishStandIns() {
@@ -747,6 +784,11 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         table.forEach { a in
             guard ownership.owns(a.deviceID), ownership.standsIn(for: a.deviceID) else { return }
             publisher.tookOver(a)
+        }
+        apple.forEach { d in
+            guard d.identity != nil, ownership.owns(AppleDevice.roomsID(d.id)), ownership.standsIn(for: AppleDevice.roomsID(d.id))
+            else { return }
+            publisher.tookOver(d)
         }
     }
 

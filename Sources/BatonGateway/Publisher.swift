@@ -74,14 +74,15 @@ public struct Publisher: ~Copyable {
     /// FNV-1a 64 of the last activity JSON this gateway published for each device it owns,
     /// until it clears it or stops owning it: what the broker should retain (docs/rooms.md §7).
     private var published: [UInt64: UInt64]
-    /// Owned devices whose retained activity was seen to say otherwise, and since when.
-    private var disputes: [UInt64: ContinuousClock.Instant]
-    /// How long a disagreement may stand before the owner publishes again. Gateways that
-    /// receive the same sightings decide a hand-over within milliseconds of each other
-    /// (docs/rooms.md §3 "How far the gateways agree"), so a quarter second lets one that the
-    /// others have already made pass without a fight, and bounds a fight (two gateways that
-    /// both believe they own a device, until the next heartbeat) to four messages a second;
-    /// a message that libmosquitto resent from before an outage is corrected within it.
+    /// Owned devices whose retained activity was seen to say otherwise: since when, and the
+    /// gateway the message named (nil: a clear, or no gateway).
+    private var disputes: [UInt64: (since: ContinuousClock.Instant, writer: String?)]
+    /// How long a disagreement may stand before the owner settles it. Gateways that receive
+    /// the same sightings decide a hand-over within milliseconds of each other (docs/rooms.md
+    /// §3 "How far the gateways agree"), so a quarter second lets one that the others have
+    /// already made pass untouched; a message that libmosquitto resent from before an outage
+    /// is corrected within it. Two gateways that both claim a device settle it by rank
+    /// (RoomOwnership.yield), so they do not publish over each other for long.
     public static let correctAfter: Duration = .milliseconds(250)
 
     public init(mqtt: consuming MQTTClient, topics: Topics, origin: Payloads.Origin, clock: WallClock, version: String,
@@ -390,7 +391,9 @@ public struct Publisher: ~Copyable {
         }
         apple.forEach { d in
             // A named device only from the room that owns it (docs/security.md §10).
-            guard d.identity == nil || ownership.owns(AppleDevice.roomsID(d.id)) else { return }
+            // A stand-in waits for the rejoin window, as an activity does (above).
+            guard d.identity == nil || ownership.owns(AppleDevice.roomsID(d.id)) && !ownership.standsIn(for: AppleDevice.roomsID(d.id))
+            else { return }
             publishPersonDiscovery(d)
             publishApple(d)
         }
@@ -454,12 +457,13 @@ public struct Publisher: ~Copyable {
         // activity is everyone's (docs/rooms.md §4). Apple entries are per gateway.
         if !mine {
             guard Self.roomsID(owned, ownership) != nil, !ownership.isOnline(gateway: Substring(gateway)) else { return }
-            // Only the first online gateway clears them (docs/rooms.md §4): the others need not
-            // hold them, nor ask the broker again for the ones that did not fit.
-            guard ownership.firstOnline == ownership.selfSlot else { return }
         }
         guard !orphans.contains(where: { $0.topic == owned }) else { return }
         guard orphans.count < pendingCapacity else {
+            // Only the gateway that clears others' orphans, the first online (docs/rooms.md §4),
+            // asks the broker again for what did not fit; one that becomes first later asks
+            // then (`becameFirstOnline`).
+            guard mine || ownership.firstOnline == ownership.selfSlot else { return }
             // Not lost: cleared in a later batch (docs/mqtt.md §5).
             if !orphansOverflowed {
                 log.info("more retained entries to check than the orphan list holds (table.capacity + apple.capacity = \(pendingCapacity)): clearing them in batches")
@@ -483,7 +487,8 @@ public struct Publisher: ~Copyable {
         if Self.digest(message.payload) == mine {
             disputes[id] = nil
         } else if disputes[id] == nil, disputes.count < pendingCapacity {
-            disputes[id] = now
+            // Rare (after faults), so the one copy of the writer's id is fine here.
+            disputes[id] = (now, message.payload.isEmpty ? nil : Self.gateway(of: message.payload))
         }
     }
 
@@ -495,24 +500,40 @@ public struct Publisher: ~Copyable {
 
     /// When the first disagreement is due to be corrected.
     public var nextCorrection: ContinuousClock.Instant? {
-        disputes.values.min().map { $0 + Self.correctAfter }
+        disputes.values.lazy.map(\.since).min().map { $0 + Self.correctAfter }
     }
 
-    /// Publishes again, from the owner, every activity whose disagreement has stood for
-    /// `Publisher.correctAfter` and that this gateway still owns and holds current.
+    /// Settles every disagreement that has stood for `Publisher.correctAfter` about a device
+    /// this gateway still owns and holds current: a clear, or a message of no gateway's or of
+    /// this one's, is published over at once; another gateway's claim is returned, for the
+    /// rule to say which of the two keeps the device (RoomOwnership.yield, then `republish`).
+    /// A stand-in inside the rejoin window waits for the window (docs/rooms.md §7 rule 1).
     public mutating func correct(table: borrowing ActivityTable, ownership: borrowing RoomOwnership,
-                                 now: ContinuousClock.Instant) {
-        let due = disputes.filter { $0.value + Self.correctAfter <= now }.map(\.key)
-        for id in due {
+                                 now: ContinuousClock.Instant) -> [(device: UInt64, claimedBy: String)] {
+        let due = disputes.filter { $0.value.since + Self.correctAfter <= now }.map { ($0.key, $0.value.writer) }
+        var contested: [(device: UInt64, claimedBy: String)] = []
+        for (id, writer) in due {
             disputes[id] = nil
-            guard ownership.owns(id), let a = table.activity(deviceID: id), a.state == .current else {
+            guard ownership.owns(id), table.activity(deviceID: id)?.state == .current else {
                 published[id] = nil
                 continue
             }
-            log.info("device \(Topics.deviceText(id)): the retained activity says otherwise than this room, which owns it; publishing it again")
-            counters.corrections &+= 1
-            publishActivity(a)
+            if ownership.isRejoining(now: now) && ownership.standsIn(for: id) { continue }
+            if let writer, writer != topics.gatewayID {
+                contested.append((id, writer))
+            } else {
+                republish(id, table: table)
+            }
         }
+        return contested
+    }
+
+    /// The owner publishes a device's activity over a retained message that said otherwise.
+    public mutating func republish(_ id: UInt64, table: borrowing ActivityTable) {
+        guard let a = table.activity(deviceID: id), a.state == .current else { return }
+        log.info("device \(Topics.deviceText(id)): the retained activity says otherwise than this room, which owns it; publishing it again")
+        counters.corrections &+= 1
+        publishActivity(a)
     }
 
     /// FNV-1a 64 (draft-eastlake-fnv): equal payloads, equal digests; a different payload
@@ -559,6 +580,14 @@ public struct Publisher: ~Copyable {
         if orphansOverflowed, rescanAt == nil {
             rescanAt = max(now, (lastRescan ?? now) + Self.orphanRescanGap)
         }
+    }
+
+    /// This gateway became the first online one: clearing other gateways' orphans is its job
+    /// now, and the one before may have left some (docs/rooms.md §4): the broker is asked
+    /// again for every retained entry.
+    public mutating func becameFirstOnline(now: ContinuousClock.Instant) {
+        guard mqtt.isConnected, rescanAt == nil else { return }
+        rescanAt = max(now, (lastRescan ?? now) + Self.orphanRescanGap)
     }
 
     /// Asks the broker for every retained entry again: the ones that did not fit last time

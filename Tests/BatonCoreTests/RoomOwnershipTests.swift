@@ -537,6 +537,74 @@ struct RoomOwnershipTests {
         #expect(b.changes.last?.at == at(7.4))
     }
 
+    /// Issue 16 review: a stand-in and the room it stood in for, 3 dB apart (no `returned`:
+    /// less than the margin), both believing they own the device, would correct each other
+    /// for good. Their retained messages meet; the one that ranks lower gives way, at both.
+    @Test func twoOwnersSettleByRankNotByWhoPublishedLast() {
+        // k's view: it stands in for o, which never saw itself leave.
+        var k = Building(me: "k", online: ["k", "o"], onlineAt: at(-10))
+        k.see("o", -60, at: at(0))
+        k.see("k", -70, at: at(0))
+        k.tick(from: 0, to: 1.5)
+        k.status("o", online: false, at: at(2))
+        k.status("o", online: true, at: at(10))
+        k.see("k", -66, at: at(14))
+        k.see("o", -63, at: at(14.1))  // o 3 dB better now: under the margin, after the return window
+        #expect(k.owner() == "k")
+        // o's message claims the device: o ranks higher on what k holds, so k gives way.
+        var seen: [OwnershipChange] = []
+        #expect(k.rule.yield(phone, to: "o", now: at(14.5)) { seen.append($0) } == true)
+        #expect(k.owner() == "o")
+        #expect(seen.map(\.reason) == [.yielded])
+        // o's view of the same sightings: k's message claims it, but o ranks higher: it keeps it.
+        var o = Building(me: "o", online: ["k", "o"], onlineAt: at(-10))
+        o.see("o", -60, at: at(0))
+        o.see("k", -70, at: at(0))
+        o.tick(from: 0, to: 1.5)
+        o.see("k", -66, at: at(2))
+        o.see("o", -63, at: at(2.1))
+        o.tick(from: 2.1, to: 2.4)
+        #expect(o.rule.yield(phone, to: "k", now: at(2.5)) { _ in } == false)
+        #expect(o.owner() == "o")
+    }
+
+    @Test func aClaimFromAGatewayThatIsNoCandidateIsPublishedOver() {
+        var b = Building(online: ["a", "b", "c"], onlineAt: at(-10))
+        b.see("a", -60, at: at(0))
+        b.see("b", -70, at: at(0))
+        b.tick(from: 0, to: 1.5)
+        #expect(b.owner() == "a")
+        #expect(b.rule.yield(phone, to: "c", now: at(2)) { _ in } == false, "c does not hear it")
+        #expect(b.rule.yield(phone, to: "nobody", now: at(2)) { _ in } == false, "not a gateway of the building")
+        b.status("b", online: false, at: at(2.5))
+        #expect(b.rule.yield(phone, to: "b", now: at(3)) { _ in } == false, "offline")
+        #expect(b.owner() == "a")
+        // In a rejoin window this gateway has said nothing of the device yet, b has: b keeps it.
+        var c = Building(online: ["a", "b"], onlineAt: at(-10))
+        c.see("a", -60, at: at(0))
+        c.tick(from: 0, to: 1.5)
+        c.rule.rejoin(now: at(2))
+        c.see("b", -80, at: at(2.1))
+        #expect(c.owner() == "a", "the rejoin window holds the takeover back")
+        #expect(c.rule.yield(phone, to: "b", now: at(2.2)) { _ in } == true)
+        #expect(c.owner() == "b")
+    }
+
+    /// `returned` needs the `offline` before it: a gateway registered by its first `online`
+    /// (every gateway, at this one's start) has not returned, in this view as in the others'.
+    @Test func aFirstOnlineIsNotAReturn() {
+        var b = Building(me: "b", online: ["a", "b"])  // registered at t0
+        for s in stride(from: 0.0, through: 2.0, by: 0.5) {
+            b.see("a", -70, at: at(s))
+            b.see("b", -60, at: at(s))
+            b.tick(from: s, to: s + 0.4)
+        }
+        #expect(b.owner() == "b")
+        b.see("a", -50, at: at(2.5))  // 10 dB better, 2.5 s after a's first online: the dwell applies
+        b.tick(from: 2.5, to: 2.9)
+        #expect(b.owner() == "b")
+    }
+
     // MARK: capacities
 
     @Test func capacityPlusOneDevices() {
