@@ -235,6 +235,56 @@ func bridgedFloors() throws -> (floor1: MosquittoBroker, floor2: MosquittoBroker
         _ = building
     }
 
+    /// docs/rooms.md §7 rule 3: two gateways that both believe they own a device (views that
+    /// parted in a fault) settle it by rank, and do not publish over each other for good. A
+    /// second gateway "lab" hears alice 3 dB better than the hall (under the margin: the rule
+    /// alone would never move her) and publishes her activity as its own.
+    @Test func twoClaimsToADeviceAreSettledByRankNotFought() throws {
+        let broker = try MosquittoBroker()
+        let dir = try scratchDirectory("claims")
+        let watcher = try ActivityWatcher(port: broker.port, in: dir)
+        let building = try SimulatedBuilding(scenario: """
+            seed: 5
+            speed: 1
+            duration: 120
+            radio: {in-room: -55, per-room: -15, heard-down-to: -95, noise: 0, loss: 0}
+            rooms: [{id: hall, name: Hall}]
+            devices: [{id: 5a0000000001, at: hall}]
+            """, in: dir)
+        let hall = try GatewayProcess(
+            yaml: roomGatewayYAML(port: broker.port, id: "hall", room: "Hall", socket: building.socket("hall"), speed: 1),
+            in: dir)
+        let owned = eventually(within: 15) { watcher.owners(of: alice) == ["hall"] ? true : nil }
+        try #require(owned != nil, "the hall never published alice: \(hall.log)")
+        let ours = try #require(try broker.retained("baton/activities/\(alice)")["baton/activities/\(alice)"])
+
+        func claim(rssi: Int, n: Int) throws {
+            try broker.publish(topic: "baton/sightings/lab/\(alice)", payload: Array(#"{"rssi":\#(rssi),"since":100,"n":\#(n)}"#.utf8))
+            usleep(100_000)
+            var o = try #require(json(ours))
+            o["gateway"] = "lab"
+            o["room"] = "Lab"
+            try broker.publish(topic: "baton/activities/\(alice)", payload: Array(try JSONSerialization.data(withJSONObject: o)),
+                               retain: true)
+        }
+        try broker.publish(topic: "baton/gateways/lab/status", payload: Array("online".utf8), retain: true)
+        usleep(200_000)
+        // Weaker than the hall: the hall keeps her and says so.
+        try claim(rssi: -70, n: 1)
+        let back = eventually(within: 3) { watcher.owners(of: alice) == ["hall", "lab", "hall"] ? true : nil }
+        #expect(back != nil, "owners: \(watcher.owners(of: alice))\n\(hall.log)")
+        // 3 dB stronger: the hall gives way and stays silent.
+        try claim(rssi: -52, n: 2)
+        let yielded = eventually(within: 3) { hall.log.contains("moved to lab (yielded)") ? true : nil }
+        #expect(yielded != nil, "\(hall.log)")
+        sleep(1)
+        #expect(watcher.owners(of: alice) == ["hall", "lab", "hall", "lab"], "owners: \(watcher.owners(of: alice))")
+        let corrections = hall.log.components(separatedBy: "publishing it again").count - 1
+        #expect(corrections == 1, "the hall published over lab's claim \(corrections) times")
+        #expect(hall.stop() == 0)
+        _ = building
+    }
+
     @Test func garbageSightingsAreCountedAndChangeNothing() throws {
         let broker = try MosquittoBroker()
         let dir = try scratchDirectory("garbage")
