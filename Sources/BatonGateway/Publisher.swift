@@ -457,13 +457,13 @@ public struct Publisher: ~Copyable {
         // activity is everyone's (docs/rooms.md §4). Apple entries are per gateway.
         if !mine {
             guard Self.roomsID(owned, ownership) != nil, !ownership.isOnline(gateway: Substring(gateway)) else { return }
+            // Only the first online gateway clears them (docs/rooms.md §4), so only it holds
+            // them: the others' lists stay free for their own, and one that becomes first later
+            // asks the broker for everything again (`becameFirstOnline`).
+            guard ownership.firstOnline == ownership.selfSlot else { return }
         }
         guard !orphans.contains(where: { $0.topic == owned }) else { return }
         guard orphans.count < pendingCapacity else {
-            // Only the gateway that clears others' orphans, the first online (docs/rooms.md §4),
-            // asks the broker again for what did not fit; one that becomes first later asks
-            // then (`becameFirstOnline`).
-            guard mine || ownership.firstOnline == ownership.selfSlot else { return }
             // Not lost: cleared in a later batch (docs/mqtt.md §5).
             if !orphansOverflowed {
                 log.info("more retained entries to check than the orphan list holds (table.capacity + apple.capacity = \(pendingCapacity)): clearing them in batches")

@@ -93,15 +93,7 @@ import Testing
         let broker = try MosquittoBroker()
         let dir = try scratchDirectory("fault-orphans")
         try broker.publish(topic: "baton/gateways/ghost/status", payload: Array("offline".utf8), retain: true)
-        let orphans: [(topic: String, payload: [UInt8])] = (0..<count).map { i in
-            let device = String(format: "5c%010x", i)
-            // As a gateway publishes it (docs/mqtt.md §2).
-            let body = #"{"device":"\#(device)","state":"current","change":"became-current","seq":1,"#
-                + #""type_hash":"be9b4bb7","group":"a1b2c3d4","supports_streams":false,"has_web_url":false,"#
-                + #""relayed":false,"psm":128,"verified":false,"room":"Ghost","gateway":"ghost","rssi":-61,"#
-                + #""first_seen":"2026-11-23T09:14:03.512204Z","changed":"2026-11-23T09:14:03.512204Z"}"#
-            return ("baton/activities/\(device)", Array(body.utf8))
-        }
+        let orphans = ghostActivities(count)
         let publishing = Date()
         try broker.publishRetained(orphans)
         let held = try broker.retained("baton/activities/+").count
@@ -152,6 +144,57 @@ import Testing
         #expect((counted?.1 ?? 0) >= 1, "the broker was asked again for the entries that did not fit")
         #expect(gateway.log.contains("more retained entries to check than the orphan list holds"), "\(gateway.log)")
         print(String(format: "FAULT orphans: test took %.1f s", Date().timeIntervalSince(began)))
+    }
+}
+
+/// `count` retained activities of `ghost`, as a gateway publishes them (docs/mqtt.md §2), on
+/// devices 5c0000000000….
+func ghostActivities(_ count: Int) -> [(topic: String, payload: [UInt8])] {
+    (0..<count).map { i in
+        let device = String(format: "5c%010x", i)
+        let body = #"{"device":"\#(device)","state":"current","change":"became-current","seq":1,"#
+            + #""type_hash":"be9b4bb7","group":"a1b2c3d4","supports_streams":false,"has_web_url":false,"#
+            + #""relayed":false,"psm":128,"verified":false,"room":"Ghost","gateway":"ghost","rssi":-61,"#
+            + #""first_seen":"2026-11-23T09:14:03.512204Z","changed":"2026-11-23T09:14:03.512204Z"}"#
+        return ("baton/activities/\(device)", Array(body.utf8))
+    }
+}
+
+extension FaultTests {
+    /// docs/mqtt.md §5: the first online gateway clears offline gateways' leftovers. When it
+    /// goes offline before it has (its expiry is long), the next one becomes first and asks the
+    /// broker for everything again, and clears them.
+    @Test func whenTheFirstOnlineGatewayLeavesTheNextClearsTheOrphans() throws {
+        let broker = try MosquittoBroker()
+        let dir = try scratchDirectory("fault-orphans-first")
+        try broker.publish(topic: "baton/gateways/ghost/status", payload: Array("offline".utf8), retain: true)
+        try broker.publishRetained(ghostActivities(400))
+        // "attic" sorts before "hall": it is the first online, and waits a minute before clearing.
+        var gateways: [GatewayProcess] = []
+        defer { for g in gateways { g.kill() } }
+        for (id, room, expiry, seed) in [("attic", "Attic", "60s", UInt64(41)), ("hall", "Hall", "2s", UInt64(42))] {
+            let gdir = dir.appendingPathComponent(id)
+            try FileManager.default.createDirectory(at: gdir, withIntermediateDirectories: true)
+            let capture = try GeneratedCapture(in: gdir, devices: 3, reports: 50, seed: seed)
+            gateways.append(try GatewayProcess(
+                yaml: gatewayYAML(port: broker.port, id: id, room: room, radio: "capture:\(capture.path)", expiry: expiry),
+                in: gdir))
+        }
+        func ghosts() throws -> Int {
+            try broker.retained("baton/activities/+").keys.filter { $0.hasPrefix("baton/activities/5c") }.count
+        }
+        let bothOnline = try eventually(within: 10) { () -> Bool? in
+            let r = try broker.retained("baton/gateways/+/status")
+            return text(r["baton/gateways/attic/status"]) == "online" && text(r["baton/gateways/hall/status"]) == "online"
+                ? true : nil
+        }
+        try #require(bothOnline != nil, "\(gateways[0].log)\n\(gateways[1].log)")
+        sleep(4)  // past the hall's 2 s grace: not the hall's to clear while the attic is first
+        #expect(try ghosts() == 400, "the hall cleared others' leftovers while it was not the first online")
+        gateways[0].kill()
+        let cleared = try eventually(within: 10) { try ghosts() == 0 ? true : nil }
+        let left = try ghosts()
+        #expect(cleared != nil, "\(left) of 400 left after the first online gateway died:\n\(gateways[1].log)")
     }
 }
 
