@@ -5,7 +5,6 @@
 public import BatonCore
 public import BatonMQTT
 import BatonWire
-import Foundation
 public import Logging
 
 public struct PublisherCounters: Sendable, Equatable {
@@ -630,7 +629,6 @@ public struct Publisher: ~Copyable {
     }
 
     static func gateway(of payload: [UInt8]) -> String? {
-        guard let object = try? JSONSerialization.jsonObject(with: Data(payload)) as? [String: Any] else { return nil }
-        return object["gateway"] as? String
+        payload.withUnsafeBytes { RetainedEntry.gateway($0) }
     }
 }

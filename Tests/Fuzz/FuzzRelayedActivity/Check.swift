@@ -8,7 +8,10 @@
 //   * a held slot is the keyed group's, owned by another gateway, at most once per device;
 //   * its advertisement is 31 bytes that decode as a relayed v1 beacon with that slot's
 //     device, sequence and PSM, whose tag verifies under the beacon key;
-//   * an answer's correlation is at most half its hex, and only `ok` carries a payload.
+//   * an answer's correlation is at most half its hex, and only `ok` carries a payload;
+//   * `RetainedEntry.gateway` (the orphan scan's and the owner's reader, docs/rooms.md §7)
+//     names a gateway only when the message holds it as a quoted string, never an empty one
+//     that was not written empty, and never one with a backslash.
 import BatonGateway
 import BatonKeys
 import BatonMQTT
@@ -43,6 +46,13 @@ func check(_ bytes: UnsafeRawBufferPointer) {
             invariant(beacon.deviceID == a.device && beacon.sequence == a.sequence && beacon.psm == r.psms[k]
                       && beacon.groupHash == keys.groupHash, "slot \(k) goes out as \(beacon)")
             invariant(beacon.verify(companyID: 0xFFFF, authenticator: tagger), "slot \(k)'s tag does not verify")
+        }
+        if let g = payload.withUnsafeBytes({ RetainedEntry.gateway($0) }) {
+            let quoted = Array("\"\(g)\"".utf8)
+            invariant(!g.utf8.contains(UInt8(ascii: "\\")), "a gateway with an escape: \(g)")
+            invariant(payload.count >= quoted.count
+                      && (0...(payload.count - quoted.count)).contains { payload[$0..<$0 + quoted.count].elementsEqual(quoted) },
+                      "gateway \(g) is not written in the message")
         }
         let answer = AnswerForPhone(MQTTMessage(topic: "baton/answers/office/1", payload: payload, qos: 1, retained: false))
         invariant(answer.correlation.count * 2 <= payload.count, "a correlation longer than the message")
