@@ -235,16 +235,13 @@ public struct AppleDeviceTable: ~Copyable {
         /// ciphertext, protocol.md §4.2. Equal for the same frame sent from any address; the
         /// clipboard byte is left out, it says nothing about which activity this is.
         static func fingerprint(_ h: Handoff) -> UInt64 {
-            // Proof: wrapping multiplication is FNV's definition.
-            var f = fnv1a64(0xCBF2_9CE4_8422_2325, UInt8(truncatingIfNeeded: h.sequence))
-            f = fnv1a64(f, UInt8(truncatingIfNeeded: h.sequence >> 8))
-            f = fnv1a64(f, h.authTag)
-            for b in h.encrypted { f = fnv1a64(f, b) }
-            return f
+            var f = FNV1a64()
+            f.add(UInt8(truncatingIfNeeded: h.sequence))
+            f.add(UInt8(truncatingIfNeeded: h.sequence >> 8))
+            f.add(h.authTag)
+            f.add(h.encrypted)
+            return f.value
         }
-
-        @inline(__always)
-        private static func fnv1a64(_ f: UInt64, _ b: UInt8) -> UInt64 { (f ^ UInt64(b)) &* 0x0000_0100_0000_01B3 }
     }
 
     private mutating func update(_ slot: Int32, _ heard: HeardFrame, rssi: Int8, now: Instant,

@@ -535,13 +535,12 @@ public struct Publisher: ~Copyable {
         publishActivity(a)
     }
 
-    /// FNV-1a 64 (draft-eastlake-fnv): equal payloads, equal digests; a different payload
-    /// that collided would only skip one correction.
+    /// Equal payloads, equal digests; a different payload that collided would only skip one
+    /// correction.
     static func digest(_ bytes: some Sequence<UInt8>) -> UInt64 {
-        var h: UInt64 = 0xcbf2_9ce4_8422_2325
-        // Proof: wrapping multiplication is FNV's definition.
-        for b in bytes { h = (h ^ UInt64(b)) &* 0x0000_0100_0000_01B3 }
-        return h
+        var f = FNV1a64()
+        f.add(bytes)
+        return f.value
     }
 
     /// Clears the orphans whose grace has passed and that were not heard again: this

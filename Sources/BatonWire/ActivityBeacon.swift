@@ -168,6 +168,25 @@ public func activityTypeHash(_ utf8: some Sequence<UInt8>) -> UInt32 {
     return h
 }
 
+/// FNV-1a, 64 bits (draft-eastlake-fnv), fed byte by byte: the fingerprints that tell two
+/// things apart without keeping them (an Apple Handoff frame, protocol.md §4.2; a retained
+/// message a gateway published, docs/rooms.md §7). It identifies, it does not protect.
+public struct FNV1a64: Sendable {
+    public private(set) var value: UInt64 = 0xCBF2_9CE4_8422_2325
+    public init() {}
+
+    @inline(__always)
+    public mutating func add(_ b: UInt8) {
+        // Proof: wrapping multiplication is FNV's definition.
+        value = (value ^ UInt64(b)) &* 0x0000_0100_0000_01B3
+    }
+
+    @inline(__always)
+    public mutating func add(_ bytes: some Sequence<UInt8>) {
+        for b in bytes { add(b) }
+    }
+}
+
 extension WireError {
     /// The same error with its byte offset moved by `delta`, for a decoder run on a slice.
     public func shifted(by delta: Int) -> WireError {
