@@ -160,6 +160,33 @@ func bridgedFloors() throws -> (floor1: MosquittoBroker, floor2: MosquittoBroker
 @Suite(.serialized) struct RoomsTests {
     let alice = "5a0000000001", border = "5a0000000002"
 
+    /// One room, the hall, with alice's phone in it (the simulator's default radio unless
+    /// `radio` is given), its gateway, and a watcher on the activities, once the hall has
+    /// published her.
+    func aliceInTheHall(_ name: String, seed: Int, radio: String? = nil) throws
+        -> (MosquittoBroker, ActivityWatcher, SimulatedBuilding, GatewayProcess) {
+        let broker = try MosquittoBroker()
+        let dir = try scratchDirectory(name)
+        let watcher = try ActivityWatcher(port: broker.port, in: dir)
+        let building = try SimulatedBuilding(scenario: """
+            seed: \(seed)
+            speed: 1
+            duration: 120
+            \(radio.map { "radio: \($0)" } ?? "")
+            rooms: [{id: hall, name: Hall}]
+            devices: [{id: \(alice), at: hall}]
+            """, in: dir)
+        let hall = try GatewayProcess(
+            yaml: roomGatewayYAML(port: broker.port, id: "hall", room: "Hall", socket: building.socket("hall"), speed: 1),
+            in: dir)
+        let owned = eventually(within: 15) { watcher.owners(of: alice) == ["hall"] ? true : nil }
+        guard owned != nil else {
+            hall.kill()
+            throw BrokerError("the hall never published alice: \(hall.log)")
+        }
+        return (broker, watcher, building, hall)
+    }
+
     /// Runs the walk with gateways on `brokers[i % brokers.count]` and checks what a user
     /// would: the activity's room follows alice with exactly two moves, the border tablet
     /// moves at most once, and the retained state at the end names the office.
@@ -240,22 +267,8 @@ func bridgedFloors() throws -> (floor1: MosquittoBroker, floor2: MosquittoBroker
     /// second gateway "lab" hears alice 3 dB better than the hall (under the margin: the rule
     /// alone would never move her) and publishes her activity as its own.
     @Test func twoClaimsToADeviceAreSettledByRankNotFought() throws {
-        let broker = try MosquittoBroker()
-        let dir = try scratchDirectory("claims")
-        let watcher = try ActivityWatcher(port: broker.port, in: dir)
-        let building = try SimulatedBuilding(scenario: """
-            seed: 5
-            speed: 1
-            duration: 120
-            radio: {in-room: -55, per-room: -15, heard-down-to: -95, noise: 0, loss: 0}
-            rooms: [{id: hall, name: Hall}]
-            devices: [{id: 5a0000000001, at: hall}]
-            """, in: dir)
-        let hall = try GatewayProcess(
-            yaml: roomGatewayYAML(port: broker.port, id: "hall", room: "Hall", socket: building.socket("hall"), speed: 1),
-            in: dir)
-        let owned = eventually(within: 15) { watcher.owners(of: alice) == ["hall"] ? true : nil }
-        try #require(owned != nil, "the hall never published alice: \(hall.log)")
+        let (broker, watcher, building, hall) = try aliceInTheHall("claims", seed: 5,
+            radio: "{in-room: -55, per-room: -15, heard-down-to: -95, noise: 0, loss: 0}")
         let ours = try #require(try broker.retained("baton/activities/\(alice)")["baton/activities/\(alice)"])
 
         func claim(rssi: Int, n: Int) throws {
@@ -286,21 +299,7 @@ func bridgedFloors() throws -> (floor1: MosquittoBroker, floor2: MosquittoBroker
     }
 
     @Test func garbageSightingsAreCountedAndChangeNothing() throws {
-        let broker = try MosquittoBroker()
-        let dir = try scratchDirectory("garbage")
-        let watcher = try ActivityWatcher(port: broker.port, in: dir)
-        let building = try SimulatedBuilding(scenario: """
-            seed: 3
-            speed: 1
-            duration: 120
-            rooms: [{id: hall, name: Hall}]
-            devices: [{id: 5a0000000001, at: hall}]
-            """, in: dir)
-        let hall = try GatewayProcess(
-            yaml: roomGatewayYAML(port: broker.port, id: "hall", room: "Hall", socket: building.socket("hall"), speed: 1),
-            in: dir)
-        let owned = eventually(within: 15) { watcher.owners(of: alice) == ["hall"] ? true : nil }
-        try #require(owned != nil, "the hall never published alice: \(hall.log)")
+        let (broker, watcher, building, hall) = try aliceInTheHall("garbage", seed: 3)
 
         // A second gateway "lab" comes online and sights alice weakly: accepted, changes nothing.
         try broker.publish(topic: "baton/gateways/lab/status", payload: Array("online".utf8), retain: true)
