@@ -65,6 +65,7 @@ var targets: [Target] = [
     // Starts a real mosquitto on 127.0.0.1 and a free port for the tests that need a broker.
     .target(name: "BatonTestSupport", path: "Tests/BatonTestSupport"),
 
+    .testTarget(name: "BatonYAMLTests", dependencies: ["BatonYAML"]),
     .testTarget(name: "BatonWireTests", dependencies: ["BatonWire", "BatonTestSupport"], exclude: ["Interop"]),
     .testTarget(name: "BatonHCITests", dependencies: ["BatonHCI", "BatonWire", "BatonSim"]),
     .testTarget(name: "BatonCLITests", dependencies: ["BatonHCI", "BatonWire", "BatonSim", "BatonTestSupport", "baton"]),
