@@ -1,9 +1,11 @@
 // What the two YAML files Baton reads have in common — the gateway's config (docs/config.md)
 // and the simulator's scenarios (docs/simulator.md "Scenarios"): one error shape a user fixes
 // from, `FILE:LINE: KEY: MESSAGE`, the whole file checked before anything is refused, YAML's
-// own syntax errors said the same way, and the suggestion for a mistyped key. Each reader keeps
-// its own schema and value rules.
-public import Yams
+// own syntax errors said the same way, and the suggestion for a mistyped key (YAMLReader.swift
+// holds the schema checks both make). Each reader keeps its own schema and value rules.
+//
+// Embedded Swift: no Foundation, typed throws, no reflection (every text is built from strings
+// and integers).
 
 /// A problem with a YAML file, said the way a user fixes it: file, line, key, what was expected.
 public struct YAMLFileError: Error, Sendable, Equatable, CustomStringConvertible {
@@ -51,34 +53,9 @@ public struct YAMLFileError: Error, Sendable, Equatable, CustomStringConvertible
             throw first
         }
     }
-
-    /// Yams' syntax error as a user reads it, with a hint for the commonest one (a tab).
-    public static func syntax(_ error: YamlError, file: String, text: String) -> YAMLFileError {
-        switch error {
-        case .scanner(let context, let problem, let mark, _),
-             .parser(let context, let problem, let mark, _),
-             .composer(let context, let problem, let mark, _):
-            var message = "YAML syntax: \(problem)"
-            if let context { message += " (\(context.text) on line \(context.mark.line))" }
-            let lines = text.split(separator: "\n", omittingEmptySubsequences: false)
-            if mark.line >= 1, mark.line <= lines.count,
-               lines[mark.line - 1].prefix(while: { $0 == " " || $0 == "\t" }).contains("\t") {
-                message += "; indent with spaces, YAML does not allow tabs"
-            }
-            return YAMLFileError(file: file, line: mark.line, key: "", message: message)
-        default:
-            return YAMLFileError(file: file, line: nil, key: "", message: "not readable as YAML: \(error)")
-        }
-    }
 }
 
 public enum YAMLText {
-    /// YAML's null (`~`, `null`, or nothing after the colon); a quoted "null" is text.
-    public static func isNull(_ node: Node) -> Bool {
-        guard case .scalar(let s) = node, s.style == .plain || s.style == .any else { return false }
-        return ["", "~", "null", "Null", "NULL"].contains(s.string)
-    }
-
     /// YAML's null (`~`, `null`, or nothing after the colon); a quoted "null" is text.
     public static func isNull(_ node: YAMLNode) -> Bool {
         guard let s = node.scalar, s.isPlain else { return false }
