@@ -85,6 +85,9 @@ for name in fuzzTargets {
     targets.append(.executableTarget(
         name: name, dependencies: ["BatonWire", "BatonHCI", "BatonKeys", "FuzzSupport"], path: "Tests/Fuzz/\(name)"))
 }
+// The YAML composer under the config and scenario readers (docs/config.md "Errors").
+targets.append(.executableTarget(
+    name: "FuzzYAML", dependencies: ["BatonYAML", "FuzzSupport"], path: "Tests/Fuzz/FuzzYAML"))
 // What re-advertising reads off the broker is parsed in the gateway (docs/relay.md §9).
 targets.append(.executableTarget(
     name: "FuzzRelayedActivity", dependencies: ["BatonGateway", "BatonMQTT", "BatonWire", "BatonKeys", "FuzzSupport"],
