@@ -26,12 +26,9 @@ var targets: [Target] = [
                    providers: [.apt(["libbluetooth-dev"])]),
     .systemLibrary(name: "CCrypto", pkgConfig: "libcrypto",
                    providers: [.apt(["libssl-dev"])]),
-    // Debian's libyaml, for its event parser: BatonYAML walks a file's events (iteratively)
-    // to bound its nesting before Yams composes it (recursively). Yams compiles its own copy of
-    // libyaml into the binary under the same names, and a definition in an object file wins
-    // over a shared library's without a duplicate-symbol error: while Yams is linked, our calls
-    // bind to its copy and libyaml-0.so.2 is loaded unused. Its yaml.h is byte for byte
-    // Debian's 0.2.5, so the structs we lay out are the ones that copy reads.
+    // Debian's libyaml, for its event parser: BatonYAML composes a file's events into nodes
+    // itself, iteratively, with the nesting bounded. Yams is not used: it cannot build as
+    // Embedded Swift, and it composed recursively (issue 16).
     .systemLibrary(name: "CYAML", pkgConfig: "yaml-0.1",
                    providers: [.apt(["libyaml-dev"])]),
 
@@ -40,10 +37,10 @@ var targets: [Target] = [
     .target(name: "BatonHCI", dependencies: ["BatonLibc", "CLibc", "BatonWire", "CBlueZ"], swiftSettings: wireSettings),
     // Scenarios are YAML like the gateway's config (docs/simulator.md "Scenarios").
     // BatonKeys: simulated devices of a keyed group seal their payloads as real ones do.
-    // The two YAML files Baton reads (the config, scenarios) share their error shape and helpers.
-    .target(name: "BatonYAML", dependencies: ["CYAML", .product(name: "Yams", package: "Yams")], swiftSettings: wireSettings),
-    .target(name: "BatonSim", dependencies: ["BatonLibc", "CLibc", "BatonWire", "BatonHCI", "BatonKeys", "BatonYAML",
-                                             .product(name: "Yams", package: "Yams")],
+    // The two YAML files Baton reads (the config, scenarios) share their composer on libyaml,
+    // their error shape and their schema checks. Embedded Swift: CYAML is all it imports.
+    .target(name: "BatonYAML", dependencies: ["CYAML"], swiftSettings: wireSettings),
+    .target(name: "BatonSim", dependencies: ["BatonLibc", "CLibc", "BatonWire", "BatonHCI", "BatonKeys", "BatonYAML"],
             swiftSettings: wireSettings),
     .target(name: "BatonCore", dependencies: ["BatonLibc", "CLibc", "BatonWire"], swiftSettings: wireSettings),
     .target(name: "BatonKeys", dependencies: ["BatonLibc", "CLibc", "BatonWire", "CCrypto"], swiftSettings: wireSettings),
@@ -53,10 +50,9 @@ var targets: [Target] = [
     .target(name: "BatonRelay", dependencies: ["BatonLibc", "CLibc", "BatonWire", "BatonMQTT", "BatonHCI", "CBlueZ"],
             swiftSettings: wireSettings),
     // The config file is YAML (docs/config.md): what a Home Assistant user already writes, and
-    // Yams gives every node its line, so a typo is reported with file, line and key.
+    // BatonYAML gives every node its line, so a typo is reported with file, line and key.
     .target(name: "BatonGateway",
-            dependencies: ["BatonWire", "BatonHCI", "BatonCore", "BatonMQTT", "BatonRelay", "BatonYAML", "BatonKeys",
-                           .product(name: "Yams", package: "Yams")],
+            dependencies: ["BatonLibc", "CLibc", "BatonWire", "BatonHCI", "BatonCore", "BatonMQTT", "BatonRelay", "BatonYAML", "BatonKeys"],
             swiftSettings: wireSettings),
     .executableTarget(
         name: "baton",
@@ -68,6 +64,7 @@ var targets: [Target] = [
     // Starts a real mosquitto on 127.0.0.1 and a free port for the tests that need a broker.
     .target(name: "BatonTestSupport", path: "Tests/BatonTestSupport"),
 
+    .testTarget(name: "BatonYAMLTests", dependencies: ["BatonYAML"]),
     .testTarget(name: "BatonWireTests", dependencies: ["BatonLibc", "BatonWire", "BatonTestSupport"], exclude: ["Interop"]),
     .testTarget(name: "BatonHCITests", dependencies: ["BatonLibc", "BatonHCI", "BatonWire", "BatonSim"]),
     .testTarget(name: "BatonCLITests", dependencies: ["BatonLibc", "BatonHCI", "BatonWire", "BatonSim", "BatonTestSupport", "baton"]),
@@ -91,6 +88,9 @@ for name in fuzzTargets {
     targets.append(.executableTarget(
         name: name, dependencies: ["BatonWire", "BatonHCI", "BatonKeys", "FuzzSupport"], path: "Tests/Fuzz/\(name)"))
 }
+// The YAML composer under the config and scenario readers (docs/config.md "Errors").
+targets.append(.executableTarget(
+    name: "FuzzYAML", dependencies: ["BatonYAML", "FuzzSupport"], path: "Tests/Fuzz/FuzzYAML"))
 // What re-advertising reads off the broker is parsed in the gateway (docs/relay.md §9).
 targets.append(.executableTarget(
     name: "FuzzRelayedActivity", dependencies: ["BatonGateway", "BatonMQTT", "BatonWire", "BatonKeys", "FuzzSupport"],
@@ -98,7 +98,6 @@ targets.append(.executableTarget(
 
 var dependencies: [Package.Dependency] = [
     .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
-    .package(url: "https://github.com/jpsim/Yams", from: "5.0.1"),
 ]
 
 // The benchmark and its malloc counter build only for scripts/bench (BATON_BENCH=1), so the

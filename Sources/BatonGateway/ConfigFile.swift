@@ -1,5 +1,6 @@
-// Reading and checking the config file: YAML (docs/config.md), composed by Yams into nodes
-// that keep their line numbers, then walked section by section against `ConfigSchema`.
+// Reading and checking the config file: YAML (docs/config.md), composed by BatonYAML (on
+// libyaml) into nodes that keep their line numbers, then walked section by section against
+// `ConfigSchema` with BatonYAML's schema checks.
 //
 // The whole file is checked before anything is refused: every problem becomes a
 // `ConfigError` with file, line and key, sorted into file order, and the first is thrown with
@@ -7,10 +8,10 @@
 // belongs to). A key that is absent, empty or `~` keeps its default.
 import BatonLibc
 import CLibc
-import Yams
 import BatonYAML
 import BatonCore
 import BatonMQTT
+import BatonRelay
 import BatonKeys
 import BatonWire
 
@@ -106,8 +107,8 @@ extension GatewayConfig {
     /// Checks `text` as the contents of the config file `file`: `file` names the file in
     /// errors, and relative paths in the settings are taken from its directory.
     public static func parse(yaml text: String, file: String, hostName: String) throws(ConfigError) -> GatewayConfig {
-        // Nesting past YAMLShape.maxDepth is refused here, before Yams recurses into it.
-        let (root, tags) = try YAMLShape.compose(text, file: file)
+        // Nesting past YAMLComposer.maxDepth is refused here, so the walk below stays shallow.
+        let (root, tags) = try YAMLComposer.compose(text, file: file)
         var config = defaults(hostName: hostName)
         var reader = ConfigFileReader(file: file)
         if let root { reader.read(root, into: &config) }
@@ -164,24 +165,21 @@ func openForReading(_ path: String) throws(ConfigValueError) -> Int32 {
 
 // MARK: - Walking the document
 
-/// One `key: value` of a section.
-struct ConfigEntry {
-    /// Dotted (`broker.keepalive`): what errors name.
-    let key: String
-    let keyNode: Node
-    let value: Node
-    var keyLine: Int? { keyNode.mark?.line }
-}
+/// One `key: value` of a section; `key` is dotted (`broker.keepalive`): what errors name.
+typealias ConfigEntry = YAMLEntry
 
 struct ConfigFileReader {
-    let file: String
+    /// A section's entries by key name. Absent, empty and `~` values read as absent.
+    typealias Section = YAMLSection
+
     /// Relative paths in the file are taken from the file's directory, not from wherever the
     /// service happens to start (systemd starts it in /).
     let directory: String
-    private(set) var errors: [ConfigError] = []
+    private(set) var yaml: YAMLReader
+    var errors: [ConfigError] { yaml.errors }
 
     init(file: String) {
-        self.file = file
+        yaml = YAMLReader(file: file, mappingName: "a section of keys", quote: quoted)
         if let slash = file.lastIndex(of: "/") {
             directory = slash == file.startIndex ? "/" : String(file[..<slash])
         } else {
@@ -193,16 +191,16 @@ struct ConfigFileReader {
     var readvertiseEntry: ConfigEntry?
 
     mutating func report(line: Int?, _ key: String, _ message: String) {
-        errors.append(ConfigError(file: file, line: line, key: key, message: message))
+        yaml.report(line: line, key, message)
     }
 
-    mutating func report(_ node: Node, _ key: String, _ message: String) {
-        report(line: node.mark?.line, key, message)
+    mutating func report(_ node: YAMLNode, _ key: String, _ message: String) {
+        yaml.report(node, key, message)
     }
 
     // MARK: Sections
 
-    mutating func read(_ root: Node, into c: inout GatewayConfig) {
+    mutating func read(_ root: YAMLNode, into c: inout GatewayConfig) {
         guard let top = section(root, path: "") else { return }
         if let s = subsection(top["gateway"]) { readGateway(s, into: &c) }
         if let s = subsection(top["broker"]) { readBroker(s, into: &c) }
@@ -316,14 +314,15 @@ struct ConfigFileReader {
     /// `apple.irks`: `name: IRK` lines, one per device (docs/security.md §10). The names are
     /// the user's, so this mapping's keys are not checked against the schema.
     mutating func readIRKs(_ e: ConfigEntry, into c: inout GatewayConfig) {
-        guard case .mapping(let mapping) = e.value else {
-            report(e.value, e.key, "expected one \"name: IRK\" line per device indented under it, got \(describe(e.value))")
+        guard case .mapping(let pairs) = e.value.kind else {
+            report(e.value, e.key, "expected one \"name: IRK\" line per device indented under it, got \(yaml.describe(e.value))")
             return
         }
         var lines: [String: Int] = [:]
-        for (keyNode, value) in mapping {
-            guard case .scalar(let k) = keyNode, !k.string.isEmpty else {
-                report(keyNode, e.key, "expected a device's name, got \(describe(keyNode))")
+        for pair in pairs {
+            let keyNode = pair.key, value = pair.value
+            guard let k = keyNode.scalar, !k.string.isEmpty else {
+                report(keyNode, e.key, "expected a device's name, got \(yaml.describe(keyNode))")
                 continue
             }
             let name = k.string, key = e.key + "." + name
@@ -335,7 +334,7 @@ struct ConfigFileReader {
                 report(keyNode, key, "given twice (first on line \(first))")
                 continue
             }
-            lines[name] = keyNode.mark?.line ?? 0
+            lines[name] = keyNode.line
             guard let t = text(ConfigEntry(key: key, keyNode: keyNode, value: value), expected: "an IRK") else { continue }
             do throws(IRKTextError) {
                 let irk = try IdentityResolvingKey(text: t)
@@ -345,7 +344,7 @@ struct ConfigFileReader {
                 }
                 c.appleIRKs.append(NamedIRK(name: name, irk: irk))
             } catch {
-                report(value, key, "\(error)")
+                report(value, key, error.description)
             }
         }
         if c.appleIRKs.count > Self.maxIRKs {
@@ -415,13 +414,13 @@ struct ConfigFileReader {
         case (.some(let e), nil):
             if let t = text(e, expected: "a beacon key like BATON-BEACON-V1:…") {
                 do throws(KeyTextError) { c.security.beaconKey = try BeaconKey(text: t) } catch {
-                    report(e.value, e.key, "\(error)")
+                    report(e.value, e.key, error.description)
                 }
             }
         case (nil, .some(let e)):
             if let p = path(e) {
                 do throws(KeyTextError) { c.security.beaconKey = try BeaconKey.load(path: p) } catch {
-                    report(e.value, e.key, "\(quoted(p)): \(error)")
+                    report(e.value, e.key, "\(quoted(p)): " + error.description)
                 }
             }
         case (nil, nil):
@@ -490,11 +489,13 @@ struct ConfigFileReader {
         // Backoff doubles from min to max; a floor keeps a refused connection from spinning.
         let minEntry = s["reconnect-min"], maxEntry = s["reconnect-max"]
         var backoffValid = true
-        for (entry, bound) in [(minEntry, \MQTTConfig.reconnectMin), (maxEntry, \MQTTConfig.reconnectMax)] {
-            guard let e = entry else { continue }
-            if let d = duration(e, atLeast: .milliseconds(10), atMost: .seconds(3600)) {
-                c.broker[keyPath: bound] = d
-            } else {
+        if let e = minEntry {
+            if let d = duration(e, atLeast: .milliseconds(10), atMost: .seconds(3600)) { c.broker.reconnectMin = d } else {
+                backoffValid = false
+            }
+        }
+        if let e = maxEntry {
+            if let d = duration(e, atLeast: .milliseconds(10), atMost: .seconds(3600)) { c.broker.reconnectMax = d } else {
                 backoffValid = false
             }
         }
@@ -566,15 +567,6 @@ struct ConfigFileReader {
 
     // MARK: Mappings
 
-    /// A section's entries by key name. Absent, empty and `~` values read as absent.
-    struct Section {
-        var entries: [String: ConfigEntry] = [:]
-        subscript(name: String) -> ConfigEntry? {
-            guard let e = entries[name], !YAMLText.isNull(e.value) else { return nil }
-            return e
-        }
-    }
-
     mutating func subsection(_ entry: ConfigEntry?) -> Section? {
         guard let entry else { return nil }
         return section(entry.value, path: entry.key)
@@ -582,38 +574,15 @@ struct ConfigFileReader {
 
     /// Checks a mapping's keys against the schema: an unknown key or a key given twice is
     /// reported and left out. nil when `node` is not a mapping (reported).
-    mutating func section(_ node: Node, path: String) -> Section? {
-        if YAMLText.isNull(node) { return Section() }
-        guard case .mapping(let mapping) = node else {
-            if path.isEmpty {
-                report(node, "", "expected sections like \"broker:\" at the top of the file, got \(describe(node))")
-            } else {
-                report(node, path, "expected a section of \"key: value\" lines indented under it, got \(describe(node))")
-            }
-            return nil
+    mutating func section(_ node: YAMLNode, path: String) -> Section? {
+        let expected = path.isEmpty ? "sections like \"broker:\" at the top of the file"
+                                    : "a section of \"key: value\" lines indented under it"
+        return yaml.section(node, path: path, known: ConfigSchema.keys(of: path), expected: expected,
+                            nullIsEmpty: true) { name in
+            var message = "unknown key \(quoted(name))"
+            if let hint = ConfigSchema.suggestion(for: name, in: path) { message += " (\(hint))" }
+            return (path, message)
         }
-        let known = ConfigSchema.keys(of: path)
-        var s = Section()
-        for (keyNode, value) in mapping {
-            guard case .scalar(let scalar) = keyNode else {
-                report(keyNode, path, "expected a key name, got \(describe(keyNode))")
-                continue
-            }
-            let name = scalar.string
-            let full = path.isEmpty ? name : path + "." + name
-            guard known.contains(name) else {
-                var message = "unknown key \(quoted(name))"
-                if let hint = ConfigSchema.suggestion(for: name, in: path) { message += " (\(hint))" }
-                report(keyNode, path, message)
-                continue
-            }
-            if let first = s.entries[name] {
-                report(keyNode, full, "given twice (first on line \(first.keyLine ?? 0))")
-                continue
-            }
-            s.entries[name] = ConfigEntry(key: full, keyNode: keyNode, value: value)
-        }
-        return s
     }
 
     // MARK: Values
@@ -623,11 +592,7 @@ struct ConfigFileReader {
 
     /// The scalar's text as written (so `room: 101` is the room "101", and `no` stays "no").
     mutating func text(_ e: ConfigEntry, expected: String) -> String? {
-        guard case .scalar(let scalar) = e.value else {
-            report(e.value, e.key, "expected \(expected), got \(describe(e.value))")
-            return nil
-        }
-        return scalar.string
+        yaml.text(e, expected: expected)
     }
 
     mutating func value<T>(_ e: ConfigEntry, expected: String = "text",
@@ -643,25 +608,20 @@ struct ConfigFileReader {
 
     /// `true`/`false`, and the YAML 1.1 spellings Home Assistant users also write (yes/no, on/off).
     mutating func bool(_ e: ConfigEntry) -> Bool? {
-        guard let t = text(e, expected: "true or false") else { return nil }
-        guard let b = Bool.construct(from: Node.Scalar(t)) else {
-            report(e.value, e.key, "expected true or false, got \(quoted(t))")
-            return nil
-        }
-        return b
+        yaml.bool(e)
     }
 
     /// A boolean that another check already reports if it is bad.
     func bool(quiet e: ConfigEntry?) -> Bool? {
-        guard let e, case .scalar(let scalar) = e.value else { return nil }
-        return Bool.construct(from: scalar)
+        guard let e, let scalar = e.value.scalar else { return nil }
+        return YAMLText.bool(scalar.string)
     }
 
     /// Decimal, or hexadecimal after `0x` where `hex` says the key is usually written so.
     mutating func integer(_ e: ConfigEntry, _ range: ClosedRange<Int>, hex: Bool = false) -> Int? {
         let expected = hex ? "a number like 0xFFFF" : "a whole number"
         guard let t = text(e, expected: expected) else { return nil }
-        guard let n = parseInteger(t) else {
+        guard let n = YAMLText.integer(t) else {
             report(e.value, e.key, "expected \(expected), got \(quoted(t))" + plusHint(t))
             return nil
         }
@@ -704,7 +664,7 @@ struct ConfigFileReader {
 
     /// The value of the choice written, in any letter case (choices are lowercase).
     mutating func choice<T>(_ e: ConfigEntry, _ choices: [(text: String, value: T)]) -> T? {
-        let names = YAMLText.listed(choices.map({ $0.text }))
+        let names = YAMLText.listed(choices.map { $0.text })
         guard let t = text(e, expected: "one of " + names) else { return nil }
         guard let c = choices.first(where: { $0.text == t.lowercased() }) else {
             report(e.value, e.key, "expected \(names), got \(quoted(t))")
@@ -760,30 +720,9 @@ func readPasswordFile(_ path: String) throws(ConfigValueError) -> String {
 
 // MARK: - Value syntax
 
-func describe(_ node: Node) -> String {
-    switch node {
-    case .scalar(let s): quoted(s.string)
-    case .sequence: "a list"
-    case .mapping: "a section of keys"
-    }
-}
-
 func hexDigits(_ n: Int) -> String {
     let digits = String(n, radix: 16, uppercase: true)
     return String(repeating: "0", count: max(0, 4 - digits.count)) + digits
-}
-
-/// Decimal (`256`, `-1`), or hexadecimal after `0x`. Not YAML 1.1's octal: `010` is ten. Not
-/// `+5` either, which Swift's `Int("+5")` reads as 5: no setting is written with a plus, so
-/// one is more likely a slip (`+` for `-`, a pasted diff line) than a positive sign (issue 16).
-func parseInteger(_ text: String) -> Int? {
-    if text.hasPrefix("+") { return nil }
-    if text.hasPrefix("0x") || text.hasPrefix("0X") {
-        let digits = text.dropFirst(2)
-        guard !digits.isEmpty, digits.allSatisfy({ $0.isHexDigit }) else { return nil }
-        return Int(digits, radix: 16)
-    }
-    return Int(text)
 }
 
 /// Said after "expected …, got "+5"": the plus is what was refused.

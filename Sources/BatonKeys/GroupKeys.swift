@@ -50,8 +50,8 @@ public struct GroupSecret: Sendable, CustomStringConvertible {
     public var description: String { "GroupSecret(redacted)" }
 
     /// The raw bytes, for a test or an implementer's check against docs/security.md.
-    public func withUnsafeBytes<R>(_ body: (UnsafeRawBufferPointer) throws -> R) rethrows -> R {
-        try bytes.withUnsafeBytes(body)
+    public func withUnsafeBytes<R>(_ body: (UnsafeRawBufferPointer) -> R) -> R {
+        bytes.withUnsafeBytes(body)
     }
 }
 
@@ -80,8 +80,8 @@ public struct BeaconKey: Sendable, Equatable, CustomStringConvertible {
 
     public var description: String { "BeaconKey(redacted)" }
 
-    public func withUnsafeBytes<R>(_ body: (UnsafeRawBufferPointer) throws -> R) rethrows -> R {
-        try bytes.withUnsafeBytes(body)
+    public func withUnsafeBytes<R>(_ body: (UnsafeRawBufferPointer) -> R) -> R {
+        bytes.withUnsafeBytes(body)
     }
 
     /// The beacon's group field (docs/protocol.md §2.3, docs/security.md §2.2): the first four
@@ -105,8 +105,8 @@ public struct PayloadKey: Sendable, CustomStringConvertible {
 
     public var description: String { "PayloadKey(redacted)" }
 
-    public func withUnsafeBytes<R>(_ body: (UnsafeRawBufferPointer) throws -> R) rethrows -> R {
-        try bytes.withUnsafeBytes(body)
+    public func withUnsafeBytes<R>(_ body: (UnsafeRawBufferPointer) -> R) -> R {
+        bytes.withUnsafeBytes(body)
     }
 }
 

@@ -1,13 +1,12 @@
 // A scenario: a building of simulated rooms, the devices in it and what they do when
 // (docs/simulator.md "Scenarios"). It is YAML like the gateway's config file, read the same
-// way: Yams composes nodes that keep their line numbers, the reader walks them against the
-// keys below, and every problem becomes a `ScenarioError` with file, line and key. The whole
+// way: BatonYAML composes nodes that keep their line numbers, the reader walks them against the
+// keys below with BatonYAML's schema checks, and every problem becomes a `ScenarioError` with file, line and key. The whole
 // file is checked before anything is refused, so one run shows every mistake.
 import BatonLibc
 import BatonKeys
 import BatonWire
 import CLibc
-import Yams
 public import BatonYAML
 
 public struct Scenario: Sendable, Equatable {
@@ -226,8 +225,8 @@ extension Scenario {
 
     /// Checks `text` as the scenario file `file` (which names the file in errors).
     public static func parse(yaml text: String, file: String) throws(ScenarioError) -> Scenario {
-        // Nesting past YAMLShape.maxDepth is refused here, before Yams recurses into it.
-        let (root, tags) = try YAMLShape.compose(text, file: file)
+        // Nesting past YAMLComposer.maxDepth is refused here, so the walk below stays shallow.
+        let (root, tags) = try YAMLComposer.compose(text, file: file)
         var reader = ScenarioReader(file: file)
         let scenario = reader.read(root)
         try YAMLFileError.throwFirst(tags + reader.errors)
@@ -242,29 +241,27 @@ extension Scenario {
 
 // MARK: - Walking the document
 
-/// One `key: value` of a mapping.
-struct ScenarioEntry {
-    /// The key path errors name (`devices[0].script[1].walk`).
-    let key: String
-    let keyNode: Node
-    let value: Node
-}
+/// One `key: value` of a mapping; `key` is the path errors name (`devices[0].script[1].walk`).
+typealias ScenarioEntry = YAMLEntry
 
 struct ScenarioReader {
-    let file: String
-    private(set) var errors: [ScenarioError] = []
+    /// A mapping's known entries by key. Absent, empty and `~` values read as absent.
+    typealias Mapping = YAMLSection
+
+    private(set) var yaml: YAMLReader
+    var errors: [ScenarioError] { yaml.errors }
     /// Room ids read so far, for places and suggestions.
     var roomIDs: [String] = []
 
-    init(file: String) { self.file = file }
+    init(file: String) { yaml = YAMLReader(file: file, mappingName: "a mapping of keys", quote: quoted) }
 
-    mutating func report(_ node: Node?, _ key: String, _ message: String) {
-        errors.append(ScenarioError(file: file, line: node?.mark?.line, key: key, message: message))
+    mutating func report(_ node: YAMLNode?, _ key: String, _ message: String) {
+        yaml.report(node, key, message)
     }
 
     // MARK: The file
 
-    mutating func read(_ root: Node?) -> Scenario? {
+    mutating func read(_ root: YAMLNode?) -> Scenario? {
         guard let root, let top = mapping(root, path: "", section: "") else {
             if root == nil { report(nil, "", "empty: a scenario needs at least duration, rooms and devices") }
             return nil
@@ -370,7 +367,7 @@ struct ScenarioReader {
                         report(n.value, n.key, "device \(hex12(v)) is listed twice (first on line \(first))")
                         ok = false
                     }
-                    lines[v] = n.keyNode.mark?.line ?? 0
+                    lines[v] = n.keyLine
                 } else {
                     ok = false
                 }
@@ -533,9 +530,9 @@ struct ScenarioReader {
     // MARK: Places
 
     /// A room id, `{between: [a, b]}` or `{x: …, y: …}`.
-    mutating func place(_ node: Node, key: String) -> Scenario.Place? {
+    mutating func place(_ node: YAMLNode, key: String) -> Scenario.Place? {
         let expected = "a room id, {between: [a, b]} or {x: …, y: …}"
-        switch node {
+        switch node.kind {
         case .scalar(let s):
             return room(s.string, node: node, key: key).map { .room($0) }
         case .mapping:
@@ -545,9 +542,9 @@ struct ScenarioReader {
                     report(node, key, "give between or x and y, not both")
                     return nil
                 }
-                guard case .sequence(let list) = b.value, case let seq = Array(list), seq.count == 2,
-                      case .scalar(let first) = seq[0], case .scalar(let second) = seq[1] else {
-                    report(b.value, b.key, "expected two room ids, like \"between: [hall, kitchen]\", got \(describe(b.value))")
+                guard case .sequence(let seq) = b.value.kind, seq.count == 2,
+                      let first = seq[0].scalar, let second = seq[1].scalar else {
+                    report(b.value, b.key, "expected two room ids, like \"between: [hall, kitchen]\", got \(yaml.describe(b.value))")
                     return nil
                 }
                 guard let r1 = room(first.string, node: seq[0], key: b.key),
@@ -570,12 +567,12 @@ struct ScenarioReader {
             }
             return .point(x: x, y: y)
         case .sequence:
-            report(node, key, "expected \(expected), got \(describe(node))")
+            report(node, key, "expected \(expected), got \(yaml.describe(node))")
             return nil
         }
     }
 
-    mutating func room(_ id: String, node: Node, key: String) -> String? {
+    mutating func room(_ id: String, node: YAMLNode, key: String) -> String? {
         if roomIDs.contains(id) { return id }
         var message = "no room \(quoted(id))"
         if let best = closest(to: id, among: roomIDs) {
@@ -590,48 +587,18 @@ struct ScenarioReader {
     // MARK: Mappings and lists
 
     /// A mapping's entries by key: an unknown key or a key given twice is reported and left
-    /// out. Absent, empty and `~` values read as absent.
-    struct Mapping {
-        let node: Node
-        var entries: [String: ScenarioEntry] = [:]
-        subscript(name: String) -> ScenarioEntry? {
-            guard let e = entries[name], !YAMLText.isNull(e.value) else { return nil }
-            return e
+    /// out.
+    mutating func mapping(_ node: YAMLNode, path: String, section: String) -> Mapping? {
+        let what = path.isEmpty ? "keys like \"duration: 60\" at the top of the file"
+                                : "\"key: value\" entries (a mapping)"
+        return yaml.section(node, path: path, known: Scenario.keys(of: section), expected: what) { name in
+            var message = "unknown key"
+            if let hint = Self.suggestion(for: name, in: section) { message += " (\(hint))" }
+            return (path.isEmpty ? name : path + "." + name, message)
         }
     }
 
-    mutating func mapping(_ node: Node, path: String, section: String) -> Mapping? {
-        guard case .mapping(let pairs) = node else {
-            let what = path.isEmpty ? "keys like \"duration: 60\" at the top of the file"
-                                    : "\"key: value\" entries (a mapping)"
-            report(node, path, "expected \(what), got \(describe(node))")
-            return nil
-        }
-        let known = Scenario.keys(of: section)
-        var m = Mapping(node: node)
-        for (keyNode, value) in pairs {
-            guard case .scalar(let scalar) = keyNode else {
-                report(keyNode, path, "expected a key name, got \(describe(keyNode))")
-                continue
-            }
-            let name = scalar.string
-            let full = path.isEmpty ? name : path + "." + name
-            guard known.contains(name) else {
-                var message = "unknown key"
-                if let hint = suggestion(for: name, in: section) { message += " (\(hint))" }
-                report(keyNode, full, message)
-                continue
-            }
-            if let first = m.entries[name] {
-                report(keyNode, full, "given twice (first on line \(first.keyNode.mark?.line ?? 0))")
-                continue
-            }
-            m.entries[name] = ScenarioEntry(key: full, keyNode: keyNode, value: value)
-        }
-        return m
-    }
-
-    func suggestion(for name: String, in section: String) -> String? {
+    static func suggestion(for name: String, in section: String) -> String? {
         if let best = closest(to: name, among: Scenario.keys(of: section)) { return "did you mean \(quoted(best))?" }
         let lower = name.lowercased()
         for (other, keys) in Scenario.schema where other != section && keys.contains(lower) {
@@ -641,22 +608,14 @@ struct ScenarioReader {
         return "the keys here are " + YAMLText.listed(Scenario.keys(of: section).map(quoted))
     }
 
-    mutating func list(_ e: ScenarioEntry, expected: String) -> [Node]? {
-        guard case .sequence(let seq) = e.value else {
-            report(e.value, e.key, "expected \(expected), got \(describe(e.value))")
-            return nil
-        }
-        return Array(seq)
+    mutating func list(_ e: ScenarioEntry, expected: String) -> [YAMLNode]? {
+        yaml.list(e, expected: expected)
     }
 
     // MARK: Values
 
     mutating func text(_ e: ScenarioEntry, expected: String) -> String? {
-        guard case .scalar(let s) = e.value else {
-            report(e.value, e.key, "expected \(expected), got \(describe(e.value))")
-            return nil
-        }
-        return s.string
+        yaml.text(e, expected: expected)
     }
 
     /// A name people read in the simulator's lines; short, so a line stays a line.
@@ -670,12 +629,7 @@ struct ScenarioReader {
     }
 
     mutating func bool(_ e: ScenarioEntry) -> Bool? {
-        guard let t = text(e, expected: "true or false") else { return nil }
-        guard let b = Bool.construct(from: Node.Scalar(t)) else {
-            report(e.value, e.key, "expected true or false, got \(quoted(t))")
-            return nil
-        }
-        return b
+        yaml.bool(e)
     }
 
     mutating func integer(_ e: ScenarioEntry, _ range: ClosedRange<Int>, hex: Bool = false) -> Int? {
@@ -687,15 +641,7 @@ struct ScenarioReader {
             report(e.value, e.key, "expected \(expected), got \(quoted(t)): write it without the +")
             return nil
         }
-        var n: Int?
-        if t.hasPrefix("0x") || t.hasPrefix("0X") {
-            // Hex digits only: `Int(_:radix:)` would also take a sign after the 0x.
-            let digits = t.dropFirst(2)
-            n = !digits.isEmpty && digits.allSatisfy(\.isHexDigit) ? Int(digits, radix: 16) : nil
-        } else {
-            n = Int(t)
-        }
-        guard let n else {
+        guard let n = YAMLText.integer(t) else {
             report(e.value, e.key, "expected \(expected), got \(quoted(t))")
             return nil
         }
@@ -778,14 +724,6 @@ struct ScenarioReader {
 }
 
 // MARK: - Small helpers
-
-func describe(_ node: Node) -> String {
-    switch node {
-    case .scalar(let s): quoted(s.string)
-    case .sequence: "a list"
-    case .mapping: "a mapping of keys"
-    }
-}
 
 func quoted(_ s: String) -> String { "\"" + s + "\"" }
 

@@ -1,9 +1,11 @@
 // What the two YAML files Baton reads have in common — the gateway's config (docs/config.md)
 // and the simulator's scenarios (docs/simulator.md "Scenarios"): one error shape a user fixes
 // from, `FILE:LINE: KEY: MESSAGE`, the whole file checked before anything is refused, YAML's
-// own syntax errors said the same way, and the suggestion for a mistyped key. Each reader keeps
-// its own schema and value rules.
-public import Yams
+// own syntax errors said the same way, and the suggestion for a mistyped key (YAMLReader.swift
+// holds the schema checks both make). Each reader keeps its own schema and value rules.
+//
+// Embedded Swift: no Foundation, typed throws, no reflection (every text is built from strings
+// and integers).
 
 /// A problem with a YAML file, said the way a user fixes it: file, line, key, what was expected.
 public struct YAMLFileError: Error, Sendable, Equatable, CustomStringConvertible {
@@ -45,38 +47,56 @@ public struct YAMLFileError: Error, Sendable, Equatable, CustomStringConvertible
     public static func throwFirst(_ errors: [YAMLFileError]) throws(YAMLFileError) {
         let sorted = errors.enumerated()
             .sorted { ($0.element.line ?? .max, $0.offset) < ($1.element.line ?? .max, $1.offset) }
-            .map(\.element)
+            .map { $0.element }
         if var first = sorted.first {
             first.others = Array(sorted.dropFirst())
             throw first
-        }
-    }
-
-    /// Yams' syntax error as a user reads it, with a hint for the commonest one (a tab).
-    public static func syntax(_ error: YamlError, file: String, text: String) -> YAMLFileError {
-        switch error {
-        case .scanner(let context, let problem, let mark, _),
-             .parser(let context, let problem, let mark, _),
-             .composer(let context, let problem, let mark, _):
-            var message = "YAML syntax: \(problem)"
-            if let context { message += " (\(context.text) on line \(context.mark.line))" }
-            let lines = text.split(separator: "\n", omittingEmptySubsequences: false)
-            if mark.line >= 1, mark.line <= lines.count,
-               lines[mark.line - 1].prefix(while: { $0 == " " || $0 == "\t" }).contains("\t") {
-                message += "; indent with spaces, YAML does not allow tabs"
-            }
-            return YAMLFileError(file: file, line: mark.line, key: "", message: message)
-        default:
-            return YAMLFileError(file: file, line: nil, key: "", message: "not readable as YAML: \(error)")
         }
     }
 }
 
 public enum YAMLText {
     /// YAML's null (`~`, `null`, or nothing after the colon); a quoted "null" is text.
-    public static func isNull(_ node: Node) -> Bool {
-        guard case .scalar(let s) = node, s.style == .plain || s.style == .any else { return false }
+    public static func isNull(_ node: YAMLNode) -> Bool {
+        guard let s = node.scalar, s.isPlain else { return false }
         return ["", "~", "null", "Null", "NULL"].contains(s.string)
+    }
+
+    /// `true`/`false` and the YAML 1.1 spellings Home Assistant users also write (`yes`/`no`,
+    /// `on`/`off`), in any letter case: what Yams' `Bool.construct` accepted, whatever the
+    /// quoting. ASCII case folding is enough: no other letter lowercases to one of these.
+    public static func bool(_ text: String) -> Bool? {
+        var folded: [UInt8] = []
+        for u in text.utf8 {
+            // The longest spelling is 5 letters.
+            guard folded.count < 5 else { return nil }
+            folded.append(u >= 0x41 && u <= 0x5A ? u + 0x20 : u)
+        }
+        let lower = String(decoding: folded, as: UTF8.self)
+        switch lower {
+        case "true", "yes", "on": return true
+        case "false", "no", "off": return false
+        default: return nil
+        }
+    }
+
+    /// Decimal (`256`, `-1`), or hexadecimal after `0x`. Not YAML 1.1's octal: `010` is ten. Not
+    /// `+5` either, which Swift's `Int("+5")` reads as 5: no value Baton reads is written with a
+    /// plus, so one is more likely a slip (`+` for `-`, a pasted diff line) than a sign (issue 16).
+    /// nil past `Int`'s range.
+    public static func integer(_ text: String) -> Int? {
+        if text.hasPrefix("+") { return nil }
+        if text.hasPrefix("0x") || text.hasPrefix("0X") {
+            // Hex digits only: `Int(_:radix:)` would also take a sign after the 0x.
+            let digits = text.dropFirst(2)
+            guard !digits.isEmpty, digits.utf8.allSatisfy(isHexDigit) else { return nil }
+            return Int(digits, radix: 16)
+        }
+        return Int(text)
+    }
+
+    static func isHexDigit(_ u: UInt8) -> Bool {
+        (u >= 0x30 && u <= 0x39) || (u >= 0x41 && u <= 0x46) || (u >= 0x61 && u <= 0x66)
     }
 
     /// `a, b or c`.

@@ -665,7 +665,7 @@ private let tooDeep = "YAML nesting deeper than 64 levels (lists and sections in
                 == "/etc/baton/baton.yaml:3: broker.tls.insecure: expected true or false, got a list")
     }
 
-    /// Yams puts the anchored node where its alias stands, so the nesting it builds is the
+    /// An alias puts the anchored node where it stands (as Yams did), so the nesting it builds is the
     /// alias's depth plus the anchored node's height: 1 + 23 + 40 = 64 passes, one more does not.
     @Test func anAliasCountsAsTheNestingItStandsFor() {
         let anchored = "x: &deep " + flowLists(40) + "\n"
