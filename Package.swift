@@ -60,6 +60,9 @@ var targets: [Target] = [
             "BatonLibc", "BatonWire", "BatonHCI", "BatonSim", "BatonCore", "BatonMQTT", "BatonRelay", "BatonGateway", "BatonKeys",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ]),
+    // The firmware's main (docs/firmware.md): scripts/firmware builds it and the modules above
+    // as Embedded Swift; here it builds as full Swift, so the tests run its argument parsing.
+    .executableTarget(name: "BatonFirmware", dependencies: ["BatonGateway", "BatonLibc", "CLibc"], swiftSettings: wireSettings),
 
     // Starts a real mosquitto on 127.0.0.1 and a free port for the tests that need a broker.
     .target(name: "BatonTestSupport", path: "Tests/BatonTestSupport"),

@@ -3,7 +3,7 @@
 // level and a terminal still reads it. Written with write(2) on descriptor 2: no buffering to
 // lose on a crash, no Foundation, and it compiles in Embedded Swift like the rest of the
 // daemon (docs/firmware.md). The level comes from `log.level` in the config (docs/config.md).
-import CLibc
+import BatonLibc
 
 public struct Logger: Sendable {
     /// The levels `log.level` accepts, most verbose first, with their syslog priorities.
@@ -41,14 +41,7 @@ public struct Logger: Sendable {
         var line = "<\(level.priority)>"
         line += message()
         line += "\n"
-        var utf8 = Array(line.utf8)
-        utf8.withUnsafeMutableBytes { bytes in
-            var sent = 0
-            while sent < bytes.count {
-                let n = write(descriptor, bytes.baseAddress! + sent, bytes.count - sent)
-                if n > 0 { sent += n } else if n < 0, baton_errno() == EINTR { continue } else { return }
-            }
-        }
+        writeAll(descriptor, line)
     }
 
     public func trace(_ message: @autoclosure () -> String) { log(level: .trace, message()) }

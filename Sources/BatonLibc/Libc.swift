@@ -93,3 +93,18 @@ public func processEnvironment() -> [String: String] {
     }
     return out
 }
+
+/// Writes all of `text` to a descriptor, retrying after signals; what cannot be written is dropped.
+public func writeAll(_ fd: Int32, _ text: String) {
+    var utf8 = Array(text.utf8)
+    utf8.withUnsafeMutableBytes { bytes in
+        var sent = 0
+        while sent < bytes.count {
+            let n = write(fd, bytes.baseAddress! + sent, bytes.count - sent)
+            if n > 0 { sent += n } else if n < 0, errno == EINTR { continue } else { return }
+        }
+    }
+}
+
+public func writeStandardError(_ text: String) { writeAll(2, text) }
+public func writeStandardOutput(_ text: String) { writeAll(1, text) }

@@ -43,3 +43,11 @@ static inline char **baton_environ(void) { return environ; }
 // SIG_IGN and SIG_DFL are casts of integers to handler pointers: macros Swift cannot import.
 static inline void baton_signal_ignore(int sig) { signal(sig, SIG_IGN); }
 static inline void baton_signal_default(int sig) { signal(sig, SIG_DFL); }
+// getopt's state lives in globals, which Swift 6 refuses to touch unsynchronized; the gateway
+// parses its arguments once, on its only thread, before anything else runs.
+static inline int baton_getopt_long(int argc, char **argv, const char *shortopts, const struct option *longopts) {
+    return getopt_long(argc, argv, shortopts, longopts, NULL);
+}
+static inline void baton_getopt_reset(void) { optind = 1; opterr = 1; }
+static inline int baton_optind(void) { return optind; }
+static inline const char *baton_optarg(void) { return optarg; }

@@ -1,6 +1,5 @@
 import ArgumentParser
 import BatonGateway
-import Foundation
 
 struct GatewayCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
@@ -11,7 +10,6 @@ struct GatewayCommand: ParsableCommand {
     @Option(name: .long, help: "The YAML config file (docs/config.md); default /etc/baton/baton.yaml when it exists.")
     var config: String?
 
-    static let defaultConfig = "/etc/baton/baton.yaml"
     @Option(name: .long, help: "Broker URL: mqtt://host[:port] or mqtts://host[:port].")
     var broker: String?
     @Option(name: .long, help: "Radio source: hci0, h4:/dev/ttyACM0, capture:FILE or sim:SOCKET.")
@@ -24,20 +22,8 @@ struct GatewayCommand: ParsableCommand {
     var prefix: String?
 
     func run() throws {
-        let host = ProcessInfo.processInfo.hostName
-        var settings: GatewayConfig
-        do throws(ConfigError) {
-            // An explicit --config must exist; the default file is read only when present.
-            let path = config ?? (FileManager.default.fileExists(atPath: Self.defaultConfig) ? Self.defaultConfig : nil)
-            settings = try path.map { path throws(ConfigError) in try GatewayConfig.load(file: path, hostName: host) }
-                ?? GatewayConfig.defaults(hostName: host)
-            try settings.apply(GatewayOverrides(broker: broker, radio: radio, room: room, id: id, prefix: prefix))
-        } catch {
-            FileHandle.standardError.write(Data("baton gateway: \(error)\n".utf8))
-            throw ExitCode(2)
-        }
-        let log = Logger(level: Logger.Level(rawValue: settings.logLevel) ?? .info)
-        let status = GatewayLauncher.run(config: settings, log: log)
+        // The firmware reads the same flags with getopt_long; from here on it is one implementation.
+        let status = GatewayMain.run(GatewayOptions(config: config, broker: broker, radio: radio, room: room, id: id, prefix: prefix))
         if status != 0 { throw ExitCode(status) }
     }
 }
