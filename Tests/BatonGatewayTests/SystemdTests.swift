@@ -15,7 +15,7 @@ struct SystemdTests {
         let r = withUnsafePointer(to: &unix.address) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, unix.length) }
         }
-        try #require(r == 0, "bind \(path): Glibc.errno \(Glibc.errno)")
+        try #require(r == 0, "bind \(path): errno \(Glibc.errno)")
         return fd
     }
 

@@ -567,7 +567,7 @@ struct RadioH4SyscallTests {
             Issue.record("send to a closed peer succeeded")
         } catch let error as Errno {
             #expect(error == Errno(EPIPE, call: "send"))
-            #expect(error.description == "send: Broken pipe (Glibc.errno \(EPIPE))")
+            #expect(error.description == "send: Broken pipe (errno \(EPIPE))")
         } catch {
             Issue.record("unexpected \(error)")
         }

@@ -172,7 +172,7 @@ struct DeviceLinkTests {
         #expect(LinkError.tooLarge(size: 5000, mtu: 4099).description ==
             "a link message of 5000 bytes is larger than the link's MTU of 4099 bytes (docs/protocol.md §5: a device sends nothing above the gateway's MTU, relay.payload-max + 3, and accepts at least 512)")
         #expect(LinkError.os(Errno(EIO, call: "recvmsg")).description ==
-            "device link: recvmsg: Input/output error (Glibc.errno 5)")
+            "device link: recvmsg: Input/output error (errno 5)")
         #expect(LinkError.noBluetooth("this kernel has no Bluetooth").description == "this kernel has no Bluetooth")
     }
 

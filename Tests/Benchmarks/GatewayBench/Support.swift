@@ -50,7 +50,7 @@ final class H4Controller {
         self.path = path
         unlink(path)
         listener = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard listener >= 0 else { throw BenchError("socket(AF_UNIX): Glibc.errno \(Glibc.errno)") }
+        guard listener >= 0 else { throw BenchError("socket(AF_UNIX): errno \(Glibc.errno)") }
         var address = sockaddr_un()
         address.sun_family = sa_family_t(AF_UNIX)
         let bytes = Array(path.utf8)
@@ -66,7 +66,7 @@ final class H4Controller {
         } && listen(listener, 1) == 0
         guard listening else {
             close(listener)
-            throw BenchError("cannot listen on \(path): Glibc.errno \(Glibc.errno)")
+            throw BenchError("cannot listen on \(path): errno \(Glibc.errno)")
         }
     }
 
@@ -84,7 +84,7 @@ final class H4Controller {
             throw BenchError("the gateway never connected to the controller socket \(path): \(log())")
         }
         fd = accept(listener, nil, nil)
-        guard fd >= 0 else { throw BenchError("accept(): Glibc.errno \(Glibc.errno)") }
+        guard fd >= 0 else { throw BenchError("accept(): errno \(Glibc.errno)") }
         guard serve(until: 0x200C, timeout: timeout) else {
             throw BenchError("the gateway's controller init never reached LE_Set_Scan_Enable (commands \(commands)): \(log())")
         }
