@@ -16,6 +16,10 @@ let wireSettings: [SwiftSetting] = [
 
 var targets: [Target] = [
     // C libraries, each wrapped once (STYLE.md habit 6).
+    // libc itself: Embedded Swift has no Glibc module, so the firmware's modules reach libc
+    // through this map in both builds, and BatonLibc wraps what a map cannot carry (errno,
+    // fcntl) and the monotonic clock (docs/firmware.md).
+    .systemLibrary(name: "CLibc"),
     .systemLibrary(name: "CMosquitto", pkgConfig: "libmosquitto",
                    providers: [.apt(["libmosquitto-dev"])]),
     .systemLibrary(name: "CBlueZ", pkgConfig: "bluez",
@@ -31,50 +35,49 @@ var targets: [Target] = [
     .systemLibrary(name: "CYAML", pkgConfig: "yaml-0.1",
                    providers: [.apt(["libyaml-dev"])]),
 
+    .target(name: "BatonLibc", dependencies: ["CLibc"], swiftSettings: wireSettings),
     .target(name: "BatonWire", swiftSettings: wireSettings),
-    .target(name: "BatonHCI", dependencies: ["BatonWire", "CBlueZ"], swiftSettings: wireSettings),
+    .target(name: "BatonHCI", dependencies: ["BatonLibc", "CLibc", "BatonWire", "CBlueZ"], swiftSettings: wireSettings),
     // Scenarios are YAML like the gateway's config (docs/simulator.md "Scenarios").
     // BatonKeys: simulated devices of a keyed group seal their payloads as real ones do.
     // The two YAML files Baton reads (the config, scenarios) share their error shape and helpers.
     .target(name: "BatonYAML", dependencies: ["CYAML", .product(name: "Yams", package: "Yams")], swiftSettings: wireSettings),
-    .target(name: "BatonSim", dependencies: ["BatonWire", "BatonHCI", "BatonKeys", "BatonYAML",
+    .target(name: "BatonSim", dependencies: ["BatonLibc", "CLibc", "BatonWire", "BatonHCI", "BatonKeys", "BatonYAML",
                                              .product(name: "Yams", package: "Yams")],
             swiftSettings: wireSettings),
-    .target(name: "BatonCore", dependencies: ["BatonWire"], swiftSettings: wireSettings),
-    .target(name: "BatonKeys", dependencies: ["BatonWire", "CCrypto"], swiftSettings: wireSettings),
-    .target(name: "BatonMQTT", dependencies: ["CMosquitto"], swiftSettings: wireSettings),
+    .target(name: "BatonCore", dependencies: ["BatonLibc", "CLibc", "BatonWire"], swiftSettings: wireSettings),
+    .target(name: "BatonKeys", dependencies: ["BatonLibc", "CLibc", "BatonWire", "CCrypto"], swiftSettings: wireSettings),
+    .target(name: "BatonMQTT", dependencies: ["BatonLibc", "CLibc", "CMosquitto"], swiftSettings: wireSettings),
     // Payload fetches and continuation streams (docs/relay.md). Imports BatonHCI only for its
     // one syscall wrapper (Syscall, Errno), so every descriptor is handled by the same rules.
-    .target(name: "BatonRelay", dependencies: ["BatonWire", "BatonMQTT", "BatonHCI", "CBlueZ"],
+    .target(name: "BatonRelay", dependencies: ["BatonLibc", "CLibc", "BatonWire", "BatonMQTT", "BatonHCI", "CBlueZ"],
             swiftSettings: wireSettings),
     // The config file is YAML (docs/config.md): what a Home Assistant user already writes, and
     // Yams gives every node its line, so a typo is reported with file, line and key.
     .target(name: "BatonGateway",
             dependencies: ["BatonWire", "BatonHCI", "BatonCore", "BatonMQTT", "BatonRelay", "BatonYAML", "BatonKeys",
-                           .product(name: "Logging", package: "swift-log"),
                            .product(name: "Yams", package: "Yams")],
             swiftSettings: wireSettings),
     .executableTarget(
         name: "baton",
         dependencies: [
-            "BatonWire", "BatonHCI", "BatonSim", "BatonCore", "BatonMQTT", "BatonRelay", "BatonGateway", "BatonKeys",
+            "BatonLibc", "BatonWire", "BatonHCI", "BatonSim", "BatonCore", "BatonMQTT", "BatonRelay", "BatonGateway", "BatonKeys",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
-            .product(name: "Logging", package: "swift-log"),
         ]),
 
     // Starts a real mosquitto on 127.0.0.1 and a free port for the tests that need a broker.
     .target(name: "BatonTestSupport", path: "Tests/BatonTestSupport"),
 
-    .testTarget(name: "BatonWireTests", dependencies: ["BatonWire", "BatonTestSupport"], exclude: ["Interop"]),
-    .testTarget(name: "BatonHCITests", dependencies: ["BatonHCI", "BatonWire", "BatonSim"]),
-    .testTarget(name: "BatonCLITests", dependencies: ["BatonHCI", "BatonWire", "BatonSim", "BatonTestSupport", "baton"]),
-    .testTarget(name: "BatonCoreTests", dependencies: ["BatonCore", "BatonWire", "BatonTestSupport"]),
-    .testTarget(name: "BatonKeysTests", dependencies: ["BatonKeys", "BatonWire", "BatonTestSupport"], exclude: ["Interop"]),
-    .testTarget(name: "BatonRelayTests", dependencies: ["BatonRelay", "BatonWire", "BatonHCI", "BatonMQTT", "BatonSim",
+    .testTarget(name: "BatonWireTests", dependencies: ["BatonLibc", "BatonWire", "BatonTestSupport"], exclude: ["Interop"]),
+    .testTarget(name: "BatonHCITests", dependencies: ["BatonLibc", "BatonHCI", "BatonWire", "BatonSim"]),
+    .testTarget(name: "BatonCLITests", dependencies: ["BatonLibc", "BatonHCI", "BatonWire", "BatonSim", "BatonTestSupport", "baton"]),
+    .testTarget(name: "BatonCoreTests", dependencies: ["BatonLibc", "BatonCore", "BatonWire", "BatonTestSupport"]),
+    .testTarget(name: "BatonKeysTests", dependencies: ["BatonLibc", "BatonKeys", "BatonWire", "BatonTestSupport"], exclude: ["Interop"]),
+    .testTarget(name: "BatonRelayTests", dependencies: ["BatonLibc", "BatonRelay", "BatonWire", "BatonHCI", "BatonMQTT", "BatonSim",
                                                         "BatonTestSupport"]),
-    .testTarget(name: "BatonMQTTTests", dependencies: ["BatonMQTT", "BatonTestSupport"]),
+    .testTarget(name: "BatonMQTTTests", dependencies: ["BatonLibc", "BatonMQTT", "BatonTestSupport"]),
     .testTarget(name: "BatonGatewayTests",
-                dependencies: ["BatonGateway", "BatonCore", "BatonMQTT", "BatonRelay", "BatonHCI", "BatonWire", "BatonSim", "BatonKeys",
+                dependencies: ["BatonLibc", "BatonGateway", "BatonCore", "BatonMQTT", "BatonRelay", "BatonHCI", "BatonWire", "BatonSim", "BatonKeys",
                                "BatonTestSupport", "baton"]),
 ]
 
@@ -95,7 +98,6 @@ targets.append(.executableTarget(
 
 var dependencies: [Package.Dependency] = [
     .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
-    .package(url: "https://github.com/apple/swift-log", from: "1.6.0"),
     .package(url: "https://github.com/jpsim/Yams", from: "5.0.1"),
 ]
 
@@ -120,10 +122,9 @@ if ProcessInfo.processInfo.environment["BATON_BENCH"] != nil {
     // throwaway mosquitto the tests use.
     targets.append(.executableTarget(
         name: "GatewayBench",
-        dependencies: ["BatonGateway", "BatonCore", "BatonMQTT", "BatonHCI", "BatonRelay", "BatonSim", "BatonWire", "BatonKeys",
+        dependencies: ["BatonLibc", "BatonGateway", "BatonCore", "BatonMQTT", "BatonHCI", "BatonRelay", "BatonSim", "BatonWire", "BatonKeys",
                        "BatonTestSupport", "CMosquitto",
                        .product(name: "ArgumentParser", package: "swift-argument-parser"),
-                       .product(name: "Logging", package: "swift-log"),
                        .product(name: "MallocInterposerSwift", package: "malloc-interposer")],
         path: "Tests/Benchmarks/GatewayBench"))
 }

@@ -7,9 +7,9 @@
 // invalidated), so expiry, `nextExpiry` and the eviction victim are each found at a list's
 // head without a scan. `hear` and `expire` allocate nothing. Time is injected: `now` is the
 // caller's `ContinuousClock` instant, never read here.
+import BatonLibc
 public import BatonWire
 
-public typealias Instant = ContinuousClock.Instant
 
 public struct ActivityTableConfig: Sendable, Equatable {
     /// Devices tracked at once; storage for this many is allocated at init and never grows.
@@ -344,6 +344,7 @@ enum TableLimits {
 /// doubly linked lists or on the free list. Slots are stable while occupied. A list is kept in
 /// the order elements were appended or moved to its tail: the tables move an entry to the tail
 /// whenever they hear it, so each head is that list's least recently heard.
+@usableFromInline  // Embedded Swift destroys it in the modules that hold a table.
 struct SlotPool<Element>: ~Copyable {
     /// Slot numbers are Int32, and an index sizes its buckets at 2–4 × its keys.
     static var maxCapacity: Int { TableLimits.maxCapacity }
@@ -464,6 +465,7 @@ struct SlotPool<Element>: ~Copyable {
 /// TAOCP vol. 3, §6.4, Algorithm R), so there are no tombstones and lookups never slow down
 /// with churn. Home buckets are keyed by a per-table random seed: devices choose their ids and
 /// addresses, and must not be able to choose a long probe run.
+@usableFromInline  // Embedded Swift destroys it in the modules that hold a table.
 struct SlotIndex: ~Copyable {
     private struct Bucket {
         var key: UInt64

@@ -8,6 +8,7 @@
 // the ciphertext, which stay the same across a rotation until the activity changes), so a
 // rotation moves the entry to the new address instead of leaving a stale one behind.
 // Storage is fixed at init like the activity table's; `hear` and `expire` allocate nothing.
+import BatonLibc
 public import BatonWire
 
 public enum AppleTracking: String, Sendable, Equatable, CaseIterable {

@@ -7,6 +7,7 @@
 // SlotIndex), and one column array of `capacity × gateways` cells holding each gateway's last
 // sighting of each device. `sighting` and `tick` allocate nothing. Time is injected: every
 // instant is the receiver's `ContinuousClock` reading, so nothing compares two machines' clocks.
+import BatonLibc
 public import BatonWire
 
 /// The rule's parameters (docs/rooms.md §3 says why each has its value). Durations are

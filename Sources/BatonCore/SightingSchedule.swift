@@ -7,6 +7,7 @@
 // `lastSeen`) and keeps, per device, what it last sent and when, in fixed storage allocated at
 // init (an entry array, a free stack and the table's open-addressing index). `due` allocates
 // nothing.
+import BatonLibc
 import BatonWire
 
 public struct DueSighting: Sendable, Equatable {

@@ -15,6 +15,7 @@
 //
 // Entries are per device this room holds, so at most `table.capacity` (reserved at start);
 // they are touched on changes and answers only, never per advertisement.
+public import BatonLibc
 import BatonCore
 public import BatonRelay
 public import BatonWire
@@ -67,9 +68,9 @@ public struct ActivityNames {
         var movedAt: Int64?
         var owed = false
         var inFlight = false
-        var lastFetch: ContinuousClock.Instant?
+        var lastFetch: Instant?
         var failures = 0
-        var retryAt: ContinuousClock.Instant?
+        var retryAt: Instant?
 
         init(typeHash: UInt32) { self.typeHash = typeHash }
     }
@@ -213,9 +214,9 @@ public struct ActivityNames {
 
     /// The earliest time an owed fetch that waits may start (nil: none waits; one owed without
     /// a wait starts in the turn that owed it, `Gateway.fetchTitles`).
-    public var nextDeadline: ContinuousClock.Instant? {
+    public var nextDeadline: Instant? {
         guard owed > 0, inFlight < inFlightCapacity else { return nil }
-        var next: ContinuousClock.Instant?
+        var next: Instant?
         for e in entries.values where e.owed && !e.inFlight {
             guard let t = notBefore(e) else { continue }
             if next.map({ t < $0 }) ?? true { next = t }
@@ -224,7 +225,7 @@ public struct ActivityNames {
     }
 
     /// The minimum interval after the last fetch, and the back-off after a failure.
-    func notBefore(_ e: Entry) -> ContinuousClock.Instant? {
+    func notBefore(_ e: Entry) -> Instant? {
         let interval = e.lastFetch.map { $0 + Self.minInterval }
         switch (interval, e.retryAt) {
         case (let a?, let b?): return max(a, b)
@@ -235,7 +236,7 @@ public struct ActivityNames {
     }
 
     /// The devices whose fetch may start now, as many as free own slots.
-    func due(now: ContinuousClock.Instant) -> [UInt64] {
+    func due(now: Instant) -> [UInt64] {
         guard owed > 0, inFlight < inFlightCapacity else { return [] }
         var out: [UInt64] = []
         for (id, e) in entries where e.owed && !e.inFlight && (notBefore(e).map { $0 <= now } ?? true) {
@@ -245,7 +246,7 @@ public struct ActivityNames {
         return out
     }
 
-    mutating func started(_ id: UInt64, now: ContinuousClock.Instant) {
+    mutating func started(_ id: UInt64, now: Instant) {
         guard var e = entries[id] else { return }
         if e.owed { owed -= 1 }
         e.owed = false
@@ -257,13 +258,13 @@ public struct ActivityNames {
     }
 
     /// The relay had no room: the fetch stays owed and is tried at the next turn's deadline.
-    mutating func couldNotStart(_ id: UInt64, now: ContinuousClock.Instant) {
+    mutating func couldNotStart(_ id: UInt64, now: Instant) {
         counters.waited &+= 1
         entries[id]?.retryAt = now + .seconds(1)
     }
 
     /// An answer; true when the message now says more (republish it).
-    mutating func answered(_ a: OwnFetchAnswer, now: ContinuousClock.Instant) -> Bool {
+    mutating func answered(_ a: OwnFetchAnswer, now: Instant) -> Bool {
         guard var e = entries[a.device] else { return false }
         if e.inFlight { inFlight -= 1 }
         e.inFlight = false

@@ -5,8 +5,8 @@
 // `ConfigError` with file, line and key, sorted into file order, and the first is thrown with
 // the rest in `others`. An unknown key gets a suggestion (a close spelling, or the section it
 // belongs to). A key that is absent, empty or `~` keeps its default.
-import Glibc
-import Logging
+import BatonLibc
+import CLibc
 import Yams
 import BatonYAML
 import BatonCore
@@ -156,7 +156,7 @@ func openForReading(_ path: String) throws(ConfigValueError) -> Int32 {
     repeat { fd = open(path, O_RDONLY | O_CLOEXEC) } while fd < 0 && errno == EINTR
     guard fd >= 0 else { throw ConfigValueError(String(cString: strerror(errno))) }
     var info = stat()
-    if fstat(fd, &info) == 0, info.st_mode & S_IFMT == S_IFDIR {
+    if fstat(fd, &info) == 0, info.st_mode & mode_t(S_IFMT) == mode_t(S_IFDIR) {
         close(fd)
         throw ConfigValueError("it is a directory")
     }
@@ -736,7 +736,7 @@ struct ConfigFileReader {
 
     /// The value of the choice written, in any letter case (choices are lowercase).
     mutating func choice<T>(_ e: ConfigEntry, _ choices: [(text: String, value: T)]) -> T? {
-        let names = YAMLText.listed(choices.map(\.text))
+        let names = YAMLText.listed(choices.map({ $0.text }))
         guard let t = text(e, expected: "one of " + names) else { return nil }
         guard let c = choices.first(where: { $0.text == t.lowercased() }) else {
             report(e.value, e.key, "expected \(names), got \(quoted(t))")
@@ -812,7 +812,7 @@ func parseInteger(_ text: String) -> Int? {
     if text.hasPrefix("+") { return nil }
     if text.hasPrefix("0x") || text.hasPrefix("0X") {
         let digits = text.dropFirst(2)
-        guard !digits.isEmpty, digits.allSatisfy(\.isHexDigit) else { return nil }
+        guard !digits.isEmpty, digits.allSatisfy({ $0.isHexDigit }) else { return nil }
         return Int(digits, radix: 16)
     }
     return Int(text)

@@ -7,14 +7,14 @@
 // The loop scans continuously (no scan-then-sleep duty cycle) and watches its own radio:
 // no advertising report for `radio.silence` while scanning means the controller went
 // quiet, and it is re-initialised, counted and reported on the stats topic (docs/mqtt.md §1).
+import BatonLibc
 import BatonCore
 public import BatonHCI
 public import BatonMQTT
 import BatonRelay
 import BatonKeys
 import BatonWire
-import Glibc
-public import Logging
+import CLibc
 
 public enum BatonVersion {
     public static let current = "0.4.0"
@@ -65,7 +65,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     /// When the table is next walked for due sightings. A fixed cadence, not the schedule's
     /// exact deadline: that deadline moves with every report's RSSI, and finding it walks the
     /// whole table, which every loop turn would pay (docs/rooms.md §2).
-    var nextSightingCheck: ContinuousClock.Instant
+    var nextSightingCheck: Instant
     let sightingCheckInterval: Duration
     /// Ownership changes of one call, handled after it (the handler reads the rule's state).
     /// Reserved for every device at once: a gateway going offline hands over all of them.
@@ -91,21 +91,21 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     var notifier: SystemdNotifier
     var log: Logger
     public private(set) var counters = GatewayCounters()
-    let startedAt: ContinuousClock.Instant
+    let startedAt: Instant
     let clock: WallClock
     /// The last advertising report (stats `silent_s`).
-    var lastReportAt: ContinuousClock.Instant
+    var lastReportAt: Instant
     /// The last report or when scanning (re)started, whichever is later: the watchdog's reference.
-    var watchdogFrom: ContinuousClock.Instant
-    var radioRetryAt: ContinuousClock.Instant?
-    var nextStats: ContinuousClock.Instant
+    var watchdogFrom: Instant
+    var radioRetryAt: Instant?
+    var nextStats: Instant
     var mqttEvents: [MQTTEvent]
     /// When the rejoin window of the last connect closes: the devices this gateway stands in
     /// for, left out of the connect's republish, go out then if it still owns them.
-    var standInsDue: ContinuousClock.Instant?
+    var standInsDue: Instant?
     /// The last broker failure logged as a warning, when, and how many like it since (debug).
     var lastBrokerFailure: String?
-    var brokerFailureSaid: ContinuousClock.Instant?
+    var brokerFailureSaid: Instant?
     var brokerFailuresUnsaid = 0
     var announcedFinish = false
     let statsScratch: UnsafeMutableRawBufferPointer
@@ -116,7 +116,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     /// (`GatewayLauncher` makes them, where a libcrypto failure can be reported).
     public init(config: GatewayConfig, radio: consuming Radio, reopen: (() throws(RadioError) -> Radio)? = nil,
                 mqtt: consuming MQTTClient, keys: GatewayKeys = .none, readvertising: (any AdvertisingController)? = nil,
-                log: Logger, environment: [String: String], now: ContinuousClock.Instant, unixMicroseconds: Int64) {
+                log: Logger, environment: [String: String], now: Instant, unixMicroseconds: Int64) {
         precondition(keys.matches(config), "the gateway's keys are GatewayKeys.make(config)")
         self.config = config
         self.verifier = keys.verifier
@@ -136,7 +136,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
             discovery: config.discovery, appleAddresses: config.appleAddresses, orphanGrace: config.table.expiry,
             ownedCapacity: config.table.capacity + config.apple.capacity, log: log)
         self.publisher.keyedGroup = keys.verifier?.groupHash
-        self.publisher.appleNames = config.appleIRKs.map(\.name)
+        self.publisher.appleNames = config.appleIRKs.map({ $0.name })
         var rooms = config.rooms
         rooms.forgetAfter = config.table.expiry
         self.since = unixMicroseconds / 1000
@@ -179,12 +179,12 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     deinit { statsScratch.deallocate() }
 
     /// How this gateway reaches devices (`relay.link`, docs/relay.md §5).
-    static func deviceLink(_ config: GatewayConfig) -> (any DeviceLink)? {
+    static func deviceLink(_ config: GatewayConfig) -> AnyDeviceLink? {
         switch config.resolvedRelayLink {
         case .auto, .none: nil
         // The receive MTU holds the largest payload message (docs/protocol.md §5.1).
-        case .bluez(let adapter): L2CAPLink(adapter: adapter, receiveMTU: config.relay.payloadMax + 3)
-        case .simulator(let path): SimulatedLink(path: path)
+        case .bluez(let adapter): AnyDeviceLink(L2CAPLink(adapter: adapter, receiveMTU: config.relay.payloadMax + 3))
+        case .simulator(let path): AnyDeviceLink(SimulatedLink(path: path))
         }
     }
 
@@ -196,7 +196,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     /// Runs until SIGTERM/SIGINT or an unrecoverable radio error.
     public mutating func run() -> GatewayExit {
         let stop = StopSignals()
-        let now = ContinuousClock.now
+        let now = Instant.now
         publisher.mqtt.start(now: now)
         startRadio(now: now)
         notifier.send("READY=1\nSTATUS=scanning on \(config.radio), broker \(config.broker.host):\(config.broker.port)")
@@ -218,7 +218,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     /// One turn: wait for the nearest deadline or a ready descriptor, then do what is due.
     /// Returns true when `stopFD` became readable.
     public mutating func turn(stopFD: Int32 = -1) -> Bool {
-        var now = ContinuousClock.now
+        var now = Instant.now
         let timeout = pollTimeout(now: now)
         // A source that failed is not polled until its retry: a closed or vanished descriptor
         // reports POLLHUP/POLLERR at once, every turn, and would spin the loop.
@@ -240,9 +240,9 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         let continuingFDs = pollFDs.count
         continuing.pollDescriptors(into: &pollFDs)
         // EINTR (a signal) is just an early turn; the stop pipe says whether to stop.
-        _ = pollFDs.withUnsafeMutableBufferPointer { Glibc.poll($0.baseAddress, nfds_t($0.count), timeout) }
+        _ = pollFDs.withUnsafeMutableBufferPointer { CLibc.poll($0.baseAddress, nfds_t($0.count), timeout) }
         let fds = (pollFDs[0], pollFDs[1], pollFDs[2])
-        now = ContinuousClock.now
+        now = Instant.now
         counters.loopTurns &+= 1
 
         // The radio: ready descriptor, or a due deadline (capture replay has no descriptor).
@@ -320,9 +320,9 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     }
 
     /// Milliseconds to the nearest deadline, at most one second (loop_misc wants that often).
-    func pollTimeout(now: ContinuousClock.Instant) -> Int32 {
+    func pollTimeout(now: Instant) -> Int32 {
         var next = now + .seconds(1)
-        func consider(_ d: ContinuousClock.Instant?) { if let d, d < next { next = d } }
+        func consider(_ d: Instant?) { if let d, d < next { next = d } }
         if radio.state != .finished, radioRetryAt == nil { consider(radio.nextDeadline) }
         consider(radioRetryAt)
         consider(watchdogDeadline)
@@ -353,7 +353,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
 
     // MARK: radio
 
-    mutating func startRadio(now: ContinuousClock.Instant) {
+    mutating func startRadio(now: Instant) {
         do throws(RadioError) {
             if needsReopen, let reopen {
                 radio = try reopen()
@@ -368,7 +368,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         }
     }
 
-    mutating func pollRadio(now: ContinuousClock.Instant) {
+    mutating func pollRadio(now: Instant) {
         let reportsBefore = decoder.tally.reports
         do throws(RadioError) {
             _ = try Self.pollRadio(&radio, &decoder, Keys(verifier: verifier, addresses: addresses, appleIDs: appleIDs),
@@ -404,7 +404,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     static func pollRadio(_ radio: inout Radio, _ decoder: inout AdvertisementDecoder, _ keys: Keys,
                           _ table: inout ActivityTable, _ apple: inout AppleDeviceTable, _ publisher: inout Publisher,
                           _ ownership: borrowing RoomOwnership,
-                          now: ContinuousClock.Instant, clock: WallClock) throws(RadioError) -> Int {
+                          now: Instant, clock: WallClock) throws(RadioError) -> Int {
         let timestamp = clock.unixMicroseconds(now)
         return try radio.poll(now: now) { event in
             route(event: event, timestamp: timestamp, now: now, &decoder, keys, &table, &apple, &publisher, ownership)
@@ -412,7 +412,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     }
 
     @inline(__always)
-    static func route(event: UnsafeRawBufferPointer, timestamp: Int64, now: ContinuousClock.Instant,
+    static func route(event: UnsafeRawBufferPointer, timestamp: Int64, now: Instant,
                       _ decoder: inout AdvertisementDecoder, _ keys: Keys, _ table: inout ActivityTable,
                       _ apple: inout AppleDeviceTable, _ publisher: inout Publisher,
                       _ ownership: borrowing RoomOwnership) {
@@ -445,7 +445,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         }
     }
 
-    mutating func radioFailed(_ error: RadioError, now: ContinuousClock.Instant) {
+    mutating func radioFailed(_ error: RadioError, now: Instant) {
         counters.radioErrors &+= 1
         counters.lastRadioError = error.description
         switch error {
@@ -466,13 +466,13 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
 
     /// When the watchdog fires if no report arrives first. Only sources with a controller
     /// behind a descriptor have one to re-initialise; a capture replay's gaps are the capture's.
-    var watchdogDeadline: ContinuousClock.Instant? {
+    var watchdogDeadline: Instant? {
         radio.fd >= 0 && radio.state == .scanning && radioRetryAt == nil ? watchdogFrom + config.radioSilence : nil
     }
 
     /// Scanning, yet silent for `radio.silence`: the controller stopped delivering (a stuck
     /// firmware, a USB hiccup, another process that disabled scanning). Start it over.
-    mutating func watchRadio(now: ContinuousClock.Instant) {
+    mutating func watchRadio(now: Instant) {
         guard let due = watchdogDeadline, due <= now else { return }
         counters.radioRestarts &+= 1
         log.warning("radio \(config.radio): no advertising report for \(config.radioSilence) while scanning; re-initialising the controller (restart \(counters.radioRestarts))")
@@ -482,12 +482,12 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
 
     // MARK: broker
 
-    static func pollBroker(_ mqtt: inout MQTTClient, _ events: inout [MQTTEvent], now: ContinuousClock.Instant,
+    static func pollBroker(_ mqtt: inout MQTTClient, _ events: inout [MQTTEvent], now: Instant,
                            readable: Bool, writable: Bool) {
         mqtt.poll(now: now, readable: readable, writable: writable) { events.append($0) }
     }
 
-    mutating func handleBrokerEvents(now: ContinuousClock.Instant) {
+    mutating func handleBrokerEvents(now: Instant) {
         for event in mqttEvents {
             switch event {
             case .connected(let version, _):
@@ -538,7 +538,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     // MARK: rooms (docs/rooms.md)
 
     /// A status, a sighting, or a retained entry of the scan after connect.
-    mutating func received(_ message: MQTTMessage, now: ContinuousClock.Instant) {
+    mutating func received(_ message: MQTTMessage, now: Instant) {
         let topics = publisher.topics
         if let id = topics.gatewayID(inStatusTopic: message.topic) {
             let online = message.payload.elementsEqual("online".utf8)
@@ -634,7 +634,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     /// Every gateway sees every request; exactly one answers it: the device's owner while it
     /// is online, else the online gateway whose id sorts first (for unknown devices, devices
     /// nobody owns this moment, and bad requests).
-    mutating func fetchRequested(_ message: MQTTMessage, now: ContinuousClock.Instant) {
+    mutating func fetchRequested(_ message: MQTTMessage, now: Instant) {
         let route: FetchRoute
         let bodyError: WireError?
         switch FetchIntake(message) {
@@ -686,7 +686,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
 
     /// Starts the owed fetches whose time has come, as many as the own slots allow; a device
     /// that is no longer owned, current or reachable owes nothing.
-    mutating func fetchTitles(now: ContinuousClock.Instant) {
+    mutating func fetchTitles(now: Instant) {
         for id in publisher.names.due(now: now) {
             guard ownership.owns(id), let a = table.activity(deviceID: id), a.state == .current, a.beacon.psm != 0 else {
                 publisher.names.dropOwed(id)
@@ -705,7 +705,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
 
     /// The answers to the own fetches: a payload that names more than the message says goes
     /// out at once; a failure leaves the message as it is (counted, backed off).
-    mutating func takeTitles(now: ContinuousClock.Instant) {
+    mutating func takeTitles(now: Instant) {
         for i in relay.ownAnswers.indices {
             let answer = relay.ownAnswers[i]
             let device = Topics.deviceText(answer.device)
@@ -731,7 +731,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     }
 
     /// An endpoint opens a stream (docs/relay.md §7.2); refusals go back as error frames.
-    mutating func streamOpenRequested(_ message: MQTTMessage, device: UInt64?, id: String, now: ContinuousClock.Instant) {
+    mutating func streamOpenRequested(_ message: MQTTMessage, device: UInt64?, id: String, now: Instant) {
         // A retained open would reopen the stream at every reconnect.
         guard !message.retained else { return streams.dropped("stream-retained-open") }
         guard answers(for: device) else { return }
@@ -771,7 +771,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     /// Acts on what the rule decided: the new owner publishes what it holds; the old one
     /// falls silent without clearing (the topic is the new owner's now); a forgotten device's
     /// activity is cleared by its owner, or by the first online gateway if its owner is gone.
-    mutating func handleOwnershipChanges(now: ContinuousClock.Instant) {
+    mutating func handleOwnershipChanges(now: Instant) {
         guard !ownershipChanges.isEmpty else { return }
         let me = ownership.selfSlot
         for change in ownershipChanges {
@@ -817,7 +817,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     /// Disagreements about devices this gateway owns (docs/rooms.md §7 rule 3): another
     /// gateway's claim is settled by rank, the same way at both; anything else is published over.
     static func correct(_ publisher: inout Publisher, _ table: borrowing ActivityTable, _ ownership: inout RoomOwnership,
-                        _ changes: inout [OwnershipChange], now: ContinuousClock.Instant) {
+                        _ changes: inout [OwnershipChange], now: Instant) {
         for (device, claimant) in publisher.correct(table: table, ownership: ownership, now: now) {
             let gaveWay = ownership.yield(device, to: Substring(claimant), now: now) { changes.append($0) }
             if !gaveWay { publisher.republish(device, table: table) }
@@ -846,7 +846,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     }
 
     /// This gateway's sightings that are due (docs/rooms.md §2).
-    mutating func sendSightings(now: ContinuousClock.Instant) {
+    mutating func sendSightings(now: Instant) {
         nextSightingCheck = now + sightingCheckInterval
         Self.sendSightings(&sightings, table, apple, &publisher, &sightingCounter, since: since, now: now)
     }
@@ -854,7 +854,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     static func sendSightings(_ schedule: inout SightingSchedule, _ table: borrowing ActivityTable,
                               _ apple: borrowing AppleDeviceTable,
                               _ publisher: inout Publisher, _ counter: inout UInt64, since: Int64,
-                              now: ContinuousClock.Instant) {
+                              now: Instant) {
         schedule.due(table: table, apple: apple, now: now) { due in
             counter &+= 1  // 64 bits at a million a second: half a million years
             publisher.publishSighting(device: due.device, Sighting(rssi: due.rssi, since: since, n: counter))
@@ -862,12 +862,12 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     }
 
     static func expire(_ table: inout ActivityTable, _ publisher: inout Publisher, _ ownership: borrowing RoomOwnership,
-                       now: ContinuousClock.Instant) {
+                       now: Instant) {
         table.expire(now: now) { publisher.activityChanged($0, owned: ownership.owns($0.activity.deviceID)) }
     }
 
     static func expire(_ apple: inout AppleDeviceTable, _ publisher: inout Publisher, _ ownership: borrowing RoomOwnership,
-                       now: ContinuousClock.Instant) {
+                       now: Instant) {
         apple.expire(now: now) { publisher.appleChanged($0, owned: owns($0.device, ownership)) }
     }
 
@@ -895,15 +895,15 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         // it has been quiet for 50 ms, at most 500 ms: a socket closed with unread bytes
         // sends a reset instead of a FIN, and the reset can destroy the DISCONNECT on its
         // way, so the broker would see an unclean close.
-        let end = ContinuousClock.now + .milliseconds(500)
-        while ContinuousClock.now < end, publisher.mqtt.isConnected {
+        let end = Instant.now + .milliseconds(500)
+        while Instant.now < end, publisher.mqtt.isConnected {
             let wantsWrite = publisher.mqtt.wantsWrite
             var p = pollfd(fd: publisher.mqtt.socket, events: Int16(POLLIN) | (wantsWrite ? Int16(POLLOUT) : 0),
                            revents: 0)
-            let n = Glibc.poll(&p, 1, 50)
+            let n = CLibc.poll(&p, 1, 50)
             if n < 0, errno == EINTR { continue }
             if n <= 0 { if wantsWrite { continue } else { break } }
-            publisher.mqtt.poll(now: ContinuousClock.now, readable: p.revents & Int16(POLLIN | POLLHUP | POLLERR) != 0,
+            publisher.mqtt.poll(now: Instant.now, readable: p.revents & Int16(POLLIN | POLLHUP | POLLERR) != 0,
                                 writable: p.revents & Int16(POLLOUT) != 0) { _ in }
         }
         publisher.mqtt.disconnect()
@@ -953,7 +953,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     }
 
     /// Phones connecting to the slots' PSMs (`fds`: one per listener, in slot order).
-    mutating func acceptPhones(_ fds: ArraySlice<pollfd>, now: ContinuousClock.Instant) {
+    mutating func acceptPhones(_ fds: ArraySlice<pollfd>, now: Instant) {
         guard let readvertiseRadio else { return }
         for (k, fd) in zip(readvertiseRadio.psms.indices, fds) where fd.revents != 0 {
             let accepted: (fd: Int32, peer: LinkAddress)?
@@ -977,7 +977,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     }
 
     /// An owner's answer to a fetch asked for a phone.
-    mutating func answeredForPhone(_ message: MQTTMessage, now: ContinuousClock.Instant) {
+    mutating func answeredForPhone(_ message: MQTTMessage, now: Instant) {
         let a = AnswerForPhone(message)
         continuing.answered(topic: message.topic, correlation: a.correlation, status: a.status, sequence: a.sequence,
                             payload: a.payload, now: now)
@@ -985,7 +985,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
 
     // MARK: stats
 
-    mutating func publishStats(now: ContinuousClock.Instant) {
+    mutating func publishStats(now: Instant) {
         var w = JSONWriter(statsScratch)
         do throws(WireError) {
             try writeStats(now: now, into: &w)
@@ -995,7 +995,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         publisher.publishStats(w.written)
     }
 
-    func writeStats(now: ContinuousClock.Instant, into w: inout JSONWriter) throws(WireError) {
+    func writeStats(now: Instant, into w: inout JSONWriter) throws(WireError) {
         let t = decoder.tally
         try w.beginObject()
         try w.key("gateway"); try w.string(config.gatewayID)

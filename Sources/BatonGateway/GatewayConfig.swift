@@ -221,7 +221,8 @@ enum ConfigValue {
         guard !text.hasPrefix("/") && !text.hasSuffix("/") else {
             throw ConfigValueError("must not start or end with \"/\", got \(quoted(text))")
         }
-        guard !text.contains("//") else {
+        // Leading and trailing "/" are refused above, so an empty piece is a "//".
+        guard !text.split(separator: "/", omittingEmptySubsequences: false).contains(where: { $0.isEmpty }) else {
             throw ConfigValueError("must not contain an empty topic level (\"//\"), got \(quoted(text))")
         }
         guard !text.hasPrefix("$") else {

@@ -35,7 +35,7 @@ public struct GatewayKeys {
         }
         var ids: [UInt32] = []
         for named in config.appleIRKs { ids.append(try named.irk.stableID()) }
-        return GatewayKeys(verifier: verifier, addresses: try AddressResolver(irks: config.appleIRKs.map(\.irk)),
+        return GatewayKeys(verifier: verifier, addresses: try AddressResolver(irks: config.appleIRKs.map({ $0.irk })),
                            appleIDs: ids, tagger: tagger)
     }
 

@@ -1,5 +1,6 @@
 // What the gateway publishes, written by the fixed-buffer JSONWriter (docs/mqtt.md has an
 // example of each). These run once per change, never per advertisement.
+import BatonLibc
 public import BatonCore
 public import BatonWire
 
@@ -8,14 +9,14 @@ public import BatonWire
 /// expiry, and timestamps stay consistent with each other.
 public struct WallClock: Sendable {
     public let unixMicrosecondsAtStart: Int64
-    public let instantAtStart: ContinuousClock.Instant
+    public let instantAtStart: Instant
 
-    public init(unixMicrosecondsAtStart: Int64, instantAtStart: ContinuousClock.Instant) {
+    public init(unixMicrosecondsAtStart: Int64, instantAtStart: Instant) {
         self.unixMicrosecondsAtStart = unixMicrosecondsAtStart
         self.instantAtStart = instantAtStart
     }
 
-    public func unixMicroseconds(_ instant: ContinuousClock.Instant) -> Int64 {
+    public func unixMicroseconds(_ instant: Instant) -> Int64 {
         let d = instant - instantAtStart
         let (s, atto) = d.components
         return unixMicrosecondsAtStart + s * 1_000_000 + atto / 1_000_000_000_000

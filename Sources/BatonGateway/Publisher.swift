@@ -2,10 +2,10 @@
 // "Through restarts"). It is state-based: while the broker is away nothing is queued but the
 // clears of what ended meanwhile; on every (re)connect it publishes the birth status and all
 // it owns again, so a broker that restarted without persistence converges back to the truth.
+import BatonLibc
 public import BatonCore
 public import BatonMQTT
 import BatonWire
-public import Logging
 
 public struct PublisherCounters: Sendable, Equatable {
     /// Retained activity / Apple messages published (set or cleared).
@@ -64,21 +64,21 @@ public struct Publisher: ~Copyable {
     private let pendingCapacity: Int
     /// Retained entries naming this gateway that it does not hold, or naming an offline
     /// gateway, with the instant they are cleared unless heard again first.
-    private var orphans: [(topic: OwnedTopic, deadline: ContinuousClock.Instant, mine: Bool)]
+    private var orphans: [(topic: OwnedTopic, deadline: Instant, mine: Bool)]
     /// Orphans were seen that did not fit the list: once a batch is cleared, the broker is
     /// asked again (a new SUBSCRIBE sends every retained entry anew), no sooner than
     /// `orphanRescanGap` after the last time, until one pass finds no more than fit.
     private var orphansOverflowed = false
-    private var rescanAt: ContinuousClock.Instant?
-    private var lastRescan: ContinuousClock.Instant?
-    private var connectedAt: ContinuousClock.Instant?
+    private var rescanAt: Instant?
+    private var lastRescan: Instant?
+    private var connectedAt: Instant?
     static let orphanRescanGap: Duration = .milliseconds(500)
     /// FNV-1a 64 of the last activity JSON this gateway published for each device it owns,
     /// until it clears it or stops owning it: what the broker should retain (docs/rooms.md §7).
     private var published: [UInt64: UInt64]
     /// Owned devices whose retained activity was seen to say otherwise: since when, and the
     /// gateway the message named (nil: a clear, or no gateway).
-    private var disputes: [UInt64: (since: ContinuousClock.Instant, writer: String?)]
+    private var disputes: [UInt64: (since: Instant, writer: String?)]
     /// How long a disagreement may stand before the owner settles it. Gateways that receive
     /// the same sightings decide a hand-over within milliseconds of each other (docs/rooms.md
     /// §3 "How far the gateways agree"), so a quarter second lets one that the others have
@@ -118,8 +118,8 @@ public struct Publisher: ~Copyable {
     public var pendingClears: Int { pending.count }
     public var orphanCount: Int { orphans.count }
     /// The earliest orphan's deadline, or the next rescan for orphans that did not fit.
-    public var nextOrphanDeadline: ContinuousClock.Instant? {
-        let first = orphans.lazy.map(\.deadline).min()
+    public var nextOrphanDeadline: Instant? {
+        let first = orphans.lazy.map({ $0.deadline }).min()
         guard let rescanAt else { return first }
         return first.map { min($0, rescanAt) } ?? rescanAt
     }
@@ -166,7 +166,7 @@ public struct Publisher: ~Copyable {
     /// This gateway became the device's owner: what it holds goes out now, with discovery
     /// configs whose availability follows this gateway's status.
     public mutating func tookOver(_ a: TrackedActivity) {
-        if a.state == .current { names.tookOver(a, readable: readable(a), now: clock.unixMicroseconds(.now)) }
+        if a.state == .current { names.tookOver(a, readable: readable(a), now: clock.unixMicroseconds(Instant.now)) }
         guard mqtt.isConnected else { counters.changesWhileAway &+= 1; return }
         publishDeviceDiscovery(a.deviceID)
         if a.state == .current { publishActivity(a) }
@@ -403,7 +403,7 @@ public struct Publisher: ~Copyable {
 
     /// Birth, then everything owned: the broker may have restarted with nothing retained.
     public mutating func connected(table: borrowing ActivityTable, apple: borrowing AppleDeviceTable,
-                                   ownership: borrowing RoomOwnership, now: ContinuousClock.Instant) {
+                                   ownership: borrowing RoomOwnership, now: Instant) {
         counters.connects &+= 1
         loggedPublishError = false
         connectedAt = now
@@ -482,7 +482,7 @@ public struct Publisher: ~Copyable {
     /// subscription only brings every gateway's live changes (ours included), each copied
     /// into the heap for nothing, so it ends. The activities' stays (docs/rooms.md §7).
     public static var retainedScan: Duration { .seconds(5) }
-    public private(set) var retainedScanEnds: ContinuousClock.Instant?
+    public private(set) var retainedScanEnds: Instant?
 
     public mutating func endRetainedScan() {
         retainedScanEnds = nil
@@ -498,7 +498,7 @@ public struct Publisher: ~Copyable {
     /// broker's memory; live ones are changes coming by.
     public mutating func received(_ message: MQTTMessage, table: borrowing ActivityTable,
                                   apple: borrowing AppleDeviceTable, ownership: borrowing RoomOwnership,
-                                  now: ContinuousClock.Instant) {
+                                  now: Instant) {
         guard message.retained, !message.payload.isEmpty else { return }
         let owned: OwnedTopic
         if let id = topics.deviceID(inActivityTopic: message.topic) {
@@ -540,7 +540,7 @@ public struct Publisher: ~Copyable {
     /// A message on an activity topic, retained or live (docs/rooms.md §7): for a device this
     /// gateway owns and has published, anything but what it published last is a disagreement,
     /// corrected after `Publisher.correctAfter` unless a matching message comes first.
-    public mutating func observed(_ message: MQTTMessage, now: ContinuousClock.Instant) {
+    public mutating func observed(_ message: MQTTMessage, now: Instant) {
         guard let id = topics.deviceID(inActivityTopic: message.topic), let mine = published[id] else { return }
         if Self.digest(message.payload) == mine {
             disputes[id] = nil
@@ -558,8 +558,8 @@ public struct Publisher: ~Copyable {
     }
 
     /// When the first disagreement is due to be corrected.
-    public var nextCorrection: ContinuousClock.Instant? {
-        disputes.values.lazy.map(\.since).min().map { $0 + Self.correctAfter }
+    public var nextCorrection: Instant? {
+        disputes.values.lazy.map({ $0.since }).min().map { $0 + Self.correctAfter }
     }
 
     /// Settles every disagreement that has stood for `Publisher.correctAfter` about a device
@@ -568,7 +568,7 @@ public struct Publisher: ~Copyable {
     /// rule to say which of the two keeps the device (RoomOwnership.yield, then `republish`).
     /// A stand-in inside the rejoin window waits for the window (docs/rooms.md §7 rule 1).
     public mutating func correct(table: borrowing ActivityTable, ownership: borrowing RoomOwnership,
-                                 now: ContinuousClock.Instant) -> [(device: UInt64, claimedBy: String)] {
+                                 now: Instant) -> [(device: UInt64, claimedBy: String)] {
         let due = disputes.filter { $0.value.since + Self.correctAfter <= now }.map { ($0.key, $0.value.writer) }
         var contested: [(device: UInt64, claimedBy: String)] = []
         for (id, writer) in due {
@@ -607,11 +607,11 @@ public struct Publisher: ~Copyable {
     /// gateway's own, and offline gateways' activities that no online gateway owns, when this
     /// gateway is the first online one (so one gateway clears, not all).
     public mutating func clearOrphans(table: borrowing ActivityTable, apple: borrowing AppleDeviceTable,
-                                      ownership: borrowing RoomOwnership, now: ContinuousClock.Instant) {
+                                      ownership: borrowing RoomOwnership, now: Instant) {
         guard mqtt.isConnected else { return }
         if let due = rescanAt, due <= now { return rescanOrphans(now: now) }
         guard orphans.contains(where: { $0.deadline <= now }) else { return }
-        var kept: [(topic: OwnedTopic, deadline: ContinuousClock.Instant, mine: Bool)] = []
+        var kept: [(topic: OwnedTopic, deadline: Instant, mine: Bool)] = []
         var cleared = 0
         for o in orphans {
             guard o.deadline <= now else { kept.append(o); continue }
@@ -643,14 +643,14 @@ public struct Publisher: ~Copyable {
     /// This gateway became the first online one: clearing other gateways' orphans is its job
     /// now, and the one before may have left some (docs/rooms.md §4): the broker is asked
     /// again for every retained entry.
-    public mutating func becameFirstOnline(now: ContinuousClock.Instant) {
+    public mutating func becameFirstOnline(now: Instant) {
         guard mqtt.isConnected, rescanAt == nil else { return }
         rescanAt = max(now, (lastRescan ?? now) + Self.orphanRescanGap)
     }
 
     /// Asks the broker for every retained entry again: the ones that did not fit last time
     /// come back (those cleared are gone), and fill the list for the next batch.
-    private mutating func rescanOrphans(now: ContinuousClock.Instant) {
+    private mutating func rescanOrphans(now: Instant) {
         rescanAt = nil
         lastRescan = now
         orphansOverflowed = false

@@ -13,7 +13,6 @@ import BatonKeys
 public import BatonMQTT
 public import BatonRelay
 public import BatonWire
-import Foundation
 
 /// An activity another room owns, as this gateway re-advertises it.
 public struct RelayedActivity: Equatable, Sendable {
@@ -117,19 +116,19 @@ public struct Readvertiser {
     /// not an activity message at all.
     func eligible(device: UInt64, payload: [UInt8]) -> RelayedActivity? {
         guard !payload.isEmpty,
-              let o = try? JSONSerialization.jsonObject(with: Data(payload)) as? [String: Any],
-              o["state"] as? String == "current",
-              o["verified"] as? Bool == true,
-              o["relayed"] as? Bool != true,
-              let owner = o["gateway"] as? String, owner != selfID,
-              let group = (o["group"] as? String).flatMap({ UInt32($0, radix: 16) }), group == groupHash,
-              let seq = o["seq"] as? Int, let sequence = UInt16(exactly: seq),
-              let typeHash = (o["type_hash"] as? String).flatMap({ UInt32($0, radix: 16) }),
-              let psm = o["psm"] as? Int, psm != 0
+              let o = payload.withUnsafeBytes({ RetainedEntry.fields($0) }),
+              o["state"]?.string == "current",
+              o["verified"]?.bool == true,
+              o["relayed"]?.bool != true,
+              let owner = o["gateway"]?.string, owner != selfID,
+              let group = o["group"]?.string.flatMap({ UInt32($0, radix: 16) }), group == groupHash,
+              let seq = o["seq"]?.integer, let sequence = UInt16(exactly: seq),
+              let typeHash = o["type_hash"]?.string.flatMap({ UInt32($0, radix: 16) }),
+              let psm = o["psm"]?.integer, psm != 0
         else { return nil }
         var flags: BeaconFlags = []
-        if o["supports_streams"] as? Bool == true { flags.insert(.supportsStreams) }
-        if o["has_web_url"] as? Bool == true { flags.insert(.hasWebURL) }
+        if o["supports_streams"]?.bool == true { flags.insert(.supportsStreams) }
+        if o["has_web_url"]?.bool == true { flags.insert(.hasWebURL) }
         return RelayedActivity(device: device, sequence: sequence, typeHash: typeHash, flags: flags, owner: owner,
                                generation: generation)
     }
@@ -318,15 +317,15 @@ public struct AnswerForPhone {
             if status == "ok" { payload = message.payload }
             return
         }
-        guard let o = try? JSONSerialization.jsonObject(with: Data(message.payload)) as? [String: Any],
-              let status = o["status"] as? String, let hex = o["correlation"] as? String else { return }
+        guard let o = message.payload.withUnsafeBytes({ RetainedEntry.fields($0) }),
+              let status = o["status"]?.string, let hex = o["correlation"]?.string else { return }
         self.status = status
         var i = hex.startIndex
         while let j = hex.index(i, offsetBy: 2, limitedBy: hex.endIndex), j > i, let b = UInt8(hex[i..<j], radix: 16) {
             correlation.append(b)
             i = j
         }
-        sequence = (o["seq"] as? Int).flatMap { UInt16(exactly: $0) }
-        if status == "ok" { payload = (o["cbor"] as? String).flatMap { Data(base64Encoded: $0) }.map { [UInt8]($0) } ?? [] }
+        sequence = o["seq"]?.integer.flatMap { UInt16(exactly: $0) }
+        if status == "ok" { payload = o["cbor"]?.string.flatMap { Base64.decode($0) } ?? [] }
     }
 }

@@ -1,12 +1,11 @@
 // `baton gateway`: opens the radio the config names, connects the broker client, and runs the
 // loop. The radio's concrete type is chosen here, once, so the loop is generic and direct.
+import BatonLibc
 import BatonCore
 import BatonHCI
 import BatonKeys
 import BatonMQTT
-import Foundation
-import Glibc
-public import Logging
+import CLibc
 
 public enum GatewayLauncher {
     /// The broker client for a gateway: its will is the status topic's `offline`.
@@ -43,13 +42,13 @@ public enum GatewayLauncher {
                 let open = { () throws(RadioError) -> RadioH4 in try RadioH4(fd: try connectUnix(socket), config: radioConfig) }
                 return run(radio: try open(), reopen: open, mqtt: mqtt, config: config, log: log)
             case .capture(let path):
-                guard let data = FileManager.default.contents(atPath: path) else {
+                guard let data = readFile(path) else {
                     log.critical("radio capture:\(path): cannot read the file")
                     return 1
                 }
                 let pace: RadioCapture.Pace = config.pacedCapture ? .timestamps(speed: 1) : .asFastAsPossible
                 let radio: RadioCapture
-                do throws(RadioError) { radio = try RadioCapture(file: Array(data), pace: pace) } catch {
+                do throws(RadioError) { radio = try RadioCapture(file: data, pace: pace) } catch {
                     log.critical("radio capture:\(path): not a capture Baton reads: \(error)")
                     return 1
                 }
@@ -72,7 +71,7 @@ public enum GatewayLauncher {
             log.info("security: verifying beacons of group \(Topics.hex(UInt64(verifier.groupHash), digits: 8)), \(config.security.identities) identities, other groups: \(config.security.unkeyed == .publish ? "published as unverified" : "ignored")")
         }
         if !config.appleIRKs.isEmpty {
-            log.info("apple: following \(config.appleIRKs.count) named devices by IRK: \(config.appleIRKs.map(\.name).joined(separator: ", "))")
+            log.info("apple: following \(config.appleIRKs.count) named devices by IRK: \(config.appleIRKs.map({ $0.name }).joined(separator: ", "))")
         }
         var readvertising: ReadvertiseRadio?
         if config.readvertise > 0 {
@@ -100,7 +99,7 @@ public enum GatewayLauncher {
         clock_gettime(CLOCK_REALTIME, &tv)
         var gateway = Gateway(config: config, radio: radio, reopen: reopen, mqtt: mqtt, keys: keys,
                               readvertising: readvertising, log: log,
-                              environment: ProcessInfo.processInfo.environment, now: .now,
+                              environment: processEnvironment(), now: .now,
                               unixMicroseconds: Int64(tv.tv_sec) * 1_000_000 + Int64(tv.tv_nsec) / 1000)
         switch gateway.run() {
         case .stopped: return 0

@@ -1,7 +1,8 @@
 // SIGTERM (systemd stop) and SIGINT (Ctrl-C) end the loop cleanly: the handler only writes
 // one byte to a pipe that the loop polls (the self-pipe trick; write(2) is async-signal-safe,
 // and Glibc's module has no signalfd). The loop then says `offline` itself and disconnects.
-import Glibc
+import BatonLibc
+import CLibc
 
 /// The pipe's write end, set once before the handlers are installed and never changed.
 nonisolated(unsafe) private var signalPipeWriteEnd: Int32 = -1
@@ -38,12 +39,12 @@ public struct StopSignals: ~Copyable {
         sigaddset(&mask, SIGINT)
         pthread_sigmask(SIG_UNBLOCK, &mask, nil)
         // A broker or controller socket closing under us must be an error, not a kill.
-        signal(SIGPIPE, SIG_IGN)
+        baton_signal_ignore(SIGPIPE)
     }
 
     deinit {
-        signal(SIGTERM, SIG_DFL)
-        signal(SIGINT, SIG_DFL)
+        baton_signal_default(SIGTERM)
+        baton_signal_default(SIGINT)
         close(fd)
         close(writeEnd)
     }

@@ -2,8 +2,9 @@
 // $NOTIFY_SOCKET. The unit in board/ is Type=notify with WatchdogSec: the loop pings the
 // watchdog every half period, so a loop that hangs gets the service restarted. Without
 // $NOTIFY_SOCKET (not under systemd) every call does nothing.
+import BatonLibc
 import BatonHCI
-import Glibc
+import CLibc
 
 public struct SystemdNotifier: ~Copyable {
     private let fd: Int32
@@ -11,7 +12,7 @@ public struct SystemdNotifier: ~Copyable {
     private var addressLength: socklen_t = 0
     /// Half of $WATCHDOG_USEC, when systemd asked for pings.
     public let watchdogInterval: Duration?
-    private var nextPing: ContinuousClock.Instant?
+    private var nextPing: Instant?
 
     public init(environment: [String: String]) {
         var fd: Int32 = -1
@@ -46,9 +47,9 @@ public struct SystemdNotifier: ~Copyable {
     }
 
     /// When the loop must wake to ping the watchdog next.
-    public var nextDeadline: ContinuousClock.Instant? { nextPing }
+    public var nextDeadline: Instant? { nextPing }
 
-    public mutating func pingIfDue(now: ContinuousClock.Instant) {
+    public mutating func pingIfDue(now: Instant) {
         guard let interval = watchdogInterval else { return }
         if let due = nextPing, now < due { return }
         send("WATCHDOG=1")

@@ -15,7 +15,8 @@
 // Privileges: mgmt.c lets an untrusted socket (no CAP_NET_ADMIN) run only read commands; Add
 // Advertising, Remove Advertising and Set Powered need CAP_NET_ADMIN (status 0x14 otherwise).
 
-import Glibc
+import BatonLibc
+import CLibc
 import CBlueZ
 import BatonWire
 
@@ -389,13 +390,13 @@ public struct ManagementSocket: ~Copyable {
         // `hci_mgmt_cmd` returns mgmt_cmd_status's 0 for an unknown index, seen in the VM);
         // either way the answer is on the socket. EAGAIN would be a full socket buffer.
         guard sent != nil else { throw .os(Errno(EAGAIN, call: "write(mgmt)")) }
-        let deadline = ContinuousClock.now + timeout
+        let deadline = Instant.now + timeout
         while true {
             let left = deadline - .now
             guard left > .zero else { throw .timeout(adapter: adapter, command: opcode.name) }
             var p = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
             let ms = Int32(min(left.components.seconds * 1000 + left.components.attoseconds / 1_000_000_000_000_000 + 1, 2_000))
-            _ = Glibc.poll(&p, 1, ms)
+            _ = CLibc.poll(&p, 1, ms)
             let got: Int?
             do throws(Errno) { got = try Syscall.read(fd, into: buffer) } catch { throw map(error, opcode) }
             guard let got else { continue }

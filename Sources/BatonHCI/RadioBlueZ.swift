@@ -26,7 +26,8 @@
 // CAP_NET_RAW (hci_sock.c `hci_sec_filter` limits everyone else to a few read-only commands
 // and events); bringing a down adapter up (HCIDEVUP) needs CAP_NET_ADMIN.
 
-import Glibc
+import BatonLibc
+import CLibc
 import CBlueZ
 import BatonWire
 
@@ -52,7 +53,7 @@ public struct RadioBlueZ: RadioSource, ~Copyable {
     /// Times Baton's scan was set again after someone else changed it.
     public private(set) var rescans = 0
     /// When the last scan command of someone else was seen; nil when none is pending.
-    private var foreignScanAt: ContinuousClock.Instant? = nil
+    private var foreignScanAt: Instant? = nil
 
     /// How long the kernel must have sent no scan command before Baton sets its scan again.
     /// Its connect sequence (disable, accept list, parameters, enable, disable, LE Create
@@ -135,7 +136,7 @@ public struct RadioBlueZ: RadioSource, ~Copyable {
 
     public var wantsWrite: Bool { txSent < txCount }
     public var state: RadioState { flow.state }
-    public var nextDeadline: ContinuousClock.Instant? {
+    public var nextDeadline: Instant? {
         guard let at = foreignScanAt else { return flow.deadline }
         let rescan = at + Self.rescanAfter
         return flow.deadline.map { min($0, rescan) } ?? rescan
@@ -144,7 +145,7 @@ public struct RadioBlueZ: RadioSource, ~Copyable {
     public var leFeatures: LEFeatures? { flow.leFeatures }
     public var usesExtendedScanning: Bool { flow.usesExtendedScanning }
 
-    public mutating func start(now: ContinuousClock.Instant) throws(RadioError) {
+    public mutating func start(now: Instant) throws(RadioError) {
         // A datagram is written whole or not at all, so nothing is ever half sent here.
         txCount = 0
         txSent = 0
@@ -153,7 +154,7 @@ public struct RadioBlueZ: RadioSource, ~Copyable {
         try pump(now: now)
     }
 
-    public mutating func poll(now: ContinuousClock.Instant,
+    public mutating func poll(now: Instant,
                               _ onEvent: (UnsafeRawBufferPointer) -> Void) throws(RadioError) -> Int {
         var firstError: RadioError? = nil
         var delivered = 0
@@ -224,7 +225,7 @@ public struct RadioBlueZ: RadioSource, ~Copyable {
         return delivered
     }
 
-    private mutating func pump(now: ContinuousClock.Instant) throws(RadioError) {
+    private mutating func pump(now: Instant) throws(RadioError) {
         guard txSent == txCount, let command = flow.nextCommand(now: now) else { return }
         var w = ByteWriter(tx)
         do {

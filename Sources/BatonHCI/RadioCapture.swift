@@ -5,6 +5,7 @@
 // Sniffer captures hold link-layer PDUs, not HCI events: each good-CRC advertising PDU is
 // delivered as the LE Advertising Report event a controller would have sent for it
 // (Core 5.4, Vol 4, Part E, §7.7.65.2), written into one fixed buffer.
+import BatonLibc
 public import BatonWire
 
 public struct RadioCapture: ~Copyable, RadioSource {
@@ -20,7 +21,7 @@ public struct RadioCapture: ~Copyable, RadioSource {
     private var reader: CaptureReader
     private let pace: Pace
     /// The capture time of the first record and the clock instant it was replayed at.
-    private var origin: (capture: Int64, clock: ContinuousClock.Instant)?
+    private var origin: (capture: Int64, clock: Instant)?
     /// A record read but not yet due (paced replay).
     private var pending: CaptureRecord?
     private var synthesized: InlineArray<257, UInt8> = .init(repeating: 0)
@@ -65,14 +66,14 @@ public struct RadioCapture: ~Copyable, RadioSource {
     public var fd: Int32 { -1 }
     public var wantsWrite: Bool { false }
 
-    public var nextDeadline: ContinuousClock.Instant? {
+    public var nextDeadline: Instant? {
         guard state == .scanning else { return nil }
         guard case .timestamps(let speed) = pace, let origin, let pending else { return origin?.clock ?? .now }
         return origin.clock + .microseconds(Double(pending.timestamp &- origin.capture) / speed)
     }
 
     /// Rewinds to the first record.
-    public mutating func start(now: ContinuousClock.Instant) throws(RadioError) {
+    public mutating func start(now: Instant) throws(RadioError) {
         let view = UnsafeRawBufferPointer(rebasing: UnsafeRawBufferPointer(storage)[..<count])
         do throws(WireError) { reader = try CaptureReader(view) } catch { throw .wire(error) }
         origin = nil
@@ -81,7 +82,7 @@ public struct RadioCapture: ~Copyable, RadioSource {
         state = .scanning
     }
 
-    public mutating func poll(now: ContinuousClock.Instant,
+    public mutating func poll(now: Instant,
                               _ onEvent: (UnsafeRawBufferPointer) -> Void) throws(RadioError) -> Int {
         guard state == .scanning else { return 0 }
         var delivered = 0

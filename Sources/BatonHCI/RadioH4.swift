@@ -8,7 +8,8 @@
 // reads what is there, frames it (H4Framer), answers the init sequence and writes at most one
 // command, and returns. A short write keeps the rest of the command and asks for POLLOUT.
 
-import Glibc
+import BatonLibc
+import CLibc
 import BatonWire
 
 public struct RadioH4: RadioSource, ~Copyable {
@@ -69,7 +70,7 @@ public struct RadioH4: RadioSource, ~Copyable {
 
     public var wantsWrite: Bool { txSent < txCount }
     public var state: RadioState { flow.state }
-    public var nextDeadline: ContinuousClock.Instant? { flow.deadline }
+    public var nextDeadline: Instant? { flow.deadline }
     /// What Read_Local_Version_Information returned during the last init.
     public var localVersion: HCILocalVersion? { flow.localVersion }
     /// What LE_Read_Local_Supported_Features returned during the last init.
@@ -79,7 +80,7 @@ public struct RadioH4: RadioSource, ~Copyable {
     /// Framing counters (garbage bytes skipped while hunting for an indicator).
     public var framerStats: H4FramerStats { framer.stats }
 
-    public mutating func start(now: ContinuousClock.Instant) throws(RadioError) {
+    public mutating func start(now: Instant) throws(RadioError) {
         // A command half written must still be finished: H4 cannot abandon a packet
         // mid-stream, the controller would read the next command as its tail. Its answer will
         // not match the new sequence's opcodes and only its credits are used.
@@ -89,7 +90,7 @@ public struct RadioH4: RadioSource, ~Copyable {
         try pump(now: now)
     }
 
-    public mutating func poll(now: ContinuousClock.Instant,
+    public mutating func poll(now: Instant,
                               _ onEvent: (UnsafeRawBufferPointer) -> Void) throws(RadioError) -> Int {
         var firstError: RadioError? = nil
         var delivered = 0
@@ -155,7 +156,7 @@ public struct RadioH4: RadioSource, ~Copyable {
 
     /// Once the command in flight is fully written and flow control allows, encodes the next
     /// one and makes its first write attempt.
-    private mutating func pump(now: ContinuousClock.Instant) throws(RadioError) {
+    private mutating func pump(now: Instant) throws(RadioError) {
         guard txSent == txCount, let command = flow.nextCommand(now: now) else { return }
         var w = ByteWriter(tx)
         do {
@@ -199,7 +200,7 @@ public struct RadioH4: RadioSource, ~Copyable {
         guard let speed = speed(for: baud) else {
             throw .invalidConfiguration("baud rate \(baud) is not one of 9600, 19200, 38400, 57600, 115200, 230400, 460800, 921600, 1000000, 1500000, 2000000, 3000000")
         }
-        let fd = Glibc.open(path, O_RDWR | O_NOCTTY | O_NONBLOCK | O_CLOEXEC)
+        let fd = BatonLibc.open(path, O_RDWR | O_NOCTTY | O_NONBLOCK | O_CLOEXEC)
         if fd < 0 {
             let e = errno
             switch e {

@@ -16,6 +16,7 @@
 // `wantsWrite`), with a timeout up to `nextDeadline`, and calls `poll(now:_:)` whenever the fd
 // is ready or the deadline has passed. Timeouts are deadlines, checked inside `poll`.
 
+import BatonLibc
 public import BatonWire
 
 /// A source of raw HCI event packets: event code, parameter length, parameters; no H4
@@ -29,18 +30,18 @@ public protocol RadioSource: ~Copyable {
     var state: RadioState { get }
     /// When `poll(now:_:)` must run even if `fd` stays quiet (a command timeout, the next
     /// paced capture record); `nil` when nothing is pending.
-    var nextDeadline: ContinuousClock.Instant? { get }
+    var nextDeadline: Instant? { get }
 
     /// Starts the init sequence, or restarts it from the top: the watchdog re-initialises a
     /// controller that went silent, and a failed init is retried the same way. Does not wait.
-    mutating func start(now: ContinuousClock.Instant) throws(RadioError)
+    mutating func start(now: Instant) throws(RadioError)
 
     /// Does what is ready without blocking: sends the next command when flow control allows,
     /// reads what arrived, answers the init sequence, checks the deadline. Every event the
     /// source does not consume itself (everything except Command Complete / Command Status)
     /// goes to `onEvent`, borrowed for the duration of the call. Returns how many it delivered.
     /// A thrown error leaves the source in `.stopped`; `start(now:)` recovers.
-    mutating func poll(now: ContinuousClock.Instant,
+    mutating func poll(now: Instant,
                        _ onEvent: (UnsafeRawBufferPointer) -> Void) throws(RadioError) -> Int
 
     /// For a finite source: where its input stopped being readable (a capture cut off by a
@@ -172,7 +173,7 @@ struct CommandFlow: Sendable {
     private(set) var outstanding: HCIOpcode? = nil
     /// Commands the controller will take now (§4.4).
     private(set) var credits = 1
-    private(set) var deadline: ContinuousClock.Instant? = nil
+    private(set) var deadline: Instant? = nil
     private(set) var localVersion: HCILocalVersion? = nil
     private(set) var leFeatures: LEFeatures? = nil
     private(set) var usesExtendedScanning = false
@@ -187,7 +188,7 @@ struct CommandFlow: Sendable {
     /// (Re)starts from the first step. Credits go back to 1 (§4.4: assumed after Reset; after a
     /// timeout the old count means nothing), and an unanswered command is forgotten: if its
     /// answer still arrives, its opcode will not match and only its credits are used.
-    mutating func start(now: ContinuousClock.Instant) {
+    mutating func start(now: Instant) {
         planCount = 0
         func add(_ s: Step) { plan[planCount] = s; planCount &+= 1 }
         if ownsController { add(.reset) }
@@ -223,7 +224,7 @@ struct CommandFlow: Sendable {
 
     /// The command to send now, if any: the sequence is running, nothing is outstanding, and
     /// the controller granted a credit. Taking it spends the credit and starts its timeout.
-    mutating func nextCommand(now: ContinuousClock.Instant) -> HCICommand? {
+    mutating func nextCommand(now: Instant) -> HCICommand? {
         guard phase == .running, outstanding == nil, index < planCount, credits > 0 else { return nil }
         let command = command(for: plan[index])
         outstanding = command.opcode
@@ -263,7 +264,7 @@ struct CommandFlow: Sendable {
 
     /// Takes an event (no H4 indicator). Returns true if it was for this machine (Command
     /// Complete/Status, Hardware Error) and must not go to the caller.
-    mutating func handle(event: UnsafeRawBufferPointer, now: ContinuousClock.Instant) throws(RadioError) -> Bool {
+    mutating func handle(event: UnsafeRawBufferPointer, now: Instant) throws(RadioError) -> Bool {
         guard event.count >= 1 else { return false }
         let code = event[0]
         if code == Self.hardwareErrorCode {
@@ -340,13 +341,13 @@ struct CommandFlow: Sendable {
 
     /// With nothing outstanding: no deadline while a credit is available (the next command
     /// goes now), else the time by which the controller must grant one.
-    private func creditDeadline(now: ContinuousClock.Instant) -> ContinuousClock.Instant? {
+    private func creditDeadline(now: Instant) -> Instant? {
         guard phase == .running, index < planCount else { return nil }
         return credits > 0 ? nil : now + config.commandTimeout
     }
 
     /// Throws if the deadline passed: a command unanswered, or no credit granted.
-    mutating func checkDeadline(now: ContinuousClock.Instant) throws(RadioError) {
+    mutating func checkDeadline(now: Instant) throws(RadioError) {
         guard phase == .running, let d = deadline, now >= d else { return }
         let error: ControllerError
         if let opcode = outstanding {

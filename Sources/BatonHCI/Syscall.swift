@@ -6,7 +6,8 @@
 //   * everything else throws `Errno`, naming the call.
 // On Linux EWOULDBLOCK == EAGAIN, so one case covers both.
 
-import Glibc
+import BatonLibc
+import CLibc
 
 /// An operating-system error: which call failed and its `errno` (STYLE.md habit 3: errors say
 /// whose fault it is; an `Errno` is the OS's).
@@ -59,13 +60,13 @@ public enum Syscall {
 
     /// `read(2)`: the byte count (0 is end of stream), or `nil` when nothing is ready.
     public static func read(_ fd: Int32, into buffer: UnsafeMutableRawBufferPointer) throws(Errno) -> Int? {
-        try call("read") { Glibc.read(fd, buffer.baseAddress, buffer.count) }
+        try call("read") { CLibc.read(fd, buffer.baseAddress, buffer.count) }
     }
 
     /// `write(2)`: the bytes taken (possibly fewer than offered), or `nil` when the descriptor
     /// cannot take any now.
     public static func write(_ fd: Int32, _ bytes: UnsafeRawBufferPointer) throws(Errno) -> Int? {
-        try call("write") { Glibc.write(fd, bytes.baseAddress, bytes.count) }
+        try call("write") { CLibc.write(fd, bytes.baseAddress, bytes.count) }
     }
 
     /// Sets O_NONBLOCK (and keeps the other status flags): every descriptor a radio source
@@ -79,7 +80,7 @@ public enum Syscall {
     /// retry could close a descriptor another open() just received. Errors are ignored for the
     /// same reason (there is nothing left to undo); EBADF is still our bug.
     public static func close(_ fd: Int32) {
-        if Glibc.close(fd) < 0, errno == EBADF {
+        if CLibc.close(fd) < 0, errno == EBADF {
             preconditionFailure("close: EBADF: descriptor \(fd) was already closed (our bug)")
         }
     }
@@ -89,7 +90,7 @@ extension Syscall {
     /// `send(2)` with MSG_NOSIGNAL: a peer that closed turns into EPIPE (thrown) instead of a
     /// SIGPIPE that would kill the gateway.
     public static func send(_ fd: Int32, _ bytes: UnsafeRawBufferPointer) throws(Errno) -> Int? {
-        try call("send") { Glibc.send(fd, bytes.baseAddress, bytes.count, Int32(MSG_NOSIGNAL)) }
+        try call("send") { CLibc.send(fd, bytes.baseAddress, bytes.count, Int32(MSG_NOSIGNAL)) }
     }
 
     /// True if `fd` is a socket (SO_TYPE answers), so `send` with MSG_NOSIGNAL applies.

@@ -6,6 +6,7 @@
 // one of those addresses is that device. Users of ESPresense, room-assistant, Bermuda and Home
 // Assistant's Private BLE Device integration already extract IRKs (from macOS Keychain, or by
 // pairing with an ESP32); a gateway given one follows the device across rotation, under a name.
+import BatonWire
 import CCrypto
 
 /// Why a text is not an IRK.
@@ -43,7 +44,7 @@ public struct IdentityResolvingKey: Sendable, Equatable, CustomStringConvertible
         var t = Substring(text.trimmingWhitespace())
         if t.lowercased().hasPrefix("irk:") { t = t.dropFirst(4) }
         if t.hasSuffix("=") {
-            guard let decoded = Self.base64(t) else { throw .notHexOrBase64 }
+            guard let decoded = Base64.decode(t) else { throw .notHexOrBase64 }
             guard decoded.count == 16 else { throw .wrongLength(decoded.count) }
             bytes = decoded.reversed()
             return
@@ -75,29 +76,6 @@ public struct IdentityResolvingKey: Sendable, Equatable, CustomStringConvertible
         }
     }
 
-    /// RFC 4648 §4 base64 with padding; nil on any other character.
-    private static func base64(_ s: Substring) -> [UInt8]? {
-        var out: [UInt8] = []
-        var acc: UInt32 = 0, bits = 0
-        for c in s.utf8 where c != 0x3D {
-            let v: UInt8
-            switch c {
-            case 0x41...0x5A: v = c - 0x41
-            case 0x61...0x7A: v = c - 0x61 + 26
-            case 0x30...0x39: v = c - 0x30 + 52
-            case 0x2B: v = 62
-            case 0x2F: v = 63
-            default: return nil
-            }
-            acc = acc << 6 | UInt32(v)
-            bits += 6
-            if bits >= 8 {
-                bits -= 8
-                out.append(UInt8(truncatingIfNeeded: acc >> UInt32(bits)))
-            }
-        }
-        return out
-    }
 }
 
 private extension String {

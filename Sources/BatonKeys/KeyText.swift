@@ -7,7 +7,8 @@
 // so the 43 characters fit a version 2 QR code. A CRC of degree 10 detects every error burst of
 // at most 10 bits (Peterson & Brown, 1961): every single mistyped character (5 bits) and every
 // swap of two neighbouring data characters.
-import Glibc
+import BatonLibc
+import CLibc
 
 /// A key's text form is wrong. Every case is the fault of whoever typed or pasted it.
 public enum KeyTextError: Error, Equatable, CustomStringConvertible {

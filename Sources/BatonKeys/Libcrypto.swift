@@ -2,7 +2,7 @@
 // Every primitive (AES, CCM, GCM, HKDF, SHA-256, the random generator) is libcrypto's; this
 // file only owns the contexts and turns failures into `CryptoError`.
 import CCrypto
-import Glibc
+import CLibc
 
 /// libcrypto refused an operation that cannot fail with valid arguments: the library is
 /// missing an algorithm (a provider configuration without AES or HKDF, e.g. a restricted

@@ -9,7 +9,8 @@
 // library is never called from inside itself.
 
 internal import CMosquitto
-internal import Glibc
+public import BatonLibc
+internal import CLibc
 
 /// One fact a callback saw. `attempt` numbers the connection attempt it belongs to, so a
 /// record left over from an earlier connection (say, the close after `disconnect()`, read by

@@ -10,7 +10,8 @@
 // next connection attempt when its backoff has run out.
 
 internal import CMosquitto
-internal import Glibc
+public import BatonLibc
+internal import CLibc
 
 /// Which MQTT version to speak (`broker.protocol`).
 public enum MQTTProtocol: String, Sendable, Equatable {
@@ -191,7 +192,7 @@ public struct MQTTClient: ~Copyable {
         /// CONNACK accepted.
         case connected
         /// The last attempt failed or the connection ended; the next attempt is due `until`.
-        case waiting(until: ContinuousClock.Instant)
+        case waiting(until: Instant)
         /// `disconnect()` was called; `start` connects again.
         case stopped
     }
@@ -217,8 +218,8 @@ public struct MQTTClient: ~Copyable {
     private var connectWritable = false
     /// `disconnect()` sent DISCONNECT: the close that follows is ours, reported once.
     private var cleanCloseExpected = false
-    private var nextMisc: ContinuousClock.Instant
-    private var lastNow: ContinuousClock.Instant
+    private var nextMisc: Instant
+    private var lastNow: Instant
     private var stats = MQTTCounters()
 
     /// How often mosquitto_loop_misc runs while a socket is open: it sends PINGREQ when the
@@ -335,7 +336,7 @@ public struct MQTTClient: ~Copyable {
     /// When `poll` must run even if the socket stays quiet: records waiting to be delivered
     /// (now), the next connection attempt, or the next keepalive check (about once a second
     /// while a socket is open). nil when idle or stopped.
-    public var nextDeadline: ContinuousClock.Instant? {
+    public var nextDeadline: Instant? {
         if !inbox.records.isEmpty { return lastNow }
         switch phase {
         case .idle, .stopped:
@@ -355,7 +356,7 @@ public struct MQTTClient: ~Copyable {
     ///
     /// A host name is resolved here with getaddrinfo, which blocks until the resolver answers;
     /// an IP address does not block.
-    public mutating func start(now: ContinuousClock.Instant) {
+    public mutating func start(now: Instant) {
         lastNow = now
         switch phase {
         case .idle, .stopped:
@@ -372,7 +373,7 @@ public struct MQTTClient: ~Copyable {
     ///
     /// `readable`: poll() reported POLLIN, POLLERR or POLLHUP for `socket`; `writable`: POLLOUT.
     /// Both false when only the deadline passed.
-    public mutating func poll(now: ContinuousClock.Instant, readable: Bool, writable: Bool, _ onEvent: (MQTTEvent) -> Void) {
+    public mutating func poll(now: Instant, readable: Bool, writable: Bool, _ onEvent: (MQTTEvent) -> Void) {
         lastNow = now
         if mosquitto_socket(handle) >= 0 {
             if writable { connectWritable = true }
@@ -473,13 +474,13 @@ public struct MQTTClient: ~Copyable {
         // can (lib/packet_mosq.c, packet__queue); writing it closes the socket
         // (do_client_disconnect), which records the close.
         call { mosquitto_disconnect($0) }
-        let deadline = ContinuousClock.now + .seconds(1)
+        let deadline = Instant.now + .seconds(1)
         while mosquitto_socket(handle) >= 0, mosquitto_want_write(handle) {
-            let left = deadline - ContinuousClock.now
+            let left = deadline - Instant.now
             guard left > .zero else { break }
             var p = pollfd(fd: mosquitto_socket(handle), events: Int16(POLLOUT), revents: 0)
             let ms = Int32(Backoff.nanoseconds(left) / 1_000_000) + 1
-            let n = Glibc.poll(&p, 1, ms)
+            let n = CLibc.poll(&p, 1, ms)
             if n < 0 && errno == EINTR { continue }
             guard n > 0 else { break }
             call { mosquitto_loop_write($0, 1) }
@@ -505,7 +506,7 @@ public struct MQTTClient: ~Copyable {
     }
 
     /// Starts one connection attempt with `attemptVersion`.
-    private mutating func attempt(now: ContinuousClock.Instant) {
+    private mutating func attempt(now: Instant) {
         _ = mosquitto_int_option(handle, MOSQ_OPT_PROTOCOL_VERSION, attemptVersion == .v5 ? MQTT_PROTOCOL_V5 : MQTT_PROTOCOL_V311)
         inbox.attempt += 1
         inbox.lastLibraryError = nil
@@ -533,7 +534,7 @@ public struct MQTTClient: ~Copyable {
     }
 
     /// Turns the recorded facts into state and events, in the order they happened.
-    private mutating func deliver(now: ContinuousClock.Instant, _ onEvent: (MQTTEvent) -> Void) {
+    private mutating func deliver(now: Instant, _ onEvent: (MQTTEvent) -> Void) {
         var i = 0
         while i < inbox.records.count {
             let record = inbox.records[i]
@@ -551,7 +552,7 @@ public struct MQTTClient: ~Copyable {
         inbox.records.removeAll(keepingCapacity: true)
     }
 
-    private mutating func absorb(_ record: MQTTRecord, now: ContinuousClock.Instant) -> MQTTEvent? {
+    private mutating func absorb(_ record: MQTTRecord, now: Instant) -> MQTTEvent? {
         switch record {
         case .message(let message):
             return .message(message)

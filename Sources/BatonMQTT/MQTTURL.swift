@@ -14,7 +14,7 @@ public struct MQTTURL: Sendable, Equatable, CustomStringConvertible {
     public var tls: Bool
 
     public init(parsing text: String) throws(MQTTError) {
-        guard let schemeEnd = text.firstRange(of: "://") else {
+        guard let schemeEnd = Self.range(of: "://", in: text) else {
             let hint = text.isEmpty ? "mqtt://HOST" : "mqtt://\(text)"
             throw .invalidURL("\"\(text)\" has no scheme; write \(hint) (or mqtts:// for TLS)")
         }
@@ -103,5 +103,20 @@ public struct MQTTURL: Sendable, Equatable, CustomStringConvertible {
     public var description: String {
         let shownHost = host.contains(":") ? "[\(host)]" : host
         return "\(tls ? "mqtts" : "mqtt")://\(shownHost):\(port)"
+    }
+}
+
+extension MQTTURL {
+    /// The first `needle` in `text`. `String.firstRange(of:)` lives in the string-processing
+    /// library, which Embedded Swift does not have.
+    static func range(of needle: String, in text: String) -> Range<String.Index>? {
+        var start = text.startIndex
+        while start < text.endIndex {
+            if text[start...].hasPrefix(needle) {
+                return start..<text.index(start, offsetBy: needle.count)
+            }
+            start = text.index(after: start)
+        }
+        return nil
     }
 }

@@ -3,7 +3,8 @@
 // reads in the log is written in one place. docs/broker.md shows the lines.
 
 internal import CMosquitto
-internal import Glibc
+public import BatonLibc
+internal import CLibc
 
 extension MQTTError {
     /// The one mapping from a libmosquitto return code to an `MQTTError`.

@@ -13,9 +13,10 @@
 //
 // Capacity is fixed at start: `relay.links` links at once; one more is hung up and counted.
 
+import BatonLibc
 import BatonMQTT
 import BatonWire
-import Glibc
+import CLibc
 
 public struct ContinuingCounters: Sendable, Equatable {
     /// Links phones opened (accepted), and refused for want of a slot.
@@ -48,15 +49,15 @@ public struct ContinuingLinks: ~Copyable {
         let device: UInt64
         let serial: UInt64
         /// The fetch sent for the phone and not yet answered.
-        var asked: (sequence: UInt16, correlation: [UInt8], deadline: ContinuousClock.Instant)?
-        var idleSince: ContinuousClock.Instant
+        var asked: (sequence: UInt16, correlation: [UInt8], deadline: Instant)?
+        var idleSince: Instant
         /// The phone's open, taken while the channel drained; acted on after (`poll`).
         var open: (window: UInt16, maxData: UInt16)?
         var hangUp = false
         var messages: UInt64 = 0
         /// The answer the link had no room for (no credits): sent on POLLOUT, before anything else.
         var owed: [UInt8]?
-        init(channel: consuming LinkChannel, device: UInt64, serial: UInt64, now: ContinuousClock.Instant) {
+        init(channel: consuming LinkChannel, device: UInt64, serial: UInt64, now: Instant) {
             self.channel = .some(channel); self.device = device; self.serial = serial; idleSince = now
         }
     }
@@ -110,7 +111,7 @@ public struct ContinuingLinks: ~Copyable {
     /// A link a phone opened to the re-advertised activity of `device`. False when every slot
     /// is taken: the link is hung up and counted.
     @discardableResult
-    public mutating func adopt(_ channel: consuming LinkChannel, device: UInt64, now: ContinuousClock.Instant) -> Bool {
+    public mutating func adopt(_ channel: consuming LinkChannel, device: UInt64, now: Instant) -> Bool {
         guard let free = links.firstIndex(where: { $0 == nil }) else {
             channel.close()
             counters.refused &+= 1
@@ -144,7 +145,7 @@ public struct ContinuingLinks: ~Copyable {
     }
 
     /// Handles the links' readiness; a link whose first message is an open goes to `streams`.
-    public mutating func poll(fds: ArraySlice<pollfd>, now: ContinuousClock.Instant, mqtt: inout MQTTClient,
+    public mutating func poll(fds: ArraySlice<pollfd>, now: Instant, mqtt: inout MQTTClient,
                               streams: inout StreamRelay) {
         for (k, fd) in zip(polled.indices, fds) where fd.revents != 0 {
             let s = polled[k].slot
@@ -189,7 +190,7 @@ public struct ContinuingLinks: ~Copyable {
         }
     }
 
-    mutating func received(_ sdu: UnsafeRawBufferPointer, slot s: Int, now: ContinuousClock.Instant, mqtt: inout MQTTClient) {
+    mutating func received(_ sdu: UnsafeRawBufferPointer, slot s: Int, now: Instant, mqtt: inout MQTTClient) {
         guard let l = links[s], l.open == nil, !l.hangUp else { return }
         l.messages &+= 1  // Proof: a link ends long before 2⁶⁴ messages.
         let message: LinkMessage
@@ -213,7 +214,7 @@ public struct ContinuingLinks: ~Copyable {
 
     /// Asks the owner for the phone: the v5 route in properties and the v3.1.1 route in the body
     /// (docs/relay.md §1–2), as `baton fetch` does, so either kind of broker connection works.
-    mutating func ask(_ l: Link, sequence: UInt16, now: ContinuousClock.Instant, mqtt: inout MQTTClient) {
+    mutating func ask(_ l: Link, sequence: UInt16, now: Instant, mqtt: inout MQTTClient) {
         correlations &+= 1  // Wraps from a random start: harmless, it only has to differ from the last.
         // A second fetch before the first was answered supersedes it: the owner answers the
         // first `cancelled` (same response topic), which no longer matches and is dropped.
@@ -246,7 +247,7 @@ public struct ContinuingLinks: ~Copyable {
     /// An answer on `<answerRoot><serial>`: its status (`ok` or a reason of docs/relay.md §3),
     /// the payload's sequence and bytes for `ok`.
     public mutating func answered(topic: String, correlation: [UInt8], status: String, sequence: UInt16?,
-                                  payload: [UInt8], now: ContinuousClock.Instant) {
+                                  payload: [UInt8], now: Instant) {
         guard topic.hasPrefix(answerRoot), let serial = UInt64(topic.dropFirst(answerRoot.count)),
               let s = links.firstIndex(where: { $0?.serial == serial }), let l = links[s], let asked = l.asked else {
             return drops.count("continuing-answer-unknown")
@@ -317,10 +318,10 @@ public struct ContinuingLinks: ~Copyable {
 
     // MARK: time
 
-    public var nextDeadline: ContinuousClock.Instant? {
+    public var nextDeadline: Instant? {
         guard openLinks > 0 else { return nil }
-        var next: ContinuousClock.Instant?
-        func consider(_ d: ContinuousClock.Instant) { if next.map({ d < $0 }) ?? true { next = d } }
+        var next: Instant?
+        func consider(_ d: Instant) { if next.map({ d < $0 }) ?? true { next = d } }
         for l in links {
             guard let l else { continue }
             if let asked = l.asked { consider(asked.deadline) } else { consider(l.idleSince + config.linkIdle) }
@@ -329,7 +330,7 @@ public struct ContinuingLinks: ~Copyable {
     }
 
     /// Tells phones whose fetch no owner answered in time, and hangs up idle links.
-    public mutating func tick(now: ContinuousClock.Instant) {
+    public mutating func tick(now: Instant) {
         for s in links.indices {
             guard let l = links[s] else { continue }
             if let asked = l.asked {

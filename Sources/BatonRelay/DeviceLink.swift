@@ -16,8 +16,9 @@
 // close-on-exec; `LinkChannel.poll` moves a channel on when the caller's poll() says so, and
 // every syscall goes through BatonHCI's `Syscall` wrapper (EINTR retried, EAGAIN a value).
 
+import BatonLibc
 import BatonHCI
-import Glibc
+import CLibc
 import CBlueZ  // its shim includes <sys/socket.h>: import it explicitly so SOCK_* have one owner
 
 /// Where a link goes: the device's LE address as the advertising report gave it, and the
@@ -109,6 +110,20 @@ public protocol DeviceLink {
     func connect(to device: LinkAddress) throws(LinkError) -> LinkChannel
     /// "bluez hci0", "sim /tmp/b/hall.link": for logs.
     var description: String { get }
+}
+
+/// A `DeviceLink` held by value, as the relays keep theirs: Embedded Swift has no existentials
+/// (`any DeviceLink`), so the chosen link is kept as its `connect` and its description.
+public struct AnyDeviceLink: CustomStringConvertible {
+    public let description: String
+    private let open: (LinkAddress) throws(LinkError) -> LinkChannel
+
+    public init(_ link: some DeviceLink) {
+        description = link.description
+        open = { (device: LinkAddress) throws(LinkError) -> LinkChannel in try link.connect(to: device) }
+    }
+
+    public func connect(to device: LinkAddress) throws(LinkError) -> LinkChannel { try open(device) }
 }
 
 /// One open (or opening) channel. Owns its descriptor.
@@ -542,7 +557,7 @@ public struct L2CAPLink: DeviceLink {
         let bound = withUnsafePointer(to: &local) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
                 // The C size (14, with the tail padding), as the kernel copies min(alen, sizeof).
-                Glibc.bind(fd, $0, socklen_t(MemoryLayout<sockaddr_l2>.stride))
+                CLibc.bind(fd, $0, socklen_t(MemoryLayout<sockaddr_l2>.stride))
             }
         }
         if bound < 0 { throw .os(Errno(errno, call: "bind(L2CAP)")) }
@@ -557,7 +572,7 @@ public struct L2CAPLink: DeviceLink {
         var remote = Self.remoteAddress(device, random: random)
         let connected = withUnsafePointer(to: &remote) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_l2>.stride))
+                CLibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_l2>.stride))
             }
         }
         if connected < 0 {
@@ -657,7 +672,7 @@ public struct L2CAPListener: ~Copyable {
         local.l2_bdaddr_type = UInt8(BDADDR_LE_PUBLIC)
         let bound = withUnsafePointer(to: &local) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                Glibc.bind(fd, $0, socklen_t(MemoryLayout<sockaddr_l2>.stride))
+                CLibc.bind(fd, $0, socklen_t(MemoryLayout<sockaddr_l2>.stride))
             }
         }
         if bound < 0 {
@@ -672,7 +687,7 @@ public struct L2CAPListener: ~Copyable {
         if setsockopt(fd, SOL_BLUETOOTH, BT_RCVMTU, &mtu, socklen_t(MemoryLayout<UInt16>.size)) < 0 {
             throw fail(.os(Errno(errno, call: "setsockopt(BT_RCVMTU)")))
         }
-        if Glibc.listen(fd, backlog) < 0 { throw fail(.os(Errno(errno, call: "listen(L2CAP)"))) }
+        if CLibc.listen(fd, backlog) < 0 { throw fail(.os(Errno(errno, call: "listen(L2CAP)"))) }
         // The PSM the kernel gave (l2cap_add_psm picks a free dynamic one for 0).
         var bound2 = sockaddr_l2()
         var length = socklen_t(MemoryLayout<sockaddr_l2>.stride)
@@ -697,7 +712,7 @@ public struct L2CAPListener: ~Copyable {
         do throws(Errno) {
             got = try Syscall.call("accept(L2CAP)") {
                 withUnsafeMutablePointer(to: &peer) {
-                    $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Int(Glibc.accept(listener, $0, &length)) }
+                    $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Int(CLibc.accept(listener, $0, &length)) }
                 }
             }
         } catch {
@@ -739,7 +754,7 @@ public struct SimulatedLink: DeviceLink {
                                   sendMTU: sendMTU)
         channel.peer = device
         let r = withUnsafePointer(to: &unix.address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(fd, $0, unix.length) }
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { CLibc.connect(fd, $0, unix.length) }
         }
         if r < 0 {
             // A Unix connect completes at once or fails; EAGAIN is a full listen backlog.

@@ -13,9 +13,10 @@
 // device, not owner — is the gateway's decision (it knows the rooms); this type is handed a
 // resolved target.
 
+import BatonLibc
 import BatonMQTT
 import BatonWire
-import Glibc
+import CLibc
 
 public struct RelayConfig: Sendable, Equatable {
     /// A request not answered by then is answered `timeout` (docs/relay.md §4).
@@ -190,7 +191,7 @@ public struct FetchRelay: ~Copyable {
     public let config: RelayConfig
     /// nil: this gateway has no device link (`relay.link: none`, a capture): fetches it owns
     /// are answered `unreachable`.
-    public let link: (any DeviceLink)?
+    public let link: AnyDeviceLink?
     let gatewayID: String
     let room: String
     let continuedRoot: String?
@@ -202,7 +203,7 @@ public struct FetchRelay: ~Copyable {
         var sequence: UInt16
         var at: String
         var address: LinkAddress
-        var deadline: ContinuousClock.Instant
+        var deadline: Instant
     }
     var tells: [Tell?]
     public private(set) var tellCount = 0
@@ -215,7 +216,7 @@ public struct FetchRelay: ~Copyable {
         /// nil: the gateway's own fetch for the activity's title (docs/relay.md §4.1), answered
         /// into `ownAnswers` instead of on the broker.
         var route: FetchRoute?
-        var deadline: ContinuousClock.Instant
+        var deadline: Instant
         /// Where to open the link when the request had to wait for one (docs/relay.md §5).
         var address: LinkAddress
     }
@@ -230,10 +231,10 @@ public struct FetchRelay: ~Copyable {
         /// The sequence of the fetch sent and not yet answered.
         var asked: UInt16?
         /// Closed when idle past this (no pending request for its device).
-        var idleSince: ContinuousClock.Instant
+        var idleSince: Instant
         /// Which link this is, among every link the relay opened.
         let serial: UInt64
-        init(channel: consuming LinkChannel, device: UInt64, address: LinkAddress, now: ContinuousClock.Instant,
+        init(channel: consuming LinkChannel, device: UInt64, address: LinkAddress, now: Instant,
              serial: UInt64) {
             self.channel = channel; self.device = device; self.address = address; self.idleSince = now
             self.serial = serial
@@ -271,7 +272,7 @@ public struct FetchRelay: ~Copyable {
 
     /// `continuedRoot` (`<prefix>/continued/`) and `room` are where and how the was-continued
     /// event is published (docs/relay.md §3); without a root no event is published.
-    public init(config: RelayConfig, link: (any DeviceLink)?, gatewayID: String, room: String = "",
+    public init(config: RelayConfig, link: AnyDeviceLink?, gatewayID: String, room: String = "",
                 continuedRoot: String? = nil) {
         self.config = config
         self.link = link
@@ -318,7 +319,7 @@ public struct FetchRelay: ~Copyable {
 
     /// Takes a request for an activity this gateway owns: answered from the cache, or queued
     /// for the device's link.
-    public mutating func fetch(_ target: FetchTarget, route: FetchRoute, now: ContinuousClock.Instant,
+    public mutating func fetch(_ target: FetchTarget, route: FetchRoute, now: Instant,
                                mqtt: inout MQTTClient) {
         if let hit = cached(device: target.device, atLeast: target.sequence) {
             counters.cacheHits &+= 1
@@ -351,7 +352,7 @@ public struct FetchRelay: ~Copyable {
     /// same cache, links and pending table as a requester's, its one answer appended to
     /// `ownAnswers`. false when nothing was taken (no link, or every pending slot busy): the
     /// caller counts it and tries at the next save.
-    public mutating func fetchOwn(_ target: FetchTarget, now: ContinuousClock.Instant, mqtt: inout MQTTClient) -> Bool {
+    public mutating func fetchOwn(_ target: FetchTarget, now: Instant, mqtt: inout MQTTClient) -> Bool {
         if let hit = cached(device: target.device, atLeast: target.sequence) {
             counters.cacheHits &+= 1
             useCounter &+= 1
@@ -417,7 +418,7 @@ public struct FetchRelay: ~Copyable {
     // MARK: links
 
     /// Opens a link for `device`, or uses the open one, so its pending requests get asked.
-    mutating func work(device: UInt64, address: LinkAddress, now: ContinuousClock.Instant, mqtt: inout MQTTClient) {
+    mutating func work(device: UInt64, address: LinkAddress, now: Instant, mqtt: inout MQTTClient) {
         if let s = links.firstIndex(where: { $0?.device == device }) {
             return ask(slot: s, mqtt: &mqtt)
         }
@@ -503,7 +504,7 @@ public struct FetchRelay: ~Copyable {
     }
 
     /// Handles the links' readiness (`fds` is what `pollDescriptors` appended, after poll()).
-    public mutating func poll(fds: ArraySlice<pollfd>, now: ContinuousClock.Instant, mqtt: inout MQTTClient) {
+    public mutating func poll(fds: ArraySlice<pollfd>, now: Instant, mqtt: inout MQTTClient) {
         for (k, fd) in zip(polled.indices, fds) where fd.revents != 0 {
             let slot = polled[k].slot
             guard let l = links[slot], l.serial == polled[k].serial else { continue }
@@ -534,7 +535,7 @@ public struct FetchRelay: ~Copyable {
     }
 
     /// One SDU from a link (docs/protocol.md §5.2).
-    mutating func received(_ sdu: UnsafeRawBufferPointer, slot: Int, now: ContinuousClock.Instant, mqtt: inout MQTTClient) {
+    mutating func received(_ sdu: UnsafeRawBufferPointer, slot: Int, now: Instant, mqtt: inout MQTTClient) {
         guard let l = links[slot] else { return }
         let device = l.device
         let message: LinkMessage
@@ -594,10 +595,10 @@ public struct FetchRelay: ~Copyable {
     // MARK: time
 
     /// The nearest deadline: a request's, or an idle link's close.
-    public var nextDeadline: ContinuousClock.Instant? {
+    public var nextDeadline: Instant? {
         guard pendingCount > 0 || openLinks > 0 || tellCount > 0 else { return nil }
-        var next: ContinuousClock.Instant?
-        func consider(_ d: ContinuousClock.Instant) { if next.map({ d < $0 }) ?? true { next = d } }
+        var next: Instant?
+        func consider(_ d: Instant) { if next.map({ d < $0 }) ?? true { next = d } }
         for p in pending { if let p { consider(p.deadline) } }
         for t in tells { if let t { consider(t.deadline) } }
         for l in links { if let l, !hasWork(l.device) { consider(l.idleSince + config.linkIdle) } }
@@ -605,7 +606,7 @@ public struct FetchRelay: ~Copyable {
     }
 
     /// Answers what timed out, closes idle links, and gives waiting requests a link.
-    public mutating func tick(now: ContinuousClock.Instant, mqtt: inout MQTTClient) {
+    public mutating func tick(now: Instant, mqtt: inout MQTTClient) {
         for i in tells.indices where tells[i].map({ $0.deadline <= now }) ?? false { dropTell(i) }
         for i in pending.indices {
             guard let p = pending[i], p.deadline <= now else { continue }
@@ -624,7 +625,7 @@ public struct FetchRelay: ~Copyable {
 
     /// Requests that found every link busy (docs/relay.md §5: they wait for one, within their
     /// deadline): opens their device's link if a slot is free or a link has nothing to do.
-    mutating func serveWaiting(now: ContinuousClock.Instant, mqtt: inout MQTTClient) {
+    mutating func serveWaiting(now: Instant, mqtt: inout MQTTClient) {
         for i in pending.indices {
             guard let p = pending[i], !links.contains(where: { $0?.device == p.device }) else { continue }
             work(device: p.device, address: p.address, now: now, mqtt: &mqtt)
@@ -640,7 +641,7 @@ public struct FetchRelay: ~Copyable {
     /// A payload went to a requester that continues the activity `at` somewhere: the event is
     /// published for automations, and the device is told over its link.
     mutating func continued(device: UInt64, sequence: UInt16, at: String, address: LinkAddress,
-                            now: ContinuousClock.Instant, mqtt: inout MQTTClient) {
+                            now: Instant, mqtt: inout MQTTClient) {
         counters.continued &+= 1
         if let continuedRoot {
             var w = JSONWriter(answerScratch)

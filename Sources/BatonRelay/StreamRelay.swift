@@ -24,9 +24,10 @@
 // frames kept (window × max data) and the broker's frames waiting for the link. Who takes an
 // open is the gateway's decision (docs/relay.md §4).
 
+import BatonLibc
 import BatonMQTT
 import BatonWire
-import Glibc
+import CLibc
 
 /// The topics of one stream (docs/relay.md §7.1), spelled by the gateway's topic layout.
 public struct StreamTopics: Sendable, Equatable {
@@ -64,7 +65,7 @@ public struct StreamCounters: Sendable, Equatable {
 
 public struct StreamRelay: ~Copyable {
     public let config: RelayConfig
-    public let link: (any DeviceLink)?
+    public let link: AnyDeviceLink?
     let gatewayID: String
 
     /// Which end of the stream this gateway plays on the broker (see the top).
@@ -111,13 +112,13 @@ public struct StreamRelay: ~Copyable {
         var draining = false
         var lastWords: [UInt8]?
         var hangUpAfterDrain = false
-        var lastProgress: ContinuousClock.Instant
-        var lastActivity: ContinuousClock.Instant
+        var lastProgress: Instant
+        var lastActivity: Instant
         /// Bridge: `<prefix>/stream/<device>/S`, where the open goes again every
         /// relay.stream-retry until the carrier answers, and when the bridge gives up.
         let openTopic: String?
-        var openAgainAt: ContinuousClock.Instant
-        let giveUpAt: ContinuousClock.Instant
+        var openAgainAt: Instant
+        let giveUpAt: Instant
 
         /// Which stream this is, among every stream the relay opened.
         let serial: UInt64
@@ -125,8 +126,8 @@ public struct StreamRelay: ~Copyable {
         init(role: Role, id: String, device: UInt64, topics: StreamTopics, openTopic: String?,
              channel: consuming LinkChannel, linkOpen: (window: UInt16, maxData: UInt16)?,
              brokerOpen: (window: UInt16, maxData: UInt16)?, frames: UnsafeMutableRawBufferPointer, keep: Int,
-             keepMaxData: Int, queueFrames: UnsafeMutableRawBufferPointer, now: ContinuousClock.Instant,
-             openAgainAt: ContinuousClock.Instant, giveUpAt: ContinuousClock.Instant, serial: UInt64) {
+             keepMaxData: Int, queueFrames: UnsafeMutableRawBufferPointer, now: Instant,
+             openAgainAt: Instant, giveUpAt: Instant, serial: UInt64) {
             self.role = role; self.id = id; self.device = device; self.topics = topics; self.openTopic = openTopic
             self.channel = channel; self.serial = serial
             toBroker = StreamSender(storage: frames, capacity: keep, maxData: keepMaxData)
@@ -174,7 +175,7 @@ public struct StreamRelay: ~Copyable {
     /// Stamps claims in arrival order: the full rule forgets a carrier's oldest.
     var claimOrder: UInt64 = 0
     /// When the full rule was last logged (at most once a minute: junk can make it fire often).
-    var fullLoggedAt: ContinuousClock.Instant?
+    var fullLoggedAt: Instant?
     public let directoryPerCarrier: Int
 
     struct Claim {
@@ -183,14 +184,14 @@ public struct StreamRelay: ~Copyable {
     }
 
     /// The directory as stream → carrier (for tests and logs; allocates).
-    public var directory: [String: String] { claims.mapValues(\.carrier) }
+    public var directory: [String: String] { claims.mapValues { $0.carrier } }
 
     public private(set) var counters = StreamCounters()
     public private(set) var drops = DropCounts()
     /// Slots in use, carried and bridged streams together.
     public private(set) var openCount = 0
 
-    public init(config: RelayConfig, link: (any DeviceLink)?, gatewayID: String) {
+    public init(config: RelayConfig, link: AnyDeviceLink?, gatewayID: String) {
         self.config = config
         self.link = link
         self.gatewayID = gatewayID
@@ -238,7 +239,7 @@ public struct StreamRelay: ~Copyable {
     /// Takes slot `free` for a stream: its share of the buffers taken at start.
     mutating func take(_ free: Int, role: Role, id: String, device: UInt64, topics: StreamTopics, openTopic: String?,
                        channel: consuming LinkChannel, linkOpen: (window: UInt16, maxData: UInt16)?,
-                       brokerOpen: (window: UInt16, maxData: UInt16)?, now: ContinuousClock.Instant) {
+                       brokerOpen: (window: UInt16, maxData: UInt16)?, now: Instant) {
         serials &+= 1  // Proof: 2⁶⁴ streams are never opened.
         let keep = config.streamWindow * config.streamMaxData
         let queue = Self.queueBytes(config)
@@ -257,7 +258,7 @@ public struct StreamRelay: ~Copyable {
     /// An endpoint's open for a device this gateway owns and can reach (`target`), or nil
     /// with the reason to refuse it.
     public mutating func open(id: String, topics: StreamTopics, frame: [UInt8], target: LinkAddress?,
-                              refusal: String?, now: ContinuousClock.Instant, mqtt: inout MQTTClient) {
+                              refusal: String?, now: Instant, mqtt: inout MQTTClient) {
         if let s = slot(id, .carrier), let slot = slots[s] {
             // The endpoint saw no open frame (the broker lost it): say it again.
             if let o = slot.brokerOpen { publishOpen(o.window, o.maxData, to: slot.topics.down, mqtt: &mqtt) }
@@ -308,7 +309,7 @@ public struct StreamRelay: ~Copyable {
     /// (`<prefix>/stream/<device>/S`) for the device's gateway to carry it.
     public mutating func bridge(channel: consuming LinkChannel, device: UInt64, id: String, topics: StreamTopics,
                                 openTopic: String, window: UInt16, maxData: UInt16,
-                                now: ContinuousClock.Instant, mqtt: inout MQTTClient) {
+                                now: Instant, mqtt: inout MQTTClient) {
         var channel = channel
         guard window > 0, maxData > 0 else {
             // The decoder refuses such an open (protocol.md §5.1 `link-window`); said here too
@@ -358,7 +359,7 @@ public struct StreamRelay: ~Copyable {
 
     /// A frame on `…/S/up` of a stream this gateway carries; false when it carries no such
     /// stream (the topic is someone else's, or the stream just ended).
-    public mutating func fromEndpoint(id: String, _ bytes: [UInt8], now: ContinuousClock.Instant,
+    public mutating func fromEndpoint(id: String, _ bytes: [UInt8], now: Instant,
                                       mqtt: inout MQTTClient) -> Bool {
         fromBroker(id: id, leaf: "up", bytes, now: now, mqtt: &mqtt)
     }
@@ -366,7 +367,7 @@ public struct StreamRelay: ~Copyable {
     /// A frame from the broker on `…/S/up` (leaf "up": the streams this gateway carries) or
     /// `…/S/down` (leaf "down": the streams it bridges for phones, §7.5); false when no stream
     /// of that role has id `id` (the topic is someone else's, or the stream just ended).
-    public mutating func fromBroker(id: String, leaf: Substring, _ bytes: [UInt8], now: ContinuousClock.Instant,
+    public mutating func fromBroker(id: String, leaf: Substring, _ bytes: [UInt8], now: Instant,
                                     mqtt: inout MQTTClient) -> Bool {
         let role: Role
         switch leaf {
@@ -522,7 +523,7 @@ public struct StreamRelay: ~Copyable {
         }
     }
 
-    public mutating func poll(fds: ArraySlice<pollfd>, now: ContinuousClock.Instant, mqtt: inout MQTTClient) {
+    public mutating func poll(fds: ArraySlice<pollfd>, now: Instant, mqtt: inout MQTTClient) {
         for (k, fd) in zip(polled.indices, fds) where fd.revents != 0 {
             let s = polled[k].slot
             guard let slot = slots[s], slot.serial == polled[k].serial else { continue }
@@ -564,7 +565,7 @@ public struct StreamRelay: ~Copyable {
         }
     }
 
-    mutating func fromLink(_ s: Int, _ sdu: UnsafeRawBufferPointer, now: ContinuousClock.Instant, mqtt: inout MQTTClient) {
+    mutating func fromLink(_ s: Int, _ sdu: UnsafeRawBufferPointer, now: Instant, mqtt: inout MQTTClient) {
         guard let slot = slots[s] else { return }
         slot.lastActivity = now
         let message: LinkMessage
@@ -660,10 +661,10 @@ public struct StreamRelay: ~Copyable {
 
     // MARK: time and the broker
 
-    public var nextDeadline: ContinuousClock.Instant? {
+    public var nextDeadline: Instant? {
         guard openCount > 0 else { return nil }
-        var next: ContinuousClock.Instant?
-        func consider(_ d: ContinuousClock.Instant) { if next.map({ d < $0 }) ?? true { next = d } }
+        var next: Instant?
+        func consider(_ d: Instant) { if next.map({ d < $0 }) ?? true { next = d } }
         for slot in slots {
             guard let slot else { continue }
             if slot.awaitsAnswer {
@@ -679,7 +680,7 @@ public struct StreamRelay: ~Copyable {
 
     /// Resends what the broker side has not acknowledged in time; repeats a bridge's open and
     /// gives it up; ends idle streams.
-    public mutating func tick(now: ContinuousClock.Instant, mqtt: inout MQTTClient) {
+    public mutating func tick(now: Instant, mqtt: inout MQTTClient) {
         for s in slots.indices {
             guard let slot = slots[s] else { continue }
             if slot.awaitsAnswer, let openTopic = slot.openTopic, let o = slot.brokerOpen {
@@ -735,7 +736,7 @@ public struct StreamRelay: ~Copyable {
     /// After every (re)connect: the session is clean, so subscribe again, say again which
     /// gateway carries each stream (a bridge: ask again for a carrier if none answered yet),
     /// and resend what may have been lost with the old broker.
-    public mutating func reconnected(now: ContinuousClock.Instant, mqtt: inout MQTTClient) {
+    public mutating func reconnected(now: Instant, mqtt: inout MQTTClient) {
         for s in slots.indices {
             guard let slot = slots[s] else { continue }
             do throws(MQTTError) { try mqtt.subscribe(slot.brokerIn, qos: 1) } catch { return }
@@ -768,7 +769,7 @@ public struct StreamRelay: ~Copyable {
     /// again at every reconnect, so the newest are the likeliest to be live. Returns the line to
     /// log then, naming the knob, at most once a minute.
     public mutating func carried(stream id: String, payload: [UInt8], retained: Bool?,
-                                 isOnline: (Substring) -> Bool, now: ContinuousClock.Instant) -> String? {
+                                 isOnline: (Substring) -> Bool, now: Instant) -> String? {
         guard retained ?? true else {
             drops.count("stream-carrier-not-retained")
             return nil
@@ -881,8 +882,11 @@ public struct StreamRelay: ~Copyable {
         do throws(MQTTError) { try mqtt.publish(topic: topic, payload: frame, qos: 1, retain: false) } catch {}
     }
     func publishText(_ topic: String, _ text: String, retain: Bool, mqtt: inout MQTTClient) {
-        // Array.withUnsafeBytes rethrows untyped: a failure is dropped here like `publish`'s.
-        _ = try? Array(text.utf8).withUnsafeBytes { try mqtt.publish(topic: topic, payload: $0, qos: 1, retain: retain) }
+        // A failure is dropped here like `publish`'s; the result travels out of withUnsafeBytes
+        // as a value because it rethrows untyped (an existential Embedded Swift cannot hold).
+        Array(text.utf8).withUnsafeBytes { bytes in
+            do throws(MQTTError) { try mqtt.publish(topic: topic, payload: bytes, qos: 1, retain: retain) } catch {}
+        }
     }
 
     /// A frame from the broker, decoded (Array.withUnsafeBytes rethrows untyped: the result

@@ -8,10 +8,11 @@
 // time to simulated time at the scenario's speed, and hands each heard report to its room's
 // controller while that controller is scanning. Beside each room's controller socket is its
 // link socket (DeviceLinks.swift), served in the same poll loop.
+import BatonLibc
 import BatonHCI
 import BatonKeys
 import BatonWire
-import Glibc
+import CLibc
 
 /// What became of the reports a room could have heard.
 public struct RoomCounts: Sendable, Equatable {
@@ -468,7 +469,7 @@ public final class Building {
     /// Reports a scanning gateway did not take in time (`VirtualController.outboxLimit`).
     public private(set) var dropped: [Int]
     public private(set) var started = false
-    var startInstant = ContinuousClock.now
+    var startInstant = Instant.now
     var pollFDs: [pollfd] = []
     var closed = false
     /// Every room's link socket and the links open to simulated devices.
@@ -523,9 +524,9 @@ public final class Building {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, unix.length) }
         }
         // A gateway opens a few links at once; the kernel caps the backlog at somaxconn anyway.
-        guard r == 0, Glibc.listen(fd, 16) == 0 else {
+        guard r == 0, CLibc.listen(fd, 16) == 0 else {
             let reason = String(cString: strerror(errno))
-            Glibc.close(fd)
+            CLibc.close(fd)
             throw BuildingError(message: "cannot listen on \(path): \(reason)")
         }
         return fd
@@ -566,13 +567,13 @@ public final class Building {
             var timeout: Int32 = 1000
             if started {
                 let dueReal = Double(min(player.nextDue, player.end)) / speed
-                let elapsed = Double(micros(ContinuousClock.now - startInstant))
+                let elapsed = Double(micros(Instant.now - startInstant))
                 timeout = Int32(min(1000, max(0, ((dueReal - elapsed) / 1000).rounded(.up))))
             }
             if let due = links.nextDue {
                 timeout = min(timeout, Int32(max(0, (Double(micros(due - .now)) / 1000).rounded(.up))))
             }
-            let ready = pollFDs.withUnsafeMutableBufferPointer { Glibc.poll($0.baseAddress, nfds_t($0.count), timeout) }
+            let ready = pollFDs.withUnsafeMutableBufferPointer { CLibc.poll($0.baseAddress, nfds_t($0.count), timeout) }
             if ready <= 0 { continue }
             if stop != nil, pollFDs[stopIndex].revents != 0 { break }
             links.handle(pollFDs) { output(.continued($0, unixMicros: unixMicros())) }
@@ -599,7 +600,7 @@ public final class Building {
     }
 
     func simulatedNow(_ speed: Double) -> Int64 {
-        Int64(Double(micros(ContinuousClock.now - startInstant)) * speed)
+        Int64(Double(micros(Instant.now - startInstant)) * speed)
     }
 
     func deliver(_ room: Int, _ report: GeneratedReport) {
@@ -612,12 +613,12 @@ public final class Building {
     /// Gives connected gateways up to a second to read what was delivered, so `delivered`
     /// counts reports that left.
     func finish() {
-        let deadline = ContinuousClock.now + .seconds(1)
+        let deadline = Instant.now + .seconds(1)
         for c in controllers {
             guard let c else { continue }
-            while c.wantsWrite, !c.closed, ContinuousClock.now < deadline {
+            while c.wantsWrite, !c.closed, Instant.now < deadline {
                 var p = pollfd(fd: c.fd, events: Int16(POLLOUT), revents: 0)
-                _ = Glibc.poll(&p, 1, 100)
+                _ = CLibc.poll(&p, 1, 100)
                 c.flush()
             }
         }
@@ -629,7 +630,7 @@ public final class Building {
         closed = true
         for c in controllers { c?.hangUp() }
         controllers = controllers.map { _ in nil }
-        for fd in listeners { Glibc.close(fd) }
+        for fd in listeners { CLibc.close(fd) }
         for path in socketPaths { unlink(path) }
         links.close()
     }

@@ -11,10 +11,11 @@
 // counted. Nothing is queued per link beyond one
 // pending answer: a slot builds its next SDU when the socket can take it, so a gateway that
 // stops reading stops the device (the socket says EAGAIN) without the simulator growing.
+import BatonLibc
 import BatonHCI
 import BatonKeys
 import BatonWire
-import Glibc
+import CLibc
 
 extension ScenarioPlayer {
     /// The scenario index of the device with this id (scenario devices, then the crowd).
@@ -250,7 +251,7 @@ struct LinkSlot {
     var room = 0
     var device = 0
     /// When the pending status or fetch answer may go (`radio.link-latency`).
-    var due = ContinuousClock.Instant.now
+    var due = Instant.now
     /// The status byte to send while connecting.
     var status: UInt8?
     /// The sequence a fetch asked for, while its answer is pending.
@@ -395,7 +396,7 @@ public final class DeviceLinkServer {
     public func adopt(fd: Int32, device: Int = 0) -> Bool {
         guard let i = slots.firstIndex(where: { $0.fd < 0 }) else {
             counts[0].full += 1
-            Glibc.close(fd)
+            CLibc.close(fd)
             return false
         }
         slots[i] = LinkSlot()
@@ -411,7 +412,7 @@ public final class DeviceLinkServer {
         guard !closed else { return }
         closed = true
         for i in slots.indices where slots[i].fd >= 0 { hangUp(i) }
-        for fd in listeners { Glibc.close(fd) }
+        for fd in listeners { CLibc.close(fd) }
         for path in paths { unlink(path) }
     }
 
@@ -422,7 +423,7 @@ public final class DeviceLinkServer {
         pollBase = fds.count
         for fd in listeners { fds.append(pollfd(fd: fd, events: Int16(POLLIN), revents: 0)) }
         polled.removeAll(keepingCapacity: true)
-        let now = ContinuousClock.now
+        let now = Instant.now
         for i in slots.indices where slots[i].fd >= 0 {
             let s = slots[i]
             var events: Int16 = 0
@@ -439,8 +440,8 @@ public final class DeviceLinkServer {
 
     /// The nearest time a pending answer may go, if any. A blocked link waits for POLLOUT
     /// instead, so it does not count (else a full socket would spin the loop).
-    public var nextDue: ContinuousClock.Instant? {
-        var due: ContinuousClock.Instant?
+    public var nextDue: Instant? {
+        var due: Instant?
         for i in slots.indices where slots[i].fd >= 0 && (slots[i].phase == .closing || !slots[i].blocked && waitingToAnswer(i)) {
             due = min(due ?? slots[i].due, slots[i].due)
         }
@@ -464,7 +465,7 @@ public final class DeviceLinkServer {
     /// Answers what is due, moves streams on, and drops the links of devices that walked out
     /// of range (the gateway sees its link drop, as with a radio).
     public func service() {
-        let now = ContinuousClock.now
+        let now = Instant.now
         for i in slots.indices where slots[i].fd >= 0 {
             let s = slots[i]
             if s.phase == .closing {
@@ -487,7 +488,7 @@ public final class DeviceLinkServer {
             let fd: Int?
             do throws(Errno) {
                 let listener = listeners[r]
-                fd = try Syscall.call("accept") { Int(Glibc.accept(listener, nil, nil)) }
+                fd = try Syscall.call("accept") { Int(CLibc.accept(listener, nil, nil)) }
             } catch {
                 return  // ECONNABORTED and the like: that gateway has gone already
             }
@@ -498,7 +499,7 @@ public final class DeviceLinkServer {
             _ = fcntl(Int32(fd), F_SETFL, fcntl(Int32(fd), F_GETFL) | O_NONBLOCK)
             guard let i = slots.firstIndex(where: { $0.fd < 0 }) else {
                 counts[r].full += 1
-                Glibc.close(Int32(fd))
+                CLibc.close(Int32(fd))
                 continue
             }
             slots[i] = LinkSlot()
@@ -559,7 +560,7 @@ public final class DeviceLinkServer {
             let n: Int?
             do throws(Errno) {
                 // MSG_TRUNC: the SDU's whole length, so one longer than the buffer is seen as such.
-                n = try Syscall.call("recv") { Glibc.recv(s.fd, rx.baseAddress, rx.count, Int32(MSG_TRUNC)) }
+                n = try Syscall.call("recv") { CLibc.recv(s.fd, rx.baseAddress, rx.count, Int32(MSG_TRUNC)) }
             } catch {
                 hangUp(i)
                 return
@@ -729,7 +730,7 @@ public final class DeviceLinkServer {
 
     /// Sends what the slot has to say, while the socket takes it.
     func pump(_ i: Int) {
-        let now = ContinuousClock.now
+        let now = Instant.now
         while slots[i].fd >= 0, !slots[i].blocked {
             let s = slots[i]
             switch s.phase {
@@ -881,7 +882,7 @@ public final class DeviceLinkServer {
         let fd = slots[i].fd
         let sent: Int?
         do throws(Errno) {
-            sent = try Syscall.call("send") { Glibc.send(fd, tx.baseAddress, count, Int32(MSG_NOSIGNAL)) }
+            sent = try Syscall.call("send") { CLibc.send(fd, tx.baseAddress, count, Int32(MSG_NOSIGNAL)) }
         } catch {
             hangUp(i)  // EPIPE, ECONNRESET: the gateway has gone
             return false
@@ -906,7 +907,7 @@ public final class DeviceLinkServer {
         guard fd >= 0 else { return }
         // shutdown: the gateway sees the end even if a child process holds a copy of fd.
         shutdown(fd, Int32(SHUT_RDWR))
-        Glibc.close(fd)
+        CLibc.close(fd)
         slots[i] = LinkSlot()
     }
 }

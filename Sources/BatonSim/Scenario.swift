@@ -3,9 +3,10 @@
 // way: Yams composes nodes that keep their line numbers, the reader walks them against the
 // keys below, and every problem becomes a `ScenarioError` with file, line and key. The whole
 // file is checked before anything is refused, so one run shows every mistake.
+import BatonLibc
 import BatonKeys
 import BatonWire
-import Glibc
+import CLibc
 import Yams
 public import BatonYAML
 

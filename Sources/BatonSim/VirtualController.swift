@@ -7,9 +7,10 @@
 // It reports only legacy LE features, so the gateway chooses legacy scanning (§3.1.1) and
 // every advertisement arrives as a legacy report; adverts longer than 31 bytes cannot be
 // sent that way and are counted, not delivered.
+import BatonLibc
 import BatonHCI
 import BatonWire
-import Glibc
+import CLibc
 
 public final class VirtualController {
     public let fd: Int32
@@ -118,7 +119,7 @@ public final class VirtualController {
 
     public func flush() {
         while !outbox.isEmpty, !closed {
-            let n = outbox.withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            let n = outbox.withUnsafeBytes { CLibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
             if n > 0 { outbox.removeFirst(n); continue }
             if n < 0, errno == EINTR { continue }
             if n < 0, errno != EAGAIN { closed = true }

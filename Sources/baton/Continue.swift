@@ -1,3 +1,4 @@
+import BatonLibc
 import ArgumentParser
 import BatonGateway
 import BatonHCI
@@ -84,7 +85,7 @@ struct ContinueCommand: ParsableCommand {
         }
         // Ctrl-C and SIGTERM as a byte on a pipe the loops poll; SIGPIPE ignored.
         let stop = StopSignals()
-        let deadline = ContinuousClock.now + .milliseconds(Int64(timeout * 1000))
+        let deadline = Instant.now + .milliseconds(Int64(timeout * 1000))
 
         let found: FoundBeacon
         switch scan(match, company: company!, until: deadline, stop: stop) {
@@ -131,7 +132,7 @@ struct ContinueCommand: ParsableCommand {
 
     /// Scans until a beacon matches, the deadline, or a stop. The raw socket is closed on return:
     /// the kernel turns the scan off itself to connect (docs/radio.md "The kernel's own scans").
-    func scan(_ match: BeaconMatch, company: UInt16, until deadline: ContinuousClock.Instant,
+    func scan(_ match: BeaconMatch, company: UInt16, until deadline: Instant,
               stop: borrowing StopSignals) -> ScanOutcome {
         var radio: RadioBlueZ
         do throws(RadioError) { radio = try RadioBlueZ(adapter: adapter) } catch {
@@ -147,7 +148,7 @@ struct ContinueCommand: ParsableCommand {
         var found: FoundBeacon?
         var fds = [pollfd](repeating: pollfd(fd: -1, events: 0, revents: 0), count: 2)
         while found == nil {
-            let now = ContinuousClock.now
+            let now = Instant.now
             if now >= deadline {
                 say("no beacon of \(deviceText)\(relayed ? " relayed by a gateway" : "") heard on \(adapter) within \(timeout) s\(seen.explanation(keyed: match.keyed))")
                 return .exit(3)
@@ -186,7 +187,7 @@ struct ContinueCommand: ParsableCommand {
 
     /// fetch(seq) on the link, then the answer: the payload printed, or the refusal said.
     func fetch(_ channel: inout LinkChannel, sequence: UInt16, device: UInt64, opener: SealedEnvelope?,
-               until deadline: ContinuousClock.Instant, stop: borrowing StopSignals) -> Int32 {
+               until deadline: Instant, stop: borrowing StopSignals) -> Int32 {
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 65_535, alignment: 8)
         defer { buffer.deallocate() }
         var asked = false
@@ -197,7 +198,7 @@ struct ContinueCommand: ParsableCommand {
                 say(error.map { "\($0)" } ?? "the link closed before the answer")
                 return 1
             }
-            if ContinuousClock.now >= deadline {
+            if Instant.now >= deadline {
                 say("no answer to the fetch of \(ActivityBeacon.deviceIDText(device)) seq \(sequence) within \(timeout) s")
                 return 3
             }
@@ -302,7 +303,7 @@ struct ContinueCommand: ParsableCommand {
     }
 
     /// poll()'s timeout until `instant`, rounded up, at most a second.
-    static func milliseconds(until instant: ContinuousClock.Instant) -> Int32 {
+    static func milliseconds(until instant: Instant) -> Int32 {
         let left = instant - .now
         guard left > .zero else { return 0 }
         return Int32(min(left.components.seconds * 1000 + left.components.attoseconds / 1_000_000_000_000_000 + 1, 1000))
@@ -460,7 +461,7 @@ struct LinkStream: ~Copyable {
 
     /// Runs the stream to its end; the exit status. `deadline` bounds the wait for the
     /// device's open; after it the stream runs as long as both ends do.
-    mutating func run(_ channel: inout LinkChannel, until deadline: ContinuousClock.Instant,
+    mutating func run(_ channel: inout LinkChannel, until deadline: Instant,
                       stop: borrowing StopSignals) -> Int32 {
         var fds = [pollfd](repeating: pollfd(fd: -1, events: 0, revents: 0), count: 4)
         while true {
@@ -469,7 +470,7 @@ struct LinkStream: ~Copyable {
                 say(error.map { "the link ended the stream: \($0)" } ?? "the device hung up before the stream ended")
                 return 1
             }
-            if !up.opened, ContinuousClock.now >= deadline {
+            if !up.opened, Instant.now >= deadline {
                 say("the device did not answer the stream's open within the timeout")
                 send(&channel, .reset) { w throws(WireError) in try LinkMessage.encodeReset(.cancelled, into: &w) }
                 return 3

@@ -1,3 +1,4 @@
+import BatonLibc
 import ArgumentParser
 import BatonHCI
 import BatonKeys
@@ -379,10 +380,10 @@ struct DeviceRunner: ~Copyable {
 
         var ends: (Int32, Int32) = (-1, -1)
         let ok = withUnsafeMutablePointer(to: &ends) { $0.withMemoryRebound(to: Int32.self, capacity: 2) { pipe($0) } }
-        precondition(ok == 0, "pipe failed: errno \(errno)")
+        precondition(ok == 0, "pipe failed: errno \(Glibc.errno)")
         for end in [ends.0, ends.1] {
-            _ = fcntl(end, F_SETFL, fcntl(end, F_GETFL) | O_NONBLOCK)
-            _ = fcntl(end, F_SETFD, FD_CLOEXEC)
+            _ = Glibc.fcntl(end, F_SETFL, Glibc.fcntl(end, F_GETFL) | O_NONBLOCK)
+            _ = Glibc.fcntl(end, F_SETFD, FD_CLOEXEC)
         }
         signalRead = ends.0
         deviceSignalWriteEnd = ends.1
@@ -444,13 +445,13 @@ struct DeviceRunner: ~Copyable {
         say("advertising \(idText) seq \(activity.beacon.sequence) on \(settings.adapter) at \(addressText), psm 0x\(String(listener.psm, radix: 16))")
         var stdinOpen = true
         var line: [UInt8] = []
-        var endsAt: ContinuousClock.Instant?
-        var rotateAt: ContinuousClock.Instant? = settings.rotate > .zero ? .now + settings.rotate : nil
+        var endsAt: Instant?
+        var rotateAt: Instant? = settings.rotate > .zero ? .now + settings.rotate : nil
         var fds: [pollfd] = []
         fds.reserveCapacity(3 + DeviceLinkServer.capacity)
         var status: Int32 = 0
         while true {
-            if let endsAt, ContinuousClock.now >= endsAt { break }
+            if let endsAt, Instant.now >= endsAt { break }
             fds.removeAll(keepingCapacity: true)
             fds.append(pollfd(fd: signalRead, events: Int16(POLLIN), revents: 0))
             fds.append(pollfd(fd: stdinOpen && endsAt == nil ? 0 : -1, events: Int16(POLLIN), revents: 0))
@@ -465,7 +466,7 @@ struct DeviceRunner: ~Copyable {
             } ?? 1000
             _ = Glibc.poll(&fds, nfds_t(fds.count), timeout)
 
-            if let at = rotateAt, ContinuousClock.now >= at, endsAt == nil {
+            if let at = rotateAt, Instant.now >= at, endsAt == nil {
                 rotateAt = at + settings.rotate
                 do {
                     try activity.rotate()

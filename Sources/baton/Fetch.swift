@@ -1,3 +1,4 @@
+import BatonLibc
 import ArgumentParser
 import BatonKeys
 import BatonMQTT
@@ -72,9 +73,9 @@ struct FetchCommand: ParsableCommand {
         body += "}"
 
         client.start(now: .now)
-        let deadline = ContinuousClock.now + .milliseconds(Int64(timeout * 1000))
+        let deadline = Instant.now + .milliseconds(Int64(timeout * 1000))
         var asked = false
-        while ContinuousClock.now < deadline {
+        while Instant.now < deadline {
             var fd = pollfd(fd: client.socket, events: Int16(POLLIN), revents: 0)
             if client.wantsWrite { fd.events |= Int16(POLLOUT) }
             _ = Glibc.poll(&fd, 1, 100)

@@ -1,7 +1,6 @@
 import ArgumentParser
 import BatonGateway
 import Foundation
-import Logging
 
 struct GatewayCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
@@ -37,13 +36,7 @@ struct GatewayCommand: ParsableCommand {
             FileHandle.standardError.write(Data("baton gateway: \(error)\n".utf8))
             throw ExitCode(2)
         }
-        let level = Logger.Level(rawValue: settings.logLevel) ?? .info
-        LoggingSystem.bootstrap { label in
-            var handler = StreamLogHandler.standardError(label: label)
-            handler.logLevel = level
-            return handler
-        }
-        let log = Logger(label: "baton.gateway")
+        let log = Logger(level: Logger.Level(rawValue: settings.logLevel) ?? .info)
         let status = GatewayLauncher.run(config: settings, log: log)
         if status != 0 { throw ExitCode(status) }
     }

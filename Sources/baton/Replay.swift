@@ -1,4 +1,5 @@
 // `baton replay FILE`: decode a capture and print what it heard (README.md, docs/captures.md).
+import BatonLibc
 import ArgumentParser
 import BatonHCI
 import BatonWire
@@ -36,7 +37,7 @@ struct Replay: ParsableCommand {
         var decoder = AdvertisementDecoder(beaconCompanyID: companyID)
         var damage: WireError?
         var firstTimestamp: Int64?
-        let start = ContinuousClock.now
+        let start = Instant.now
         let printLines = !summary
 
         try data.withUnsafeBytes { (raw: UnsafeRawBufferPointer) throws in
@@ -68,11 +69,11 @@ struct Replay: ParsableCommand {
         }
     }
 
-    private func pace(_ t: Int64, first: inout Int64?, start: ContinuousClock.Instant) {
+    private func pace(_ t: Int64, first: inout Int64?, start: Instant) {
         let origin = first ?? t
         first = origin
         let due = start + .microseconds(max(0, t - origin))
-        let now = ContinuousClock.now
+        let now = Instant.now
         if due > now { Thread.sleep(forTimeInterval: Double((due - now).components.attoseconds) / 1e18 + Double((due - now).components.seconds)) }
     }
 

@@ -1,5 +1,6 @@
 // `baton sim`: simulated devices and rooms (docs/simulator.md): a building following a
 // scenario, one room's controller, or a capture file.
+import BatonLibc
 import ArgumentParser
 import BatonGateway
 import BatonHCI
@@ -106,7 +107,7 @@ extension Sim {
             var generator = CaptureGenerator(devices: devices, seed: seed)
             var controller: VirtualController?
             let interval = Duration.seconds(1) / rate
-            var due = ContinuousClock.now
+            var due = Instant.now
             var delivered = 0
             FileHandle.standardError.write(Data("baton sim room: listening on \(socket)\n".utf8))
             while reports == 0 || delivered < reports {
@@ -129,7 +130,7 @@ extension Sim {
                     FileHandle.standardError.write(Data("baton sim room: the gateway disconnected; waiting for it\n".utf8))
                     continue
                 }
-                while ContinuousClock.now >= due, reports == 0 || delivered < reports {
+                while Instant.now >= due, reports == 0 || delivered < reports {
                     let before = controller!.reportsDelivered
                     controller!.deliver(generator.next())
                     delivered += controller!.reportsDelivered - before
@@ -148,7 +149,7 @@ extension Sim {
                 $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, unix.length) }
             }
             guard r == 0, Glibc.listen(fd, 1) == 0 else {
-                throw ValidationError("--socket: cannot listen on \(path): \(String(cString: strerror(errno)))")
+                throw ValidationError("--socket: cannot listen on \(path): \(String(cString: strerror(Glibc.errno)))")
             }
             return fd
         }
@@ -230,7 +231,7 @@ extension Sim {
             var offset = 0
             while offset < bytes.count {
                 let n = bytes[offset...].withUnsafeMutableBytes { Glibc.write(1, $0.baseAddress, $0.count) }
-                if n < 0, errno == EINTR { continue }
+                if n < 0, Glibc.errno == EINTR { continue }
                 guard n > 0 else { return }
                 offset += n
             }

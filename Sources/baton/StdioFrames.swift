@@ -3,6 +3,7 @@
 // stdout, acknowledged only once written (a reader that stops stops the device,
 // docs/protocol.md §5.3). `baton stream` (through the broker) and `baton continue --stream`
 // (over a link) differ in how frames travel, not in this.
+import BatonLibc
 import BatonKeys
 import BatonRelay
 import BatonWire
@@ -111,9 +112,9 @@ struct StdioFrames: ~Copyable {
             let count = min(outputCounts[slot] - writtenOfFrame, Self.writeChunk)
             let n = count == 0 ? 0 : Glibc.write(STDOUT_FILENO, output.baseAddress! + slot * maxData + writtenOfFrame, count)
             if n < 0 {
-                if errno == EINTR { continue }
-                if errno == EAGAIN { return nil }
-                return "writing stdout: \(String(cString: strerror(errno)))"
+                if Glibc.errno == EINTR { continue }
+                if Glibc.errno == EAGAIN { return nil }
+                return "writing stdout: \(String(cString: strerror(Glibc.errno)))"
             }
             writtenOfFrame += n
             if writtenOfFrame == outputCounts[slot] {
@@ -146,8 +147,8 @@ struct StdioFrames: ~Copyable {
         let data = sealer == nil ? room : room - SealedEnvelope.overhead
         let n = Glibc.read(STDIN_FILENO, input.baseAddress, min(data, input.count))
         if n < 0 {
-            if errno == EINTR || errno == EAGAIN { return .nothing }
-            return .failed("reading stdin: \(String(cString: strerror(errno)))")
+            if Glibc.errno == EINTR || Glibc.errno == EAGAIN { return .nothing }
+            return .failed("reading stdin: \(String(cString: strerror(Glibc.errno)))")
         }
         if n == 0 {
             inputEnded = true

@@ -1,3 +1,4 @@
+import BatonLibc
 import ArgumentParser
 import BatonGateway
 import BatonKeys
@@ -111,7 +112,7 @@ struct StreamSession: ~Copyable {
     /// heard `carrierGrace` later: mosquitto sends every client's will when it shuts down
     /// (a broker restart), just before it closes our connection too, and such an `offline`
     /// is not the carrier's end. The disconnect forgets it; a real one comes again, retained.
-    var carrierOfflineSince: ContinuousClock.Instant?
+    var carrierOfflineSince: Instant?
     /// `--timeout`: no open frame from a gateway by then, and the stream is given up.
     let timeout: Duration
     let timeoutSeconds: Double
@@ -124,9 +125,9 @@ struct StreamSession: ~Copyable {
     var acked: UInt32 = 0
     var ackedOnce = false
 
-    var openSentAt: ContinuousClock.Instant?
+    var openSentAt: Instant?
     /// When the unacknowledged up frames are resent if no ack moves them on before.
-    var retryAt: ContinuousClock.Instant?
+    var retryAt: Instant?
     var everConnected = false
     /// Device frames dropped because one before them was lost (the gateway resends them).
     var gaps = 0
@@ -163,7 +164,7 @@ struct StreamSession: ~Copyable {
 
     /// Runs the stream to its end; the exit status.
     mutating func run(stop: borrowing StopSignals) -> Int32 {
-        let giveUp = ContinuousClock.now + timeout
+        let giveUp = Instant.now + timeout
         client.start(now: .now)
         var fds = [pollfd](repeating: pollfd(fd: -1, events: 0, revents: 0), count: 4)
         while true {
@@ -174,7 +175,7 @@ struct StreamSession: ~Copyable {
             fds[2] = pollfd(fd: reading ? STDIN_FILENO : -1, events: Int16(POLLIN), revents: 0)
             fds[3] = pollfd(fd: writing ? STDOUT_FILENO : -1, events: Int16(POLLOUT), revents: 0)
             _ = Glibc.poll(&fds, 4, waitMilliseconds(giveUp: giveUp))
-            let now = ContinuousClock.now
+            let now = Instant.now
 
             if fds[1].revents != 0, stop.drain() {
                 send(Self.reset(.cancelled))
@@ -227,8 +228,8 @@ struct StreamSession: ~Copyable {
 
     /// Until the nearest thing due: the client's next deadline, the open's resend or give-up,
     /// the retry. At most a second, so nothing depends on a deadline computed a turn ago.
-    func waitMilliseconds(giveUp: ContinuousClock.Instant) -> Int32 {
-        let now = ContinuousClock.now
+    func waitMilliseconds(giveUp: Instant) -> Int32 {
+        let now = Instant.now
         var next = now + .seconds(1)
         if let d = client.nextDeadline { next = min(next, d) }
         if !up.opened {
@@ -245,7 +246,7 @@ struct StreamSession: ~Copyable {
 
     // MARK: - The broker
 
-    mutating func handle(_ event: MQTTEvent, now: ContinuousClock.Instant) -> Int32? {
+    mutating func handle(_ event: MQTTEvent, now: Instant) -> Int32? {
         switch event {
         case .connected:
             everConnected = true
@@ -309,7 +310,7 @@ struct StreamSession: ~Copyable {
         }
     }
 
-    mutating func publishOpen(now: ContinuousClock.Instant) {
+    mutating func publishOpen(now: Instant) {
         let open = Self.message(.open) { w throws(WireError) in
             try LinkMessage.encodeOpen(window: UInt16(window), maxData: UInt16(maxData), into: &w)
         }
@@ -318,7 +319,7 @@ struct StreamSession: ~Copyable {
     }
 
     /// One frame from the gateway (docs/relay.md §7.3).
-    mutating func take(_ payload: [UInt8], now: ContinuousClock.Instant) -> Int32? {
+    mutating func take(_ payload: [UInt8], now: Instant) -> Int32? {
         let m: LinkMessage
         do {
             // Our max data bounds a data frame: a larger one breaks our open (§5.3).
@@ -370,7 +371,7 @@ struct StreamSession: ~Copyable {
 
     /// Sealed streams (docs/security.md §5.2): our frame 0 is an empty envelope whose nonce is
     /// the stream nonce; the device sends no data before it has it.
-    mutating func sendHello(_ sealer: SealedEnvelope, now: ContinuousClock.Instant) -> Int32? {
+    mutating func sendHello(_ sealer: SealedEnvelope, now: Instant) -> Int32? {
         let n: Int
         do throws(SealError) { n = try sealer.sealHello(deviceID: io.deviceID, into: io.sealed) } catch {
             say("sealing: \(error)")
@@ -383,7 +384,7 @@ struct StreamSession: ~Copyable {
     }
 
     /// One frame's bytes (sealed already, if sealing) into `up`, kept for resending, and out.
-    mutating func pushUp(_ bytes: UnsafeRawBufferPointer, now: ContinuousClock.Instant) -> Int32? {
+    mutating func pushUp(_ bytes: UnsafeRawBufferPointer, now: Instant) -> Int32? {
         if up.inFlight == 0 { retryAt = now + Self.retry }
         let number = up.push(bytes)
         let data = Self.message(.data, body: bytes.count) { w throws(WireError) in
@@ -431,7 +432,7 @@ struct StreamSession: ~Copyable {
     // MARK: - stdin and stdout
 
     /// One read from stdin, as one data frame; its end, as the close.
-    mutating func readInput(now: ContinuousClock.Instant) -> Int32? {
+    mutating func readInput(now: Instant) -> Int32? {
         switch io.readStdin(number: up.next, room: up.maxData) {
         case .nothing:
             return nil

@@ -1,3 +1,4 @@
+import BatonLibc
 import ArgumentParser
 import BatonMQTT
 import Foundation
@@ -21,14 +22,14 @@ struct WatchCommand: ParsableCommand {
         let prefix = options.prefix, broker = options.broker
         var view = WatchView(prefix: prefix, redraw: !lines && !once && isatty(STDOUT_FILENO) == 1)
         client.start(now: .now)
-        var lastMessage = ContinuousClock.now
-        var connectedAt: ContinuousClock.Instant?
-        let giveUp = ContinuousClock.now + .seconds(10)
+        var lastMessage = Instant.now
+        var connectedAt: Instant?
+        let giveUp = Instant.now + .seconds(10)
         while true {
             var fd = pollfd(fd: client.socket, events: Int16(POLLIN), revents: 0)
             if client.wantsWrite { fd.events |= Int16(POLLOUT) }
             _ = Glibc.poll(&fd, 1, 200)
-            let now = ContinuousClock.now
+            let now = Instant.now
             var events: [MQTTEvent] = []
             client.poll(now: now, readable: fd.revents & Int16(POLLIN | POLLHUP | POLLERR) != 0,
                         writable: fd.revents & Int16(POLLOUT) != 0) { events.append($0) }

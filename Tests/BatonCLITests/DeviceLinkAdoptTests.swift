@@ -4,6 +4,7 @@
 // an L2CAP LE credit-based channel does; the test is the gateway on the other end and writes
 // the SDUs byte by byte from docs/protocol.md §5.1. The kernel's own channel runs in the VM
 // test (Tests/VM/bluez-test.sh).
+import BatonLibc
 import BatonHCI
 import BatonRelay
 import BatonSim
@@ -50,7 +51,7 @@ struct ServerLoop {
 func adoptedPair(_ server: DeviceLinkServer) throws -> LinkEnd {
     var fds: [Int32] = [-1, -1]
     try #require(socketpair(AF_UNIX, Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &fds) == 0)
-    _ = fcntl(fds[1], F_SETFL, fcntl(fds[1], F_GETFL) | O_NONBLOCK)
+    _ = Glibc.fcntl(fds[1], F_SETFL, Glibc.fcntl(fds[1], F_GETFL) | O_NONBLOCK)
     try #require(server.adopt(fd: fds[1]))
     return LinkEnd(fd: fds[0])
 }
@@ -171,7 +172,7 @@ final class LinkEnd {
 @Suite struct L2CAPListenerTests {
     @Test func onThisKernel() throws {
         let probe = socket(AF_BLUETOOTH, Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)  // BTPROTO_L2CAP
-        let probeErrno = errno
+        let probeErrno = Glibc.errno
         if probe < 0 {
             try #require(probeErrno == EAFNOSUPPORT, "socket(AF_BLUETOOTH) failed with errno \(probeErrno), not EAFNOSUPPORT")
             #expect(throws: LinkError.noBluetooth("this kernel has no Bluetooth (AF_BLUETOOTH unavailable)")) {

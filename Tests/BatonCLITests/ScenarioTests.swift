@@ -1,6 +1,7 @@
 // Scenarios (docs/simulator.md "Scenarios"): the file format and its errors, the RSSI model
 // in process, and `baton sim --scenario` as the lead's tests and scripts run it: the built
 // binary, gateways connecting to its rooms' sockets over H4, its JSON lines read live.
+import BatonLibc
 import BatonHCI
 import BatonSim
 import BatonWire
@@ -414,7 +415,7 @@ final class SimProcess {
         process.standardError = try FileHandle(forWritingTo: errFile)
         try process.run()
         let fd = out.fileHandleForReading.fileDescriptor
-        _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
+        _ = Glibc.fcntl(fd, F_SETFL, Glibc.fcntl(fd, F_GETFL) | O_NONBLOCK)
     }
 
     deinit {
@@ -488,8 +489,8 @@ final class GatewayClient {
         let r = withUnsafePointer(to: &unix.address) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, unix.length) }
         }
-        try #require(r == 0, "connect \(path): \(String(cString: strerror(errno)))")
-        _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
+        try #require(r == 0, "connect \(path): \(String(cString: strerror(Glibc.errno)))")
+        _ = Glibc.fcntl(fd, F_SETFL, Glibc.fcntl(fd, F_GETFL) | O_NONBLOCK)
     }
 
     deinit {

@@ -3,6 +3,7 @@
 // through mosquitto_sub and mosquitto_pub, the reference clients. Every wait is bounded with a
 // generous limit; no test asserts how long anything took.
 
+import BatonLibc
 import BatonTestSupport
 import Foundation
 import Glibc
@@ -83,8 +84,8 @@ private final class ScriptedGateway {
 
 /// Polls `condition` for up to 10 s; whether it came true.
 private func within10s(_ condition: () -> Bool) -> Bool {
-    let deadline = ContinuousClock.now + .seconds(10)
-    while ContinuousClock.now < deadline {
+    let deadline = Instant.now + .seconds(10)
+    while Instant.now < deadline {
         if condition() { return true }
         usleep(20_000)
     }
@@ -325,11 +326,11 @@ struct StreamCommandTests {
         #expect(mkfifo(fifo, 0o600) == 0)
         // Our end, opened first so the child's open for writing does not wait; one page of
         // pipe (F_SETPIPE_SZ's least), so 4 frames of 1024 bytes fill it.
-        let reader = open(fifo, O_RDONLY | O_NONBLOCK)
+        let reader = Glibc.open(fifo, O_RDONLY | O_NONBLOCK)
         try #require(reader >= 0)
         defer { close(reader) }
-        // F_SETPIPE_SZ (fcntl(2), Linux): 1031 in <fcntl.h>, behind _GNU_SOURCE, so not in Glibc's module.
-        try #require(fcntl(reader, 1031, 4096) == 4096)
+        // F_SETPIPE_SZ (Glibc.fcntl(2), Linux): 1031 in <fcntl.h>, behind _GNU_SOURCE, so not in Glibc's module.
+        try #require(Glibc.fcntl(reader, 1031, 4096) == 4096)
 
         let run = try StreamRun(broker, output: fifo)
         let s = try gateway.awaitOpen()
@@ -350,8 +351,8 @@ struct StreamCommandTests {
         // The reader reads: the rest is written and acknowledged.
         var got: [UInt8] = []
         var buffer = [UInt8](repeating: 0, count: 4096)
-        let deadline = ContinuousClock.now + .seconds(10)
-        while got.count < sent.count, ContinuousClock.now < deadline {
+        let deadline = Instant.now + .seconds(10)
+        while got.count < sent.count, Instant.now < deadline {
             let n = read(reader, &buffer, buffer.count)
             if n > 0 { got += buffer[..<n] } else { usleep(5_000) }
         }

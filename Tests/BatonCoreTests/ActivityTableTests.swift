@@ -1,11 +1,12 @@
 // The activity table: docs/table.md, over beacons as docs/protocol.md §2 defines them.
 // Time is injected: every instant is `t0` plus the seconds a test names.
+import BatonLibc
 import BatonTestSupport
 import Testing
 import BatonWire
 import BatonCore
 
-private let t0 = ContinuousClock.now
+private let t0 = Instant.now
 private func at(_ seconds: Int) -> Instant { t0 + .seconds(seconds) }
 private func at(ms: Int) -> Instant { t0 + .milliseconds(ms) }
 

@@ -1,11 +1,12 @@
 // Apple devices from their Continuity frames: docs/table.md "Apple devices", over the layouts
 // of docs/protocol.md §4. Every frame is a whole advertisement as heard on air, in hex.
+import BatonLibc
 import BatonTestSupport
 import Testing
 import BatonWire
 import BatonCore
 
-private let t0 = ContinuousClock.now
+private let t0 = Instant.now
 private func at(_ seconds: Int) -> Instant { t0 + .seconds(seconds) }
 private func at(ms: Int) -> Instant { t0 + .milliseconds(ms) }
 

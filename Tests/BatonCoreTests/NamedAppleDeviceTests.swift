@@ -3,12 +3,13 @@
 // the table keeps one entry per identity, whatever address the device sends from and whether
 // or not the advertisement carries Continuity frames. Frames are whole advertisements in hex
 // (docs/protocol.md §4), decoded as the gateway decodes them.
+import BatonLibc
 import BatonTestSupport
 import Testing
 import BatonWire
 import BatonCore
 
-private let t0 = ContinuousClock.now
+private let t0 = Instant.now
 private func at(_ seconds: Int) -> Instant { t0 + .seconds(seconds) }
 
 /// An iPhone with a current activity: Handoff (§4.2: sequence 0x1234, tag 0xAB) and Nearby Info.

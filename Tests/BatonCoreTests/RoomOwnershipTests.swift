@@ -1,11 +1,12 @@
 // Room ownership: docs/rooms.md §3–§5. Time is injected: every instant is `t0` plus the
 // seconds a test names, as the receiving gateway's ContinuousClock would read them.
+import BatonLibc
 import Foundation
 import Testing
 import BatonWire
 import BatonCore
 
-private let t0 = ContinuousClock.now
+private let t0 = Instant.now
 private func at(_ seconds: Double) -> Instant { t0 + .milliseconds(Int((seconds * 1000).rounded())) }
 
 private let phone: UInt64 = 0x5A12_3456_789A

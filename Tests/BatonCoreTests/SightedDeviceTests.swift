@@ -2,12 +2,13 @@
 // gateway hands the schedule two `SightingSource`s, the activity table and the Apple devices
 // the user named by their IRK, so one room owns each; `due(now:each:)` takes any walk. The defaults: heartbeat 2 s,
 // step 3 dB no more often than every 0.5 s, lost after 10 s.
+import BatonLibc
 import BatonTestSupport
 import Testing
 import BatonWire
 import BatonCore
 
-private let t0 = ContinuousClock.now
+private let t0 = Instant.now
 private func at(_ seconds: Double) -> Instant { t0 + .milliseconds(Int((seconds * 1000).rounded())) }
 
 /// A Baton device's rotating id (docs/protocol.md §2.4).

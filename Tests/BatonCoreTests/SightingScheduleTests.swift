@@ -1,10 +1,11 @@
 // When a gateway sends its own sightings: docs/rooms.md §2 "When a sighting is sent". The
 // defaults: heartbeat 2 s, step 3 dB no more often than every 0.5 s, lost after 10 s.
+import BatonLibc
 import Testing
 import BatonWire
 import BatonCore
 
-private let t0 = ContinuousClock.now
+private let t0 = Instant.now
 private func at(_ seconds: Double) -> Instant { t0 + .milliseconds(Int((seconds * 1000).rounded())) }
 
 private let phone: UInt64 = 0x5A12_3456_789A

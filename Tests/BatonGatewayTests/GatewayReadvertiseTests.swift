@@ -4,6 +4,7 @@
 // (`AdvertisingController`): it records what the gateway puts on the air, and hands it the
 // phone's end of a socketpair as a listener would; BlueZ's own is exercised in the VM
 // (docs/vm.md step 12).
+import BatonLibc
 @testable import BatonGateway
 import BatonHCI
 import BatonKeys
@@ -14,7 +15,6 @@ import BatonWire
 import CBlueZ  // its shim includes <sys/socket.h>: import it so SOCK_SEQPACKET has one owner
 import Foundation
 import Glibc
-import Logging
 import Testing
 
 private let secret = "BATON-GROUP-V1:AAAQEAYEAUDAOCAJBIFQYDIOB4QL"
@@ -53,7 +53,7 @@ private final class TestController: AdvertisingController {
         let pipes: [(read: Int32, write: Int32)] = (0..<3).map { _ in
             var ends: [Int32] = [-1, -1]
             precondition(pipe(&ends) == 0)
-            _ = fcntl(ends[0], F_SETFL, fcntl(ends[0], F_GETFL) | O_NONBLOCK)
+            _ = Glibc.fcntl(ends[0], F_SETFL, Glibc.fcntl(ends[0], F_GETFL) | O_NONBLOCK)
             return (ends[0], ends[1])
         }
         wakes = Array(pipes[0..<2])
@@ -131,16 +131,16 @@ private let emptyCapture: [UInt8] = Array("btsnoop\0".utf8) + [0, 0, 0, 1, 0, 0,
         let controller = TestController()
         var radio = try RadioCapture(file: emptyCapture, pace: .asFastAsPossible)
         var mqtt = try MQTTClient(config: GatewayLauncher.mqttConfig(config))
-        let start = ContinuousClock.now
+        let start = Instant.now
         mqtt.start(now: start)
         try radio.start(now: start)
         var gateway = Gateway(config: config, radio: radio, mqtt: mqtt, keys: try GatewayKeys.make(config),
-                              readvertising: controller, log: Logger(label: "test"), environment: [:], now: start,
+                              readvertising: controller, log: Logger(), environment: [:], now: start,
                               unixMicroseconds: 1_790_000_000_000_000)
         /// Turns the loop until `done` holds, for at most `seconds`.
         func turn(within seconds: Int = 10, until done: () -> Bool) -> Bool {
-            let end = ContinuousClock.now + .seconds(seconds)
-            while ContinuousClock.now < end {
+            let end = Instant.now + .seconds(seconds)
+            while Instant.now < end {
                 _ = gateway.turn()
                 if done() { return true }
             }

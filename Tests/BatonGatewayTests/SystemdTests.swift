@@ -1,5 +1,6 @@
 // systemd's notify protocol (sd_notify(3)), as the unit in board/ uses it: READY=1 once the
 // loop runs, WATCHDOG=1 every half of $WATCHDOG_USEC.
+import BatonLibc
 @testable import BatonGateway
 import BatonHCI
 import Foundation
@@ -14,7 +15,7 @@ struct SystemdTests {
         let r = withUnsafePointer(to: &unix.address) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, unix.length) }
         }
-        try #require(r == 0, "bind \(path): errno \(errno)")
+        try #require(r == 0, "bind \(path): Glibc.errno \(Glibc.errno)")
         return fd
     }
 
@@ -38,7 +39,7 @@ struct SystemdTests {
         #expect(interval == .seconds(1))
         notifier.send("READY=1")
         #expect(receive(fd) == "READY=1")
-        let start = ContinuousClock.now
+        let start = Instant.now
         notifier.pingIfDue(now: start)
         #expect(receive(fd) == "WATCHDOG=1")
         // Not again before half the watchdog period.

@@ -2,6 +2,7 @@
 // controller that stops delivering reports while scanning is re-initialised, counted and
 // reported. The controller here is a scripted H4 peer on the simulator's socket (`sim:`), so
 // the gateway's own H4 path runs byte for byte.
+import BatonLibc
 import BatonHCI
 import BatonSim
 import BatonTestSupport
@@ -34,7 +35,7 @@ final class ScriptedController {
         // Close-on-exec: a broker or gateway spawned by a parallel test must not hold it open.
         let fd = Glibc.accept(listener, nil, nil)
         guard fd >= 0 else { return false }
-        _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+        _ = Glibc.fcntl(fd, F_SETFD, FD_CLOEXEC)
         controller = VirtualController(fd: fd)
         return true
     }

@@ -5,6 +5,7 @@
 // hci_sock.c `hci_send_to_sock` copies them to every raw socket but the sender); here the test
 // plays the kernel over a SOCK_SEQPACKET pair that behaves like the raw socket.
 
+import BatonLibc
 import Glibc
 import Testing
 import BatonWire
@@ -17,7 +18,7 @@ private func pair() -> (Int32, Int32) {
 }
 
 /// Answers the init sequence (legacy controller) until the radio scans; returns the frames.
-private func scan(_ radio: inout RadioBlueZ, _ ctl: RadioFakeController, now: ContinuousClock.Instant) throws -> [String] {
+private func scan(_ radio: inout RadioBlueZ, _ ctl: RadioFakeController, now: Instant) throws -> [String] {
     var frames: [String] = []
     while radio.state != .scanning, frames.count < 8 {
         let frame = try #require(ctl.nextCommand())
@@ -34,7 +35,7 @@ private let initSequence = [
 
 @Suite("RadioBlueZ: setting the scan again after the kernel changed it")
 struct RadioBlueZRescanTests {
-    let t0 = ContinuousClock.now
+    let t0 = Instant.now
 
     @Test("The kernel's connect sequence: a rescan rescanAfter after its last scan command, not before")
     func kernelConnectSequence() throws {

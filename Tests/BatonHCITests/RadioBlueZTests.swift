@@ -3,6 +3,7 @@
 // SOCK_SEQPACKET stand-in that behaves like the raw HCI socket (one packet per read, H4 type
 // byte first).
 
+import BatonLibc
 import Glibc
 import Testing
 import CBlueZ
@@ -17,7 +18,7 @@ private func seqpacketPair() -> (Int32, Int32) {
 }
 
 /// Runs the sequence against a well-behaved controller; returns the frames it received.
-private func runInit(_ radio: inout RadioBlueZ, _ ctl: RadioFakeController, now: ContinuousClock.Instant,
+private func runInit(_ radio: inout RadioBlueZ, _ ctl: RadioFakeController, now: Instant,
                      features: UInt64) throws -> [[UInt8]] {
     var frames: [[UInt8]] = []
     while radio.state == .initialising, frames.count < 16 {
@@ -34,12 +35,12 @@ private func runInit(_ radio: inout RadioBlueZ, _ ctl: RadioFakeController, now:
 
 @Suite("RadioBlueZ: the raw HCI socket")
 struct RadioBlueZTests {
-    let t0 = ContinuousClock.now
+    let t0 = Instant.now
 
     @Test("Opening on this kernel: no AF_BLUETOOTH says so exactly; with Bluetooth, hci99 is not found")
     func openOnThisKernel() throws {
         let probe = socket(AF_BLUETOOTH, Int32(SOCK_RAW.rawValue) | Int32(SOCK_CLOEXEC.rawValue), BTPROTO_HCI)
-        let probeErrno = errno
+        let probeErrno = Glibc.errno
         if probe < 0 {
             // A kernel without Bluetooth (these build machines).
             try #require(probeErrno == EAFNOSUPPORT, "socket(AF_BLUETOOTH) failed with errno \(probeErrno), not EAFNOSUPPORT")

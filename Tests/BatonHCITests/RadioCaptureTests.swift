@@ -1,5 +1,6 @@
 // Capture replay as a radio source (docs/radio.md "Capture replay"): the same events a
 // controller would send, as fast as possible or at the capture's pace, driven by deadlines.
+import BatonLibc
 import Testing
 import BatonSim
 import BatonWire
@@ -9,7 +10,7 @@ private func replay(_ file: [UInt8], pace: RadioCapture.Pace = .asFastAsPossible
     try RadioCapture(file: file, pace: pace)
 }
 
-private func drain(_ radio: inout RadioCapture, now: ContinuousClock.Instant) throws -> [[UInt8]] {
+private func drain(_ radio: inout RadioCapture, now: Instant) throws -> [[UInt8]] {
     var events: [[UInt8]] = []
     _ = try radio.poll(now: now) { events.append(Array($0)) }
     return events
@@ -18,7 +19,7 @@ private func drain(_ radio: inout RadioCapture, now: ContinuousClock.Instant) th
 @Suite struct RadioCaptureTests {
     @Test func sniffedAdvertisingPDUsBecomeTheEventsAControllerSends() throws {
         var radio = try replay(PCAPTests.leLLFile)
-        let t0 = ContinuousClock.now
+        let t0 = Instant.now
         try radio.start(now: t0)
         let events = try drain(&radio, now: t0)
         // ADV_IND from random C0:11:22:33:44:55 at -60 dBm, 16 bytes of AD, as the LE
@@ -39,7 +40,7 @@ private func drain(_ radio: inout RadioCapture, now: ContinuousClock.Instant) th
         let (file, written) = g.capture(reports: 1_000)
         var radio = try replay(file)
         #expect(radio.fd == -1 && radio.state == .stopped)
-        let now = ContinuousClock.now
+        let now = Instant.now
         try radio.start(now: now)
         var decoder = AdvertisementDecoder()
         var polls = 0
@@ -58,7 +59,7 @@ private func drain(_ radio: inout RadioCapture, now: ContinuousClock.Instant) th
         var g = CaptureGenerator(devices: 4, seed: 9)
         let (file, written) = g.capture(reports: 40)
         var radio = try replay(file, pace: .timestamps(speed: 2))
-        let t0 = ContinuousClock.now
+        let t0 = Instant.now
         try radio.start(now: t0)
         var delivered = try drain(&radio, now: t0).count
         #expect(delivered == 1, "only the first event is due at the start")
@@ -80,7 +81,7 @@ private func drain(_ radio: inout RadioCapture, now: ContinuousClock.Instant) th
         var g = CaptureGenerator(devices: 4, seed: 4)
         let (file, _) = g.capture(reports: 100)
         var radio = try replay(Array(file.dropLast(5)))
-        let now = ContinuousClock.now
+        let now = Instant.now
         try radio.start(now: now)
         var events = 0
         while radio.state == .scanning { events += try radio.poll(now: now) { _ in } }

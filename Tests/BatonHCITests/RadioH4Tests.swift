@@ -2,6 +2,7 @@
 // SOCK_STREAM): the init sequence byte for byte, command flow control (Core 5.4, Vol 4,
 // Part E, §4.4), error statuses, timeouts as deadlines, re-init, partial reads and writes.
 
+import BatonLibc
 import Glibc
 import CBlueZ  // its shim includes <sys/socket.h>: import it so SOCK_STREAM has one owner
 import Testing
@@ -27,8 +28,8 @@ final class RadioFakeController {
 
     init(fd: Int32) {
         self.fd = fd
-        let flags = fcntl(fd, F_GETFL)
-        _ = fcntl(fd, F_SETFL, flags | O_NONBLOCK)
+        let flags = Glibc.fcntl(fd, F_GETFL)
+        _ = Glibc.fcntl(fd, F_SETFL, flags | O_NONBLOCK)
     }
 
     deinit { if fd >= 0 { Glibc.close(fd) } }
@@ -135,7 +136,7 @@ private let featuresExtended: UInt64 = 0x19FF
 private let featuresLegacy: UInt64 = 0x003F
 
 /// Runs the init sequence with a well-behaved controller; returns the frames it received.
-private func runInit(_ radio: inout RadioH4, _ ctl: RadioFakeController, now: ContinuousClock.Instant,
+private func runInit(_ radio: inout RadioH4, _ ctl: RadioFakeController, now: Instant,
                      features: UInt64) throws -> [[UInt8]] {
     var frames: [[UInt8]] = []
     while radio.state == .initialising {
@@ -153,7 +154,7 @@ private func runInit(_ radio: inout RadioH4, _ ctl: RadioFakeController, now: Co
 
 @Suite("RadioH4: init sequence and flow control over a socketpair")
 struct RadioH4Tests {
-    let t0 = ContinuousClock.now
+    let t0 = Instant.now
 
     @Test("Init on a 5.x controller: Reset, version, features, masks, extended scan params/enable; reports flow")
     func initExtended() throws {
@@ -441,7 +442,7 @@ struct RadioH4Tests {
             if n <= 0 { break }
             filler += n
         }
-        #expect(errno == EAGAIN)
+        #expect(Glibc.errno == EAGAIN)
         try radio.start(now: t0)
         do { let v = radio.wantsWrite; #expect(v) }
         // The controller drains the filler; the radio's fd becomes writable.
@@ -566,7 +567,7 @@ struct RadioH4SyscallTests {
             Issue.record("send to a closed peer succeeded")
         } catch let error as Errno {
             #expect(error == Errno(EPIPE, call: "send"))
-            #expect(error.description == "send: Broken pipe (errno \(EPIPE))")
+            #expect(error.description == "send: Broken pipe (Glibc.errno \(EPIPE))")
         } catch {
             Issue.record("unexpected \(error)")
         }

@@ -4,6 +4,7 @@
 // protocol name is "MQTT") and answers the way old brokers do: v3.1.1 (level 4) is accepted
 // with CONNACK 0x00; any other level gets `onOtherLevel`.
 
+import BatonLibc
 import Glibc
 
 final class OldBroker: LoopPeer {
@@ -36,7 +37,7 @@ final class OldBroker: LoopPeer {
                 bind(listener, p, length) == 0 && listen(listener, 8) == 0 && getsockname(listener, p, &length) == 0
             }
         }
-        guard listener >= 0, ok else { throw OldBrokerError(errno: errno) }
+        guard listener >= 0, ok else { throw OldBrokerError(errno: Glibc.errno) }
         self.listener = listener
         port = Int(UInt16(bigEndian: address.sin_port))
     }
@@ -55,7 +56,7 @@ final class OldBroker: LoopPeer {
         if fds.first.map(isReadable) == true {
             let fd = accept(listener, nil, nil)
             if fd >= 0 {
-                _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
+                _ = Glibc.fcntl(fd, F_SETFL, Glibc.fcntl(fd, F_GETFL) | O_NONBLOCK)
                 connections.append((fd, []))
             }
         }
@@ -93,5 +94,5 @@ final class OldBroker: LoopPeer {
 
 struct OldBrokerError: Error, CustomStringConvertible {
     let errno: Int32
-    var description: String { "could not listen on 127.0.0.1: \(String(cString: strerror(errno)))" }
+    var description: String { "could not listen on 127.0.0.1: \(String(cString: strerror(Glibc.errno)))" }
 }

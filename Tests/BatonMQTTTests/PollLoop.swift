@@ -3,6 +3,7 @@
 // the nearest `nextDeadline` (STYLE.md habit 7). Every test drives MQTTClient through it, so
 // the client is exercised exactly as `baton gateway` will drive it.
 
+import BatonLibc
 import Glibc
 import BatonMQTT
 
@@ -13,7 +14,7 @@ struct ClientState {
     var wantsWrite: Bool
     var isConnected: Bool
     var protocolVersion: MQTTProtocol?
-    var nextDeadline: ContinuousClock.Instant?
+    var nextDeadline: Instant?
     var counters: MQTTCounters
 
     init(_ c: borrowing MQTTClient) {
@@ -59,12 +60,12 @@ protocol LoopPeer: AnyObject {
 @discardableResult
 func runLoop(_ a: inout MQTTClient, _ logA: EventLog, _ b: inout MQTTClient, _ logB: EventLog,
              peer: (any LoopPeer)? = nil, limit: Duration = .seconds(5), until done: () -> Bool) -> Bool {
-    let end = ContinuousClock.now + limit
+    let end = Instant.now + limit
     logA.state = ClientState(a)
     logB.state = ClientState(b)
     while true {
         if done() { return true }
-        let now = ContinuousClock.now
+        let now = Instant.now
         if now >= end { return false }
 
         var fds = [descriptor(a), descriptor(b)] + (peer?.pollDescriptors ?? [])
@@ -73,9 +74,9 @@ func runLoop(_ a: inout MQTTClient, _ logA: EventLog, _ b: inout MQTTClient, _ l
             if let deadline, deadline < wake { wake = deadline }
         }
         let timeout = wake <= now ? 0 : Int32((wake - now) / .milliseconds(1)) + 1
-        while Glibc.poll(&fds, nfds_t(fds.count), timeout) < 0 && errno == EINTR {}
+        while Glibc.poll(&fds, nfds_t(fds.count), timeout) < 0 && Glibc.errno == EINTR {}
 
-        let after = ContinuousClock.now
+        let after = Instant.now
         a.poll(now: after, readable: isReadable(fds[0]), writable: isWritable(fds[0])) { logA.events.append($0) }
         b.poll(now: after, readable: isReadable(fds[1]), writable: isWritable(fds[1])) { logB.events.append($0) }
         logA.state = ClientState(a)

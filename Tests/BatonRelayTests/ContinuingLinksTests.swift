@@ -9,6 +9,7 @@
 // The links' clock is the test's: it moves only by `advance`, so a deadline passes exactly
 // when the test says, however slow the machine.
 
+import BatonLibc
 import CBlueZ  // its shim includes <sys/socket.h>: import it so SOCK_SEQPACKET has one owner
 import Foundation
 import Glibc
@@ -34,7 +35,7 @@ private final class Rig {
     var streams: StreamRelay
     var gateway: MQTTClient
     var owner: MQTTClient
-    private(set) var now: ContinuousClock.Instant
+    private(set) var now: Instant
     /// The phones' ends, in the order they connected.
     private(set) var phones: [Int32] = []
     /// What each phone received, in order; whether the gateway hung up on it.
@@ -88,7 +89,7 @@ private final class Rig {
         // A connected Unix pair is bounded by the sender's buffer: a small one makes the link
         // refuse after a few answers, as an L2CAP channel out of credits does.
         if var size = sendBuffer { setsockopt(pair[0], SOL_SOCKET, SO_SNDBUF, &size, socklen_t(MemoryLayout<Int32>.size)) }
-        _ = fcntl(pair[1], F_SETFL, fcntl(pair[1], F_GETFL) | O_NONBLOCK)
+        _ = Glibc.fcntl(pair[1], F_SETFL, Glibc.fcntl(pair[1], F_GETFL) | O_NONBLOCK)
         phones.append(pair[1])
         received.append([])
         hungUp.append(false)
@@ -111,7 +112,7 @@ private final class Rig {
             while true {
                 let n = buffer.withUnsafeMutableBytes { recv(phones[i], $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
                 if n > 0 { received[i].append(Array(buffer[..<n])); continue }
-                if n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK) { hungUp[i] = true }
+                if n == 0 || (Glibc.errno != EAGAIN && Glibc.errno != EWOULDBLOCK) { hungUp[i] = true }
                 break
             }
         }
@@ -120,16 +121,16 @@ private final class Rig {
     /// The gateway's loop in miniature (as Gateway.swift turns); true when `done()` held in time.
     @discardableResult
     func run(limit: Duration = .seconds(10), until done: () -> Bool) -> Bool {
-        let end = ContinuousClock.now + limit
+        let end = Instant.now + limit
         while true {
             pumpPhones()
             if done() { return true }
-            if ContinuousClock.now >= end { return false }
+            if Instant.now >= end { return false }
             var fds = [pollDescriptor(gateway), pollDescriptor(owner)]
             links.pollDescriptors(into: &fds)
             let linksEnd = fds.count
             fds += phones.indices.filter { !hungUp[$0] }.map { pollfd(fd: phones[$0], events: Int16(POLLIN), revents: 0) }
-            while Glibc.poll(&fds, nfds_t(fds.count), 50) < 0 && errno == EINTR {}
+            while Glibc.poll(&fds, nfds_t(fds.count), 50) < 0 && Glibc.errno == EINTR {}
             var gatewayEvents: [MQTTEvent] = []
             var ownerEvents: [MQTTEvent] = []
             gateway.poll(now: .now, readable: isReadable(fds[0]), writable: isWritable(fds[0])) { gatewayEvents.append($0) }

@@ -6,6 +6,7 @@
 //
 // Waits are bounded poll() calls with generous deadlines; nothing asserts a time.
 
+import BatonLibc
 import Glibc
 import CBlueZ  // its shim includes <sys/socket.h>: import it so SOCK_SEQPACKET has one owner
 import Testing
@@ -41,7 +42,7 @@ private final class FakeSimulator {
     init() throws {
         var template = Array("/tmp/baton-link-XXXXXX".utf8CString)
         let made = template.withUnsafeMutableBufferPointer { mkdtemp($0.baseAddress!) }
-        try #require(made != nil, "mkdtemp: \(String(cString: strerror(errno)))")
+        try #require(made != nil, "mkdtemp: \(String(cString: strerror(Glibc.errno)))")
         directory = template.withUnsafeBufferPointer { String(cString: $0.baseAddress!) }
         path = directory + "/hall.link"
         listener = socket(AF_UNIX, Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
@@ -50,7 +51,7 @@ private final class FakeSimulator {
         let r = withUnsafePointer(to: &unix.address) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, unix.length) }
         }
-        try #require(r == 0, "bind \(path): \(String(cString: strerror(errno)))")
+        try #require(r == 0, "bind \(path): \(String(cString: strerror(Glibc.errno)))")
         try #require(listen(listener, 8) == 0)
     }
 
@@ -69,9 +70,9 @@ private final class FakeSimulator {
     func accept() throws -> Int32 {
         try #require(waitFor(listener, POLLIN) != 0, "no gateway connected")
         let fd = Glibc.accept(listener, nil, nil)
-        try #require(fd >= 0, "accept: \(String(cString: strerror(errno)))")
-        _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
-        _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
+        try #require(fd >= 0, "accept: \(String(cString: strerror(Glibc.errno)))")
+        _ = Glibc.fcntl(fd, F_SETFD, FD_CLOEXEC)
+        _ = Glibc.fcntl(fd, F_SETFL, Glibc.fcntl(fd, F_GETFL) | O_NONBLOCK)
         peers.append(fd)
         return fd
     }
@@ -96,7 +97,7 @@ private final class FakeSimulator {
 
     func send(_ fd: Int32, _ record: [UInt8]) throws {
         let n = record.withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
-        try #require(n == record.count, "send: \(String(cString: strerror(errno)))")
+        try #require(n == record.count, "send: \(String(cString: strerror(Glibc.errno)))")
     }
 
     func hangUp(_ fd: Int32) {
@@ -171,7 +172,7 @@ struct DeviceLinkTests {
         #expect(LinkError.tooLarge(size: 5000, mtu: 4099).description ==
             "a link message of 5000 bytes is larger than the link's MTU of 4099 bytes (docs/protocol.md §5: a device sends nothing above the gateway's MTU, relay.payload-max + 3, and accepts at least 512)")
         #expect(LinkError.os(Errno(EIO, call: "recvmsg")).description ==
-            "device link: recvmsg: Input/output error (errno 5)")
+            "device link: recvmsg: Input/output error (Glibc.errno 5)")
         #expect(LinkError.noBluetooth("this kernel has no Bluetooth").description == "this kernel has no Bluetooth")
     }
 
@@ -459,7 +460,7 @@ struct L2CAPLinkTests {
         let r = withUnsafePointer(to: &address) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, length) }
         }
-        let e = errno
+        let e = Glibc.errno
         try #require(r == -1 && e == EINPROGRESS, "connect returned \(r), errno \(e)")
         let buffer = makeBuffer(64)
         defer { buffer.deallocate() }
@@ -523,7 +524,7 @@ struct L2CAPLinkTests {
     @Test("On this kernel: no AF_BLUETOOTH says so and names it; with Bluetooth, hci99 is not found")
     func onThisKernel() throws {
         let probe = socket(AF_BLUETOOTH, Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_CLOEXEC.rawValue), BTPROTO_L2CAP)
-        let probeErrno = errno
+        let probeErrno = Glibc.errno
         if probe < 0 {
             // A kernel without Bluetooth (these build machines).
             try #require(probeErrno == EAFNOSUPPORT, "socket(AF_BLUETOOTH) failed with errno \(probeErrno), not EAFNOSUPPORT")

@@ -14,6 +14,7 @@
 // Every request gets exactly one answer: after the first one arrives, the loop runs a bounded
 // extra moment so that a stray second answer would be seen.
 
+import BatonLibc
 import Foundation
 import Glibc
 import CBlueZ  // its shim includes <sys/socket.h>: import it so SOCK_SEQPACKET has one owner
@@ -70,7 +71,7 @@ private final class Rig {
 
     init(_ config: RelayConfig = RelayConfig(), withLink: Bool = true) throws {
         broker = try MosquittoBroker()
-        relay = FetchRelay(config: config, link: withLink ? TestLink(devices: devices) : nil, gatewayID: gatewayID)
+        relay = FetchRelay(config: config, link: withLink ? AnyDeviceLink(TestLink(devices: devices)) : nil, gatewayID: gatewayID)
         gateway = try MQTTClient(config: MQTTConfig(port: broker.port, clientID: gatewayID, protocolVersion: .v5))
         requester = try MQTTClient(config: MQTTConfig(port: broker.port, clientID: "requester", protocolVersion: .v5))
         gateway.start(now: .now)
@@ -90,7 +91,7 @@ private final class Rig {
         requester.disconnect()
     }
 
-    func fetch(_ device: Device, _ sequence: UInt16, _ route: FetchRoute, now: ContinuousClock.Instant = .now) {
+    func fetch(_ device: Device, _ sequence: UInt16, _ route: FetchRoute, now: Instant = .now) {
         relay.fetch(device.target(sequence), route: route, now: now, mqtt: &gateway)
     }
 
@@ -99,11 +100,11 @@ private final class Rig {
     /// The gateway's loop in miniature; returns whether `done()` held within `limit`.
     @discardableResult
     func run(limit: Duration = .seconds(10), until done: () -> Bool) -> Bool {
-        let end = ContinuousClock.now + limit
+        let end = Instant.now + limit
         while true {
             devices.pump()
             if done() { return true }
-            let now = ContinuousClock.now
+            let now = Instant.now
             if now >= end { return false }
             var fds = [pollDescriptor(gateway), pollDescriptor(requester)]
             relay.pollDescriptors(into: &fds)
@@ -114,8 +115,8 @@ private final class Rig {
                 if let deadline, deadline < wake { wake = deadline }
             }
             let timeout = wake <= now ? 0 : Int32((wake - now) / .milliseconds(1)) + 1
-            while Glibc.poll(&fds, nfds_t(fds.count), timeout) < 0 && errno == EINTR {}
-            let after = ContinuousClock.now
+            while Glibc.poll(&fds, nfds_t(fds.count), timeout) < 0 && Glibc.errno == EINTR {}
+            let after = Instant.now
             gateway.poll(now: after, readable: isReadable(fds[0]), writable: isWritable(fds[0])) { _ in }
             requester.poll(now: after, readable: isReadable(fds[1]), writable: isWritable(fds[1])) {
                 if case .message(let m) = $0 { messages.append(m) }
@@ -500,7 +501,7 @@ struct FetchRelayTests {
         let payload = try activityPayload("Tablet")
         let r1 = v5("phone")
         let r2 = v5("tv")
-        let start = ContinuousClock.now
+        let start = Instant.now
         rig.fetch(reader, 0x0102, r1, now: start)
         try rig.waitForFetches(reader, 1)
         // The relay's time is the caller's: the tablet's request is stamped 2 s after the

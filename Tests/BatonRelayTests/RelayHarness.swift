@@ -7,6 +7,7 @@
 // relay sends and writes the device's as literal bytes (docs/protocol.md §5.1), or stays
 // silent, or hangs up.
 
+import BatonLibc
 import Glibc
 import CBlueZ  // its shim includes <sys/socket.h>: import it so SOCK_SEQPACKET has one owner
 import Testing
@@ -57,8 +58,8 @@ final class Devices {
     func makePair(_ address: LinkAddress) throws(LinkError) -> [Int32] {
         var pair: [Int32] = [-1, -1]
         let type = Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_CLOEXEC.rawValue)
-        guard socketpair(AF_UNIX, type, 0, &pair) == 0 else { throw .os(Errno(errno, call: "socketpair")) }
-        _ = fcntl(pair[1], F_SETFL, fcntl(pair[1], F_GETFL) | O_NONBLOCK)
+        guard socketpair(AF_UNIX, type, 0, &pair) == 0 else { throw .os(Errno(Glibc.errno, call: "socketpair")) }
+        _ = Glibc.fcntl(pair[1], F_SETFL, Glibc.fcntl(pair[1], F_GETFL) | O_NONBLOCK)
         if var size = sendBuffer {
             _ = setsockopt(pair[0], SOL_SOCKET, SO_SNDBUF, &size, socklen_t(MemoryLayout<Int32>.size))
         }
@@ -76,7 +77,7 @@ final class Devices {
                 if n > 0 {
                     ends[i].received.append(Array(buffer[..<n]))
                 } else {
-                    if n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK) { ends[i].closed = true }
+                    if n == 0 || (Glibc.errno != EAGAIN && Glibc.errno != EWOULDBLOCK) { ends[i].closed = true }
                     break
                 }
             }
@@ -105,7 +106,7 @@ final class Devices {
     func send(_ device: LinkAddress, _ message: [UInt8]) throws {
         let end = try #require(ends.last { $0.address == device.address }, "the relay opened no link to \(device)")
         let n = message.withUnsafeBytes { Glibc.send(end.fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
-        try #require(n == message.count, "the device's send: \(String(cString: strerror(errno)))")
+        try #require(n == message.count, "the device's send: \(String(cString: strerror(Glibc.errno)))")
     }
 
     /// The device hangs up its newest link.

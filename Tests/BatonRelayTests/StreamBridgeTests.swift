@@ -17,6 +17,7 @@
 // The last test runs both roles end to end: a carrier (with a device) and a bridge (with a
 // phone), two gateways on one broker.
 
+import BatonLibc
 import Foundation
 import Glibc
 import Testing
@@ -93,7 +94,7 @@ private final class Rig {
     var gateway: MQTTClient
     /// The gateway of the device's room, played by the test.
     var carrier: MQTTClient
-    private(set) var now: ContinuousClock.Instant
+    private(set) var now: Instant
     /// Everything the carrier received: opens on `baton/stream/+/+`, frames on
     /// `baton/streams/+/up` and `…/down`, in order.
     private(set) var carrierGot: [MQTTMessage] = []
@@ -106,7 +107,7 @@ private final class Rig {
 
     init(_ config: RelayConfig = RelayConfig()) throws {
         broker = try MosquittoBroker()
-        relay = StreamRelay(config: config, link: TestLink(devices: devices), gatewayID: "study")
+        relay = StreamRelay(config: config, link: AnyDeviceLink(TestLink(devices: devices)), gatewayID: "study")
         gateway = try MQTTClient(config: MQTTConfig(port: broker.port, clientID: "study", protocolVersion: .v5,
                                                     reconnectMin: .milliseconds(50), reconnectMax: .milliseconds(500)))
         carrier = try MQTTClient(config: MQTTConfig(port: broker.port, clientID: "hall", protocolVersion: .v5,
@@ -187,12 +188,12 @@ private final class Rig {
 
     @discardableResult
     func run(limit: Duration = .seconds(10), until done: () -> Bool) -> Bool {
-        let end = ContinuousClock.now + limit
+        let end = Instant.now + limit
         while true {
             phones.pump()
             devices.pump()
             if done() { return true }
-            let wall = ContinuousClock.now
+            let wall = Instant.now
             if wall >= end { return false }
             var fds = [pollDescriptor(gateway), pollDescriptor(carrier)]
             relay.pollDescriptors(into: &fds)
@@ -205,8 +206,8 @@ private final class Rig {
                 if let deadline, deadline < wake { wake = deadline }
             }
             let timeout = wake <= wall ? 0 : Int32((wake - wall) / .milliseconds(1)) + 1
-            while Glibc.poll(&fds, nfds_t(fds.count), timeout) < 0 && errno == EINTR {}
-            let after = ContinuousClock.now
+            while Glibc.poll(&fds, nfds_t(fds.count), timeout) < 0 && Glibc.errno == EINTR {}
+            let after = Instant.now
             var events: [MQTTEvent] = []
             gateway.poll(now: after, readable: isReadable(fds[0]), writable: isWritable(fds[0])) { events.append($0) }
             carrier.poll(now: after, readable: isReadable(fds[1]), writable: isWritable(fds[1])) { carrierEvent($0) }
@@ -857,12 +858,12 @@ private final class TwoRooms {
     var studyClient: MQTTClient
     /// Both relays' time: it never moves, so nothing is resent or idle; the stream must go
     /// through on what the broker delivers.
-    let now: ContinuousClock.Instant = .now
+    let now: Instant = .now
     private var probes: Set<String> = []
 
     init() throws {
         broker = try MosquittoBroker()
-        hall = StreamRelay(config: RelayConfig(streamWindow: 8, streamMaxData: 1024), link: TestLink(devices: devices),
+        hall = StreamRelay(config: RelayConfig(streamWindow: 8, streamMaxData: 1024), link: AnyDeviceLink(TestLink(devices: devices)),
                            gatewayID: "hall")
         study = StreamRelay(config: RelayConfig(streamWindow: 16, streamMaxData: 512), link: nil, gatewayID: "study")
         hallClient = try MQTTClient(config: MQTTConfig(port: broker.port, clientID: "hall", protocolVersion: .v5))
@@ -895,7 +896,7 @@ private final class TwoRooms {
     /// polled on the others), the device on every turn.
     @discardableResult
     func run(phone: Peer? = nil, device: Peer? = nil, limit: Duration = .seconds(60), until done: () -> Bool) throws -> Bool {
-        let end = ContinuousClock.now + limit
+        let end = Instant.now + limit
         var turn = 0
         while true {
             turn += 1
@@ -905,7 +906,7 @@ private final class TwoRooms {
             try phone?.step()
             try device?.step()
             if done() { return true }
-            let wall = ContinuousClock.now
+            let wall = Instant.now
             if wall >= end { return false }
             var fds = [pollDescriptor(hallClient), pollDescriptor(studyClient)]
             hall.pollDescriptors(into: &fds)
@@ -915,8 +916,8 @@ private final class TwoRooms {
             fds += devices.pollDescriptors
             if !phones.paused { fds += phones.pollDescriptors }
             let timeout: Int32 = phones.paused ? 1 : 100
-            while Glibc.poll(&fds, nfds_t(fds.count), timeout) < 0 && errno == EINTR {}
-            let after = ContinuousClock.now
+            while Glibc.poll(&fds, nfds_t(fds.count), timeout) < 0 && Glibc.errno == EINTR {}
+            let after = Instant.now
             var hallEvents: [MQTTEvent] = [], studyEvents: [MQTTEvent] = []
             hallClient.poll(now: after, readable: isReadable(fds[0]), writable: isWritable(fds[0])) { hallEvents.append($0) }
             studyClient.poll(now: after, readable: isReadable(fds[1]), writable: isWritable(fds[1])) { studyEvents.append($0) }

@@ -18,6 +18,7 @@
 // would arrive, and then every frame on the endpoint's `…/S/down` and on the device's link is
 // compared exactly.
 
+import BatonLibc
 import Foundation
 import Glibc
 import Testing
@@ -82,7 +83,7 @@ private final class Rig {
     var gateway: MQTTClient
     var endpoint: MQTTClient
     /// The relay's time: moves only by `advance`.
-    private(set) var now: ContinuousClock.Instant
+    private(set) var now: Instant
     /// What the gateway's ownership rules say about the next opens (docs/relay.md §7.2):
     /// nil, the device is this gateway's to reach.
     var refusal: String?
@@ -100,7 +101,7 @@ private final class Rig {
 
     init(_ config: RelayConfig = RelayConfig()) throws {
         broker = try MosquittoBroker()
-        relay = StreamRelay(config: config, link: TestLink(devices: devices), gatewayID: gatewayID)
+        relay = StreamRelay(config: config, link: AnyDeviceLink(TestLink(devices: devices)), gatewayID: gatewayID)
         // A quick reconnect after the broker restart of the reconnect test.
         gateway = try MQTTClient(config: MQTTConfig(port: broker.port, clientID: gatewayID, protocolVersion: .v5,
                                                     reconnectMin: .milliseconds(50), reconnectMax: .milliseconds(500)))
@@ -177,11 +178,11 @@ private final class Rig {
     /// The gateway's loop in miniature; returns whether `done()` held within `limit`.
     @discardableResult
     func run(limit: Duration = .seconds(10), until done: () -> Bool) -> Bool {
-        let end = ContinuousClock.now + limit
+        let end = Instant.now + limit
         while true {
             devices.pump()
             if done() { return true }
-            let wall = ContinuousClock.now
+            let wall = Instant.now
             if wall >= end { return false }
             var fds = [pollDescriptor(gateway), pollDescriptor(endpoint)]
             relay.pollDescriptors(into: &fds)
@@ -194,8 +195,8 @@ private final class Rig {
                 if let deadline, deadline < wake { wake = deadline }
             }
             let timeout = wake <= wall ? 0 : Int32((wake - wall) / .milliseconds(1)) + 1
-            while Glibc.poll(&fds, nfds_t(fds.count), timeout) < 0 && errno == EINTR {}
-            let after = ContinuousClock.now
+            while Glibc.poll(&fds, nfds_t(fds.count), timeout) < 0 && Glibc.errno == EINTR {}
+            let after = Instant.now
             var events: [MQTTEvent] = []
             gateway.poll(now: after, readable: isReadable(fds[0]), writable: isWritable(fds[0])) { events.append($0) }
             endpoint.poll(now: after, readable: isReadable(fds[1]), writable: isWritable(fds[1])) { endpointEvent($0) }
@@ -887,7 +888,7 @@ struct StreamRelayTests {
     func directoryTakesOnlyWhatGatewaysWrite() {
         var relay = StreamRelay(config: RelayConfig(streams: 2), link: nil, gatewayID: gatewayID)
         let online: (Substring) -> Bool = { $0 == "kitchen" || $0 == "hall" }
-        let now = ContinuousClock.now
+        let now = Instant.now
         func claim(_ id: String, _ payload: [UInt8], retained: Bool? = true) {
             #expect(relay.carried(stream: id, payload: payload, retained: retained, isOnline: online, now: now) == nil)
         }
@@ -920,7 +921,7 @@ struct StreamRelayTests {
     func directoryPerCarrierPlusOne() {
         var relay = StreamRelay(config: RelayConfig(streams: 3), link: nil, gatewayID: gatewayID)
         #expect(relay.directoryPerCarrier == 3)
-        var now = ContinuousClock.now
+        var now = Instant.now
         func claim(_ id: String, _ carrier: String) -> String? {
             relay.carried(stream: id, payload: utf8(carrier), retained: true, isOnline: { _ in true }, now: now)
         }

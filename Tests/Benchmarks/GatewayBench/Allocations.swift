@@ -19,6 +19,7 @@
 // the turn that heard the last measured report. The figure is mallocs in those turns divided
 // by the reports those turns processed. A subscriber checks afterwards that nothing was
 // published while counting, i.e. every counted report was unchanged.
+import BatonLibc
 import BatonCore
 import BatonGateway
 import BatonKeys
@@ -31,7 +32,6 @@ import BatonWire
 import CMosquitto
 import Foundation
 import Glibc
-import Logging
 import MallocInterposerSwift
 
 struct AllocationFigures {
@@ -207,22 +207,22 @@ func measureAllocations(broker: MosquittoBroker, devices: Int, warmup: Int, meas
     var mqtt = try MQTTClient(config: GatewayLauncher.mqttConfig(config))
     var radio = try RadioCapture(file: capture.file, pace: .timestamps(speed: 1))
     // What `Gateway.run()` does before its first turn: the broker connect and the radio start.
-    let start = ContinuousClock.now
+    let start = Instant.now
     mqtt.start(now: start)
     try radio.start(now: start)
     var tv = timespec()
     clock_gettime(CLOCK_REALTIME, &tv)
-    let log = Logger(label: "baton.gateway", factory: { StreamLogHandler.standardError(label: $0) })
+    let log = Logger()
     var gateway = Gateway(config: config, radio: radio, mqtt: mqtt, keys: keys, readvertising: controller, log: log,
                           environment: [:], now: start,
                           unixMicroseconds: Int64(tv.tv_sec) * 1_000_000 + Int64(tv.tv_nsec) / 1000)
 
     // Warm-up and settling: every device heard, every unchanged path run, the broker quiet.
     let beforeMeasured = capture.firsts + capture.warmup
-    while ContinuousClock.now < start + .milliseconds(900) || gateway.tally.reports < beforeMeasured {
+    while Instant.now < start + .milliseconds(900) || gateway.tally.reports < beforeMeasured {
         _ = gateway.turn()
         subscriber.pump(timeoutMs: 0, count)
-        guard ContinuousClock.now < start + .seconds(30) else {
+        guard Instant.now < start + .seconds(30) else {
             throw BenchError("the gateway heard \(gateway.tally.reports) of the \(beforeMeasured) warm-up reports in 30 s")
         }
     }
@@ -239,14 +239,14 @@ func measureAllocations(broker: MosquittoBroker, devices: Int, warmup: Int, meas
     let t0 = gateway.tally
     let turns0 = gateway.counters.loopTurns
     let total = beforeMeasured + capture.measured
-    let windowStart = ContinuousClock.now
+    let windowStart = Instant.now
     MallocInterposerSwift.initialize()
     MallocInterposerSwift.hook()
-    while gateway.tally.reports < total, ContinuousClock.now < windowStart + .seconds(30) {
+    while gateway.tally.reports < total, Instant.now < windowStart + .seconds(30) {
         _ = gateway.turn()
     }
     MallocInterposerSwift.unhook()
-    let windowEnd = ContinuousClock.now
+    let windowEnd = Instant.now
     let stats = MallocInterposerSwift.getStatistics()
     if keyed {
         // The other room's gateway and activity were the pass's: the broker is shared with the

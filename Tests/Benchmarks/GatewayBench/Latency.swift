@@ -12,6 +12,7 @@
 // the subscriber's client hands over the message. It therefore includes the Unix socket hop
 // into the gateway, the gateway's loop (read, decode, table, JSON, publish), the broker, and
 // the subscriber's own read.
+import BatonLibc
 import BatonSim
 import BatonTestSupport
 import Foundation
@@ -68,17 +69,17 @@ func measureLatency(baton: String, broker: MosquittoBroker, dir: URL, changes: I
     samples.reserveCapacity(changes)
     for i in 0..<total {
         let expected = sequences[i]
-        var arrived: ContinuousClock.Instant?
-        let sent = ContinuousClock.now
+        var arrived: Instant?
+        let sent = Instant.now
         controller.send(events[i])
         // The first change also waits out the gateway's connect to the broker.
         let deadline = sent + .seconds(i == 0 ? 20 : 5)
         while arrived == nil {
             subscriber.pump(timeoutMs: 100) { m in
-                let at = ContinuousClock.now
+                let at = Instant.now
                 if arrived == nil, jsonInteger("seq", in: m.payload) == expected { arrived = at }
             }
-            if arrived == nil, ContinuousClock.now > deadline {
+            if arrived == nil, Instant.now > deadline {
                 throw BenchError("change \(i) (seq \(expected)) never reached the subscriber: \(readLog(logPath))")
             }
         }

@@ -16,6 +16,7 @@
 // The bench waits until the gateway's stats topic says every report was heard and the table
 // holds every device, then reads /proc/PID/status: VmHWM (the peak resident set) and RssAnon
 // (resident anonymous memory: heap, stacks, tables) among others.
+import BatonLibc
 import BatonSim
 import BatonTestSupport
 import Foundation
@@ -117,7 +118,7 @@ private func runGateway(baton: String, broker: MosquittoBroker, dir: URL, name: 
     }
     try controller.acceptAndInitialise(timeout: .seconds(20)) { readLog(logPath) }
     // Paced: one slice every 50 ms, on a fixed schedule (a late slice does not push the rest).
-    let started = ContinuousClock.now
+    let started = Instant.now
     for (k, slice) in slices.enumerated() {
         let due = started + .milliseconds(50 * k)
         sleepUntil(due)
@@ -126,7 +127,7 @@ private func runGateway(baton: String, broker: MosquittoBroker, dir: URL, name: 
 
     // Done when the stats say every report was heard, the table holds every device, and the
     // gateway has run for at least two stats intervals (so the idle one is past its start).
-    let deadline = ContinuousClock.now + .seconds(60)
+    let deadline = Instant.now + .seconds(60)
     var last: [String: Any] = [:]
     while true {
         var done = false
@@ -140,7 +141,7 @@ private func runGateway(baton: String, broker: MosquittoBroker, dir: URL, name: 
             }
         }
         if done { break }
-        guard ContinuousClock.now < deadline else {
+        guard Instant.now < deadline else {
             throw BenchError("the \(name) gateway never reported \(reports) reports and \(devices) activities; last stats \(last): \(readLog(logPath))")
         }
     }
@@ -148,8 +149,8 @@ private func runGateway(baton: String, broker: MosquittoBroker, dir: URL, name: 
     return MemoryRun(devices: devices, reports: reports, memory: memory, stats: last)
 }
 
-func sleepUntil(_ instant: ContinuousClock.Instant) {
-    let now = ContinuousClock.now
+func sleepUntil(_ instant: Instant) {
+    let now = Instant.now
     guard instant > now else { return }
     let us = microseconds(instant - now)
     usleep(UInt32(min(us, 1_000_000)))

@@ -1,6 +1,7 @@
 // What the three gateway measurements share: a scripted H4 controller on a Unix socket (the
 // `sim:` radio source), a subscriber on our own MQTT client, reading /proc, and the small
 // numeric helpers. Nothing here runs inside a counted window.
+import BatonLibc
 import BatonMQTT
 import Foundation
 import Glibc
@@ -49,7 +50,7 @@ final class H4Controller {
         self.path = path
         unlink(path)
         listener = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard listener >= 0 else { throw BenchError("socket(AF_UNIX): errno \(errno)") }
+        guard listener >= 0 else { throw BenchError("socket(AF_UNIX): Glibc.errno \(Glibc.errno)") }
         var address = sockaddr_un()
         address.sun_family = sa_family_t(AF_UNIX)
         let bytes = Array(path.utf8)
@@ -65,7 +66,7 @@ final class H4Controller {
         } && listen(listener, 1) == 0
         guard listening else {
             close(listener)
-            throw BenchError("cannot listen on \(path): errno \(errno)")
+            throw BenchError("cannot listen on \(path): Glibc.errno \(Glibc.errno)")
         }
     }
 
@@ -83,7 +84,7 @@ final class H4Controller {
             throw BenchError("the gateway never connected to the controller socket \(path): \(log())")
         }
         fd = accept(listener, nil, nil)
-        guard fd >= 0 else { throw BenchError("accept(): errno \(errno)") }
+        guard fd >= 0 else { throw BenchError("accept(): Glibc.errno \(Glibc.errno)") }
         guard serve(until: 0x200C, timeout: timeout) else {
             throw BenchError("the gateway's controller init never reached LE_Set_Scan_Enable (commands \(commands)): \(log())")
         }
@@ -91,8 +92,8 @@ final class H4Controller {
 
     /// Answers commands until one with `opcode` has been answered, or `timeout` passes.
     func serve(until opcode: UInt16, timeout: Duration) -> Bool {
-        let deadline = ContinuousClock.now + timeout
-        while ContinuousClock.now < deadline {
+        let deadline = Instant.now + timeout
+        while Instant.now < deadline {
             var p = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
             guard poll(&p, 1, 50) >= 0 else { return false }
             if p.revents == 0 { continue }
@@ -129,7 +130,7 @@ final class H4Controller {
             var done = 0
             while done < raw.count {
                 let n = write(fd, raw.baseAddress! + done, raw.count - done)
-                if n < 0 && errno == EINTR { continue }
+                if n < 0 && Glibc.errno == EINTR { continue }
                 guard n > 0 else { return }
                 done += n
             }
@@ -153,9 +154,9 @@ final class Subscriber {
     func connect(subscribing patterns: [String], timeout: Duration = .seconds(10)) throws {
         self.patterns = patterns
         client.start(now: .now)
-        let deadline = ContinuousClock.now + timeout
+        let deadline = Instant.now + timeout
         while !client.isConnected {
-            guard ContinuousClock.now < deadline else { throw BenchError("the bench's subscriber did not connect to the broker") }
+            guard Instant.now < deadline else { throw BenchError("the bench's subscriber did not connect to the broker") }
             pump(timeoutMs: 50) { _ in }
         }
         for p in patterns { try client.subscribe(p, qos: 1) }
@@ -165,7 +166,7 @@ final class Subscriber {
     /// One poll() on the broker socket (at most `timeoutMs`), then the client's work; each
     /// message received goes to `onMessage`.
     func pump(timeoutMs: Int32, _ onMessage: (MQTTMessage) -> Void) {
-        let now = ContinuousClock.now
+        let now = Instant.now
         var timeout = timeoutMs
         if let d = client.nextDeadline {
             let ms = d <= now ? 0 : Int32(min(Double(timeoutMs), microseconds(d - now) / 1000 + 1))
@@ -183,8 +184,8 @@ final class Subscriber {
 
     /// Pumps for `duration`, handing every message to `onMessage`.
     func pump(for duration: Duration, _ onMessage: (MQTTMessage) -> Void) {
-        let end = ContinuousClock.now + duration
-        while ContinuousClock.now < end { pump(timeoutMs: 20, onMessage) }
+        let end = Instant.now + duration
+        while Instant.now < end { pump(timeoutMs: 20, onMessage) }
     }
 }
 

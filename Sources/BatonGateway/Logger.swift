@@ -1,0 +1,61 @@
+// The gateway's log: one line per event on stderr, prefixed with its syslog priority the way
+// sd-daemon(3) describes (`<6>` info, `<4>` warning, …), so journald files each line under its
+// level and a terminal still reads it. Written with write(2) on descriptor 2: no buffering to
+// lose on a crash, no Foundation, and it compiles in Embedded Swift like the rest of the
+// daemon (docs/firmware.md). The level comes from `log.level` in the config (docs/config.md).
+import CLibc
+
+public struct Logger: Sendable {
+    /// The levels `log.level` accepts, most verbose first, with their syslog priorities.
+    public enum Level: String, CaseIterable, Sendable, Comparable {
+        case trace, debug, info, notice, warning, error, critical
+
+        /// The `<N>` prefix: syslog's priority (RFC 5424 §6.2.1); trace has none finer than debug.
+        public var priority: Int {
+            switch self {
+            case .trace, .debug: 7
+            case .info: 6
+            case .notice: 5
+            case .warning: 4
+            case .error: 3
+            case .critical: 2
+            }
+        }
+
+        var rank: Int { Self.allCases.firstIndex(of: self) ?? 0 }
+        public static func < (a: Level, b: Level) -> Bool { a.rank < b.rank }
+    }
+
+    /// Lines below this level are not written (nor their message built).
+    public var level: Level
+    /// Where the lines go: stderr, or a test's descriptor.
+    public var descriptor: Int32
+
+    public init(level: Level = .info, descriptor: Int32 = 2) {
+        self.level = level
+        self.descriptor = descriptor
+    }
+
+    public func log(level: Level, _ message: @autoclosure () -> String) {
+        guard level >= self.level else { return }
+        var line = "<\(level.priority)>"
+        line += message()
+        line += "\n"
+        var utf8 = Array(line.utf8)
+        utf8.withUnsafeMutableBytes { bytes in
+            var sent = 0
+            while sent < bytes.count {
+                let n = write(descriptor, bytes.baseAddress! + sent, bytes.count - sent)
+                if n > 0 { sent += n } else if n < 0, baton_errno() == EINTR { continue } else { return }
+            }
+        }
+    }
+
+    public func trace(_ message: @autoclosure () -> String) { log(level: .trace, message()) }
+    public func debug(_ message: @autoclosure () -> String) { log(level: .debug, message()) }
+    public func info(_ message: @autoclosure () -> String) { log(level: .info, message()) }
+    public func notice(_ message: @autoclosure () -> String) { log(level: .notice, message()) }
+    public func warning(_ message: @autoclosure () -> String) { log(level: .warning, message()) }
+    public func error(_ message: @autoclosure () -> String) { log(level: .error, message()) }
+    public func critical(_ message: @autoclosure () -> String) { log(level: .critical, message()) }
+}

@@ -1,0 +1,95 @@
+// What the firmware's modules need from libc beyond what imports as it is (docs/firmware.md).
+// Embedded Swift has no Glibc overlay, so every module the daemon links reaches libc through
+// our own map (CLibc); the two things that map cannot carry, errno and fcntl, live here, and so
+// does the monotonic clock the loop's deadlines are read on, since `ContinuousClock` belongs to
+// the concurrency runtime Embedded Swift leaves out.
+public import CLibc
+
+/// The calling thread's `errno`, as Glibc's overlay spells it.
+public var errno: Int32 {
+    get { baton_errno() }
+    set { baton_set_errno(newValue) }
+}
+
+/// `fcntl(fd, command)`: F_GETFL, F_GETFD.
+@inline(__always)
+public func fcntl(_ fd: Int32, _ command: Int32) -> Int32 { baton_fcntl_get(fd, command) }
+
+/// `fcntl(fd, command, value)`: F_SETFL, F_SETFD.
+@inline(__always)
+public func fcntl(_ fd: Int32, _ command: Int32, _ value: Int32) -> Int32 { baton_fcntl_set(fd, command, value) }
+
+/// A point on the monotonic clock (CLOCK_MONOTONIC, like `ContinuousClock` on Linux): what
+/// every deadline in the loop is kept in. Nanoseconds since an unspecified start; never read
+/// as a time of day.
+public struct Instant: Comparable, Hashable, Sendable {
+    public var nanoseconds: Int64
+
+    @inline(__always)
+    public init(nanoseconds: Int64) { self.nanoseconds = nanoseconds }
+
+    /// Now, on the monotonic clock.
+    public static var now: Instant { Instant(nanoseconds: baton_monotonic_nanoseconds()) }
+
+    public static func < (a: Instant, b: Instant) -> Bool { a.nanoseconds < b.nanoseconds }
+
+    public static func + (a: Instant, d: Duration) -> Instant { Instant(nanoseconds: a.nanoseconds &+ d.nanoseconds) }
+    public static func - (a: Instant, d: Duration) -> Instant { Instant(nanoseconds: a.nanoseconds &- d.nanoseconds) }
+    public static func += (a: inout Instant, d: Duration) { a = a + d }
+    public static func - (a: Instant, b: Instant) -> Duration { .nanoseconds(a.nanoseconds &- b.nanoseconds) }
+
+    public func advanced(by d: Duration) -> Instant { self + d }
+    public func duration(to other: Instant) -> Duration { other - self }
+}
+
+extension Duration {
+    /// The duration in whole nanoseconds, saturating: what the monotonic clock counts in.
+    @inline(__always)
+    public var nanoseconds: Int64 {
+        let (seconds, attoseconds) = components
+        let (ns, overflow) = seconds.multipliedReportingOverflow(by: 1_000_000_000)
+        if overflow { return seconds < 0 ? .min : .max }
+        return ns &+ attoseconds / 1_000_000_000
+    }
+}
+
+/// `open(path, flags)` without a mode: opening, never creating. open(2) is variadic.
+@inline(__always)
+public func open(_ path: UnsafePointer<CChar>, _ flags: Int32) -> Int32 { baton_open(path, flags) }
+
+/// `ioctl(fd, request, value)` for the requests that take an int (HCIDEVUP). ioctl(2) is variadic.
+@inline(__always)
+public func ioctl(_ fd: Int32, _ request: UInt, _ value: Int32) -> Int32 { baton_ioctl_int(fd, request, value) }
+
+/// The whole of a file, or nil when it cannot be opened or read.
+public func readFile(_ path: String) -> [UInt8]? {
+    let fd = BatonLibc.open(path, O_RDONLY | O_CLOEXEC)
+    guard fd >= 0 else { return nil }
+    defer { close(fd) }
+    var bytes: [UInt8] = []
+    var chunk = [UInt8](repeating: 0, count: 65_536)
+    while true {
+        let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+        if n > 0 {
+            bytes.append(contentsOf: chunk[0..<n])
+        } else if n == 0 {
+            return bytes
+        } else if errno != EINTR {
+            return nil
+        }
+    }
+}
+
+/// The process's environment, `NAME=value` pairs as `environ` holds them.
+public func processEnvironment() -> [String: String] {
+    var out: [String: String] = [:]
+    guard var entry = baton_environ() else { return out }
+    while let c = entry.pointee {
+        let text = String(cString: c)
+        if let eq = text.utf8.firstIndex(of: UInt8(ascii: "=")) {
+            out[String(text[..<eq])] = String(text[text.index(after: eq)...])
+        }
+        entry += 1
+    }
+    return out
+}

@@ -1,0 +1,45 @@
+// libc for the modules the firmware links. Embedded Swift has no Glibc module, so the
+// headers the gateway uses come through this one map in both builds (docs/firmware.md).
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <limits.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <termios.h>
+#include <sys/ioctl.h>
+
+// errno is a macro over a thread-local and fcntl is variadic: neither imports into Swift, and
+// Embedded Swift has no Glibc overlay that would wrap them. BatonLibc wraps these.
+static inline int baton_errno(void) { return errno; }
+static inline void baton_set_errno(int value) { errno = value; }
+static inline int baton_fcntl_get(int fd, int command) { return fcntl(fd, command); }
+static inline int baton_fcntl_set(int fd, int command, int value) { return fcntl(fd, command, value); }
+static inline long long baton_monotonic_nanoseconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+static inline int baton_open(const char *path, int flags) { return open(path, flags); }
+static inline int baton_ioctl_int(int fd, unsigned long request, int value) { return ioctl(fd, request, value); }
+extern char **environ;
+static inline char **baton_environ(void) { return environ; }
+// SIG_IGN and SIG_DFL are casts of integers to handler pointers: macros Swift cannot import.
+static inline void baton_signal_ignore(int sig) { signal(sig, SIG_IGN); }
+static inline void baton_signal_default(int sig) { signal(sig, SIG_DFL); }
