@@ -20,7 +20,8 @@ import BatonWire
 /// against it, so a key cannot be added without its documentation.
 enum ConfigSchema {
     static let sections: [(path: String, keys: [String])] = [
-        ("", ["gateway", "broker", "topics", "radio", "table", "apple", "rooms", "relay", "security", "status", "log"]),
+        ("", ["gateway", "broker", "topics", "radio", "table", "apple", "rooms", "relay", "security", "status", "log",
+              "activity-types"]),
         ("gateway", ["id", "room"]),
         ("broker", ["url", "client-id", "username", "password", "password-file", "keepalive", "protocol",
                     "reconnect-min", "reconnect-max", "tls"]),
@@ -32,7 +33,7 @@ enum ConfigSchema {
         ("rooms", ["sighting-interval", "sighting-step", "sighting-min-interval", "sighting-fresh", "lost-after",
                    "settle", "margin", "dwell", "capacity", "gateways"]),
         ("relay", ["link", "fetch-timeout", "link-idle", "fetches", "cache", "links", "payload-max", "streams",
-                   "stream-window", "stream-max-data", "stream-retry", "stream-idle", "readvertise"]),
+                   "stream-window", "stream-max-data", "stream-retry", "stream-idle", "readvertise", "fetch-titles"]),
         ("security", ["beacon-key", "beacon-key-file", "identities", "unkeyed"]),
         ("status", ["interval"]),
         ("log", ["level"]),
@@ -233,6 +234,7 @@ struct ConfigFileReader {
             // forgery (docs/relay.md §9); without a key there is nothing to tag it with.
             report(e.value, e.key, "re-advertising needs the group's beacon key: set security.beacon-key (or beacon-key-file) too")
         }
+        if let e = top["activity-types"] { readActivityTypes(e, into: &c) }
         if let s = subsection(top["status"]) {
             if let e = s["interval"], let d = duration(e, atLeast: .seconds(1)) { c.statusInterval = d }
         }
@@ -305,9 +307,39 @@ struct ConfigFileReader {
         }
         // One mgmt advertising instance and one L2CAP listener each (docs/relay.md §9);
         // controllers offer a handful of instances (BlueZ's software rotation: 5 by default).
+        if let e = s["fetch-titles"], let b = bool(e) { c.fetchTitles = b }
         if let e = s["readvertise"], let n = integer(e, 0...16) {
             c.readvertise = n
             readvertiseEntry = e
+        }
+    }
+
+    /// `activity-types:`: a list of reverse-DNS activity types (docs/mqtt.md §2), each hashed
+    /// at start to name the beacons that carry its hash.
+    mutating func readActivityTypes(_ e: ConfigEntry, into c: inout GatewayConfig) {
+        guard case .sequence(let items) = e.value else {
+            report(e.value, e.key, "expected a list of activity types, one \"- com.example.app.activity\" line each, got \(describe(e.value))")
+            return
+        }
+        var seen: [UInt32: String] = [:]
+        for item in items {
+            guard case .scalar(let scalar) = item else {
+                report(item, e.key, "expected an activity type like com.example.reader.article, got \(describe(item))")
+                continue
+            }
+            let type = scalar.string
+            guard type.utf8.count <= 255, ActivityPayload.isActivityType(type) else {
+                report(item, e.key, "\(quoted(type)) is not an activity type: reverse-DNS, two or more labels of A-Z a-z 0-9 _ - joined by dots (docs/payload.md §2.1), at most 255 bytes")
+                continue
+            }
+            let hash = activityTypeHash(type.utf8)
+            if let other = seen[hash] {
+                report(item, e.key, other == type ? "\(quoted(type)) is listed twice"
+                       : "\(quoted(type)) has the same hash as \(quoted(other)) (FNV-1a 32): the gateway cannot tell them apart")
+                continue
+            }
+            seen[hash] = type
+            c.activityTypes.append(type)
         }
     }
 

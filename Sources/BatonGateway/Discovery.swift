@@ -55,7 +55,10 @@ public enum Discovery {
             try w.key("name"); try w.string("Activity")
             try w.key("unique_id"); try w.string("\(node)_activity")
             try w.key("icon"); try w.string("mdi:gesture-swipe-horizontal")
-            try w.key("value_template"); try w.string("{{ value_json.type_hash if value_json is defined else None }}")
+            // The title when the payload named one, else the type's name, else its hash
+            // (docs/mqtt.md §4); 255 characters is the most a state may hold.
+            try w.key("value_template")
+            try w.string("{{ (value_json.title or value_json.type or value_json.type_hash)[:255] if value_json is defined else None }}")
             try w.key("json_attributes_topic"); try w.string(topics.activity(deviceID))
         }
         try w.key("state_topic"); try w.string(topics.activity(deviceID))
@@ -65,6 +68,42 @@ public enum Discovery {
         try w.key("name"); try w.string("Baton device \(text)")
         try w.key("manufacturer"); try w.string(manufacturer)
         try w.key("model"); try w.string("Activity beacon")
+        try w.key("via_device"); try w.string(topics.gatewayNode)
+        try w.endObject()
+        try origin(version: version, into: &w)
+        try w.endObject()
+    }
+
+    /// Where a device is, for a person to follow (docs/mqtt.md §4): an MQTT device tracker whose
+    /// state topic holds the room as plain text, or `not_home` once the device has expired.
+    /// No availability: a tracker says `not_home` after its gateway is gone (the first online
+    /// gateway writes it, docs/rooms.md §4), where a sensor would read "unavailable". No name:
+    /// the entity takes the device's, as a person's trackers usually do.
+    public static func tracker(deviceID: UInt64?, appleID: UInt32?, name: String?, topics: Topics, version: String,
+                               into w: inout JSONWriter) throws(WireError) {
+        let node: String, state: String
+        if let deviceID {
+            node = Topics.deviceNode(deviceID); state = topics.tracker(deviceID)
+        } else {
+            let id = appleID ?? 0
+            node = Topics.personNode(id); state = topics.tracker(apple: id)
+        }
+        try w.beginObject()
+        try w.key("name"); try w.null()
+        try w.key("unique_id"); try w.string("\(node)_tracker")
+        try w.key("state_topic"); try w.string(state)
+        try w.key("source_type"); try w.string("bluetooth_le")
+        try w.key("payload_not_home"); try w.string("not_home")
+        try w.key("device"); try w.beginObject()
+        try w.key("identifiers"); try w.beginArray(); try w.string(node); try w.endArray()
+        if let deviceID {
+            try w.key("name"); try w.string("Baton device \(Topics.deviceText(deviceID))")
+            try w.key("model"); try w.string("Activity beacon")
+        } else {
+            try w.key("name"); try w.string(name ?? node)
+            try w.key("model"); try w.string("Phone or watch, by its IRK")
+        }
+        try w.key("manufacturer"); try w.string(manufacturer)
         try w.key("via_device"); try w.string(topics.gatewayNode)
         try w.endObject()
         try origin(version: version, into: &w)

@@ -151,6 +151,9 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         self.relay = FetchRelay(config: config.relay, link: link, gatewayID: config.gatewayID, room: config.room,
                                 continuedRoot: topics.continuedRoot)
         self.streams = StreamRelay(config: config.relay, link: link, gatewayID: config.gatewayID)
+        // Titles are fetched over the same links, so only with one (docs/relay.md §4.1).
+        self.publisher.names = ActivityNames(types: config.activityTypes, fetchTitles: config.fetchTitles && link != nil,
+                                             capacity: config.table.capacity, fetches: config.relay.fetches)
         self.readvertiseRadio = readvertising
         self.tagger = keys.tagger
         if let readvertising, let group = keys.verifier?.groupHash, keys.tagger != nil {
@@ -272,6 +275,8 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         if pollFDs.count > continuingFDs {
             continuing.poll(fds: pollFDs[continuingFDs...], now: now, mqtt: &publisher.mqtt, streams: &streams)
         }
+        if publisher.names.owed > 0, publisher.mqtt.isConnected { fetchTitles(now: now) }
+        if !relay.ownAnswers.isEmpty { takeTitles(now: now) }
         if let due = continuing.nextDeadline, due <= now { continuing.tick(now: now) }
         if let due = streams.nextDeadline, due <= now { streams.tick(now: now, mqtt: &publisher.mqtt) }
         logLinkFailures()
@@ -333,6 +338,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         if publisher.mqtt.isConnected {
             consider(publisher.nextOrphanDeadline)
             consider(publisher.nextCorrection)
+            consider(publisher.names.nextDeadline)
             consider(standInsDue)
             consider(publisher.retainedScanEnds)
             consider(nextSightingCheck)
@@ -619,6 +625,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
             }
             publisher.received(message, table: table, apple: apple, ownership: ownership, now: now)
             publisher.observed(message, now: now)
+            publisher.observedActivity(message, table: table, ownership: ownership)
         }
     }
 
@@ -673,6 +680,46 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
                                  link: LinkAddress(address: a.address, addressType: a.addressType, psm: a.beacon.psm))
         relay.fetch(target, route: route, now: now, mqtt: &publisher.mqtt)
         logLinkFailures()
+    }
+
+    // MARK: titles (docs/relay.md §4.1)
+
+    /// Starts the owed fetches whose time has come, as many as the own slots allow; a device
+    /// that is no longer owned, current or reachable owes nothing.
+    mutating func fetchTitles(now: Instant) {
+        for id in publisher.names.due(now: now) {
+            guard ownership.owns(id), let a = table.activity(deviceID: id), a.state == .current, a.beacon.psm != 0 else {
+                publisher.names.dropOwed(id)
+                continue
+            }
+            let target = FetchTarget(device: id, sequence: a.beacon.sequence,
+                                     link: LinkAddress(address: a.address, addressType: a.addressType, psm: a.beacon.psm))
+            if relay.fetchOwn(target, now: now, mqtt: &publisher.mqtt) {
+                publisher.names.started(id, now: now)
+            } else {
+                publisher.names.couldNotStart(id, now: now)
+            }
+        }
+        logLinkFailures()
+    }
+
+    /// The answers to the own fetches: a payload that names more than the message says goes
+    /// out at once; a failure leaves the message as it is (counted, backed off).
+    mutating func takeTitles(now: Instant) {
+        for i in relay.ownAnswers.indices {
+            let answer = relay.ownAnswers[i]
+            let device = Topics.deviceText(answer.device)
+            if answer.status != .ok {
+                log.debug("device \(device): no title (\(answer.status.name)); the message stays as it is")
+            } else if answer.described == nil {
+                log.debug("device \(device): its payload is not one this gateway can read (sealed?); not asked again for this type")
+            }
+            guard publisher.names.answered(answer, now: now), ownership.owns(answer.device),
+                  let a = table.activity(deviceID: answer.device) else { continue }
+            log.debug("device \(device): \(answer.described?.title ?? "(no title)") (\(answer.described?.type ?? "?"))")
+            publisher.described(a)
+        }
+        relay.clearOwnAnswers()
     }
 
     /// The one gateway that answers a request about `device` (docs/relay.md §4): its owner
@@ -1080,6 +1127,20 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
             try w.endObject()
             try w.endObject()
         }
+        try w.endObject()
+        let nc = publisher.names.counters
+        try w.key("titles"); try w.beginObject()
+        try w.key("fetching"); try w.bool(publisher.names.fetchTitles)
+        try w.key("types_known"); try w.int(Int64(config.activityTypes.count))
+        try w.key("in_flight"); try w.int(Int64(publisher.names.inFlight))
+        try w.key("capacity"); try w.int(Int64(publisher.names.inFlightCapacity))
+        try w.key("owed"); try w.int(Int64(publisher.names.owed))
+        try w.key("fetches"); try w.int(Int64(nc.fetches))
+        try w.key("described"); try w.int(Int64(nc.described))
+        try w.key("unreadable"); try w.int(Int64(nc.unreadable))
+        try w.key("failed"); try w.int(Int64(nc.failed))
+        try w.key("waited"); try w.int(Int64(nc.waited))
+        try w.key("carried"); try w.int(Int64(nc.carried))
         try w.endObject()
         try w.key("broker"); try w.beginObject()
         try w.key("connects"); try w.int(Int64(pc.connects))

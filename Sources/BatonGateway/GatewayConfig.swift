@@ -69,6 +69,11 @@ public struct GatewayConfig: Sendable, Equatable {
     public var security: SecurityConfig
     /// The user's own devices by IRK (`apple.irks`, docs/security.md §10), in file order.
     public var appleIRKs: [NamedIRK] = []
+    /// `activity-types:`: activity types the gateway names by their hash (docs/mqtt.md §2).
+    public var activityTypes: [String] = []
+    /// `relay.fetch-titles`: the owner fetches an open group's payload for its type, title and
+    /// webpage URL (docs/relay.md §4.1).
+    public var fetchTitles = true
 
     /// What `relay.link` comes to with this radio.
     public var resolvedRelayLink: RelayLinkSpec {

@@ -31,20 +31,41 @@ public enum Payloads {
         public init(room: String, gatewayID: String) { self.room = room; self.gatewayID = gatewayID }
     }
 
+    /// What an activity message says beyond the beacon (docs/mqtt.md §2): what the activity is
+    /// called (ActivityNames), and for a device this room took over from another, the
+    /// activity's own change and time as that room said them, and when it moved here.
+    public struct Extras: Sendable, Equatable {
+        public var type: String?
+        public var title: String?
+        public var webpageURL: String?
+        /// The sequence whose payload gave `title` and `webpageURL`.
+        public var payloadSeq: UInt16?
+        /// `change` and `changed` as the room before wrote them, for this sequence.
+        public var change: String?
+        public var changed: String?
+        public var movedAt: Int64?
+        public init() {}
+    }
+
     /// `<prefix>/activities/<device>` (docs/mqtt.md §2).
     /// Everything in it is as of the last change, so republishing the same entry after a
     /// reconnect gives the same bytes (docs/mqtt.md §5).
     /// `keyedGroup` is the group hash this gateway verifies beacons of (docs/security.md §4.4):
     /// its activities are `verified`, and those of a device with an identity say its number.
     public static func activity(_ a: TrackedActivity, origin: Origin, clock: WallClock, keyedGroup: UInt32? = nil,
-                                into w: inout JSONWriter) throws(WireError) {
+                                extras: Extras = Extras(), into w: inout JSONWriter) throws(WireError) {
         let b = a.beacon
         try w.beginObject()
         try w.key("device"); try w.string(Topics.deviceText(a.deviceID))
         try w.key("state"); try w.string(a.state == .current ? "current" : "invalidated")
-        try w.key("change"); try w.string(name(a.lastChangeKind))
+        try w.key("change")
+        if let c = extras.change { try w.string(c) } else { try w.string(name(a.lastChangeKind)) }
         try w.key("seq"); try w.uint(UInt64(b.sequence))
         try w.key("type_hash"); try w.string(Topics.hex(UInt64(b.activityTypeHash), digits: 8))
+        try w.key("type"); if let t = extras.type { try w.string(t) } else { try w.null() }
+        try w.key("title"); if let t = extras.title { try w.string(t) } else { try w.null() }
+        try w.key("webpage_url"); if let u = extras.webpageURL { try w.string(u) } else { try w.null() }
+        try w.key("payload_seq"); if let p = extras.payloadSeq { try w.uint(UInt64(p)) } else { try w.null() }
         try w.key("group"); try w.string(Topics.hex(UInt64(b.groupHash), digits: 8))
         try w.key("supports_streams"); try w.bool(b.flags.contains(.supportsStreams))
         try w.key("has_web_url"); try w.bool(b.flags.contains(.hasWebURL))
@@ -62,7 +83,9 @@ public enum Payloads {
         // and BlueZ's virtual ones, never measure one. null says so; 127 dBm would be a lie.
         try w.key("rssi"); if a.rssiAtChange == 127 { try w.null() } else { try w.int(Int64(a.rssiAtChange)) }
         try w.key("first_seen"); try w.timestamp(unixMicroseconds: clock.unixMicroseconds(a.firstSeen))
-        try w.key("changed"); try w.timestamp(unixMicroseconds: clock.unixMicroseconds(a.lastChange))
+        try w.key("changed")
+        if let c = extras.changed { try w.string(c) } else { try w.timestamp(unixMicroseconds: clock.unixMicroseconds(a.lastChange)) }
+        try w.key("moved_at"); if let m = extras.movedAt { try w.timestamp(unixMicroseconds: m) } else { try w.null() }
         try w.endObject()
     }
 

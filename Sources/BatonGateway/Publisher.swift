@@ -50,11 +50,14 @@ public struct Publisher: ~Copyable {
     public var keyedGroup: UInt32?
     /// The names of `apple.irks`, in file order: a named device's entry says its name.
     public var appleNames: [String] = []
+    /// What each activity is called, and the fetches for its title (docs/mqtt.md §2).
+    public var names = ActivityNames(types: [], fetchTitles: false, capacity: 0, fetches: 4)
     /// Grace for retained entries left by an earlier run: cleared if not heard within it.
     public let orphanGrace: Duration
     public var log: Logger
     public private(set) var counters = PublisherCounters()
-    /// One JSON document at a time; 4 KiB holds the largest (the stats with every drop reason).
+    /// One JSON document at a time; 8 KiB holds the largest (an activity with a 255-byte title
+    /// of control characters, each escaped to 6 bytes, and a 1,024-byte URL).
     private let scratch: UnsafeMutableRawBufferPointer
     /// Clears owed to the broker since it went away. Capacity reserved once.
     private var pending: [(topic: OwnedTopic, removeDiscovery: Bool)]
@@ -95,7 +98,7 @@ public struct Publisher: ~Copyable {
         self.appleAddresses = appleAddresses
         self.orphanGrace = orphanGrace
         self.log = log
-        self.scratch = .allocate(byteCount: 4096, alignment: 8)
+        self.scratch = .allocate(byteCount: 8192, alignment: 8)
         self.pendingCapacity = ownedCapacity
         self.pending = []
         self.pending.reserveCapacity(ownedCapacity)
@@ -126,10 +129,12 @@ public struct Publisher: ~Copyable {
     /// A change in this room's table. Only the device's owner publishes it (docs/rooms.md §1):
     /// another room hears the same beacons and its owner says the same thing.
     public mutating func activityChanged(_ change: ActivityChange, owned: Bool) {
-        guard owned else { return }
         let a = change.activity
+        if change.kind == .expired || change.kind == .evicted { names.forget(a.deviceID) }
+        guard owned else { return }
         switch change.kind {
         case .becameCurrent, .saved:
+            names.changed(a, kind: change.kind, readable: readable(a))
             guard mqtt.isConnected else { counters.changesWhileAway &+= 1; return }
             publishActivity(a)
             if change.kind == .becameCurrent { publishDeviceDiscovery(a.deviceID) }
@@ -161,6 +166,7 @@ public struct Publisher: ~Copyable {
     /// This gateway became the device's owner: what it holds goes out now, with discovery
     /// configs whose availability follows this gateway's status.
     public mutating func tookOver(_ a: TrackedActivity) {
+        if a.state == .current { names.tookOver(a, readable: readable(a), now: clock.unixMicroseconds(Instant.now)) }
         guard mqtt.isConnected else { counters.changesWhileAway &+= 1; return }
         publishDeviceDiscovery(a.deviceID)
         if a.state == .current { publishActivity(a) }
@@ -173,17 +179,51 @@ public struct Publisher: ~Copyable {
         publishApple(d)
     }
 
-    /// The Room sensor of a named device, its availability following this gateway's status
-    /// (Discovery.personRoom). Nothing for an unnamed device.
+    /// The Room sensor and the tracker of a named device, the sensor's availability following
+    /// this gateway's status (Discovery.personRoom), and the room on the tracker's topic.
+    /// Nothing for an unnamed device.
     private mutating func publishPersonDiscovery(_ d: AppleDevice) {
-        guard discovery, let name = appleName(d) else { return }
-        var w = JSONWriter(scratch)
-        do throws(WireError) {
-            try Discovery.personRoom(name: name, appleID: d.id, topics: topics, version: version, into: &w)
-        } catch {
-            return log.error("discovery JSON did not fit 4 KiB (our bug): \(error)")
+        guard let name = appleName(d) else { return }
+        if discovery {
+            var w = JSONWriter(scratch)
+            do throws(WireError) {
+                try Discovery.personRoom(name: name, appleID: d.id, topics: topics, version: version, into: &w)
+            } catch {
+                return log.error("discovery JSON did not fit 8 KiB (our bug): \(error)")
+            }
+            _ = publish(topics.personRoomConfig(d.id), w.written)
+            w = JSONWriter(scratch)
+            do throws(WireError) {
+                try Discovery.tracker(deviceID: nil, appleID: d.id, name: name, topics: topics, version: version, into: &w)
+            } catch {
+                return log.error("discovery JSON did not fit 8 KiB (our bug): \(error)")
+            }
+            _ = publish(topics.personTrackerConfig(d.id), w.written)
         }
-        _ = publish(topics.personRoomConfig(d.id), w.written)
+        publish(topics.tracker(apple: d.id), text: origin.room)
+    }
+
+    /// Whether the gateway can read the activity's payload: it offers a link, and it is not of
+    /// the keyed group, whose payloads are sealed with a key only devices hold (docs/security.md §5).
+    func readable(_ a: TrackedActivity) -> Bool {
+        a.beacon.psm != 0 && keyedGroup != a.beacon.groupHash
+    }
+
+    /// A fetch for the title answered (docs/relay.md §4.1): the activity goes out again, saying it.
+    public mutating func described(_ a: TrackedActivity) {
+        guard mqtt.isConnected, a.state == .current else { return }
+        publishActivity(a)
+    }
+
+    /// Another gateway's message about a device this room holds and does not own: what it
+    /// said is kept for a takeover (docs/mqtt.md §2 "Moves"). Change-rate, not per advert.
+    public mutating func observedActivity(_ message: MQTTMessage, table: borrowing ActivityTable,
+                                          ownership: borrowing RoomOwnership) {
+        guard !message.payload.isEmpty, let id = topics.deviceID(inActivityTopic: message.topic),
+              !ownership.owns(id), let held = table.activity(deviceID: id) else { return }
+        guard let m = message.payload.withUnsafeBytes({ RetainedActivity.read($0) }), let gateway = m.gateway,
+              gateway != topics.gatewayID else { return }
+        names.observed(id, m, held: held)
     }
 
     /// Clears a named Apple device's entry: it left this room's table, or nobody hears it and
@@ -229,15 +269,23 @@ public struct Publisher: ~Copyable {
         if case .activity(let id) = topic { stoppedOwning(id) }
         var sent = mqtt.isConnected
         if sent {
+            // The device left: its tracker says `not_home` and stays, so a person attached to
+            // it reads away rather than unknown (docs/mqtt.md §4); the sensors go.
             switch topic {
             case .activity(let id):
-                if removeDiscovery && discovery {
-                    sent = publish(topics.deviceRoomConfig(id), empty: true, qos: qos) && sent
-                    sent = publish(topics.deviceActivityConfig(id), empty: true, qos: qos) && sent
+                if removeDiscovery {
+                    if discovery {
+                        sent = publish(topics.deviceRoomConfig(id), empty: true, qos: qos) && sent
+                        sent = publish(topics.deviceActivityConfig(id), empty: true, qos: qos) && sent
+                    }
+                    sent = publish(topics.tracker(id), text: "not_home", qos: qos) && sent
                 }
                 sent = publish(topics.activity(id), empty: true, qos: qos) && sent
             case .apple(let id):
-                if removeDiscovery && discovery { sent = publish(topics.personRoomConfig(id), empty: true, qos: qos) && sent }
+                if removeDiscovery {
+                    if discovery { sent = publish(topics.personRoomConfig(id), empty: true, qos: qos) && sent }
+                    sent = publish(topics.tracker(apple: id), text: "not_home", qos: qos) && sent
+                }
                 sent = publish(topics.apple(id), empty: true, qos: qos) && sent
             }
         }
@@ -264,7 +312,7 @@ public struct Publisher: ~Copyable {
     private mutating func publishActivity(_ a: TrackedActivity) {
         var w = JSONWriter(scratch)
         do throws(WireError) {
-            try Payloads.activity(a, origin: origin, clock: clock, keyedGroup: keyedGroup, into: &w)
+            try Payloads.activity(a, origin: origin, clock: clock, keyedGroup: keyedGroup, extras: names.extras(a), into: &w)
         } catch {
             return log.error("activity JSON did not fit 4 KiB (our bug): \(error)")
         }
@@ -288,18 +336,28 @@ public struct Publisher: ~Copyable {
         if publish(topics.apple(d.id), w.written) { counters.changesPublished &+= 1 }
     }
 
+    /// The device's Home Assistant entities, and its room on the tracker's topic.
     private mutating func publishDeviceDiscovery(_ deviceID: UInt64) {
-        guard discovery else { return }
-        for entity in [Discovery.DeviceEntity.room, .activity] {
+        if discovery {
+            for entity in [Discovery.DeviceEntity.room, .activity] {
+                var w = JSONWriter(scratch)
+                do throws(WireError) {
+                    try Discovery.deviceEntity(entity, deviceID: deviceID, topics: topics, version: version, into: &w)
+                } catch {
+                    return log.error("discovery JSON did not fit 8 KiB (our bug): \(error)")
+                }
+                let topic = entity == .room ? topics.deviceRoomConfig(deviceID) : topics.deviceActivityConfig(deviceID)
+                _ = publish(topic, w.written)
+            }
             var w = JSONWriter(scratch)
             do throws(WireError) {
-                try Discovery.deviceEntity(entity, deviceID: deviceID, topics: topics, version: version, into: &w)
+                try Discovery.tracker(deviceID: deviceID, appleID: nil, name: nil, topics: topics, version: version, into: &w)
             } catch {
-                return log.error("discovery JSON did not fit 4 KiB (our bug): \(error)")
+                return log.error("discovery JSON did not fit 8 KiB (our bug): \(error)")
             }
-            let topic = entity == .room ? topics.deviceRoomConfig(deviceID) : topics.deviceActivityConfig(deviceID)
-            _ = publish(topic, w.written)
+            _ = publish(topics.deviceTrackerConfig(deviceID), w.written)
         }
+        publish(topics.tracker(deviceID), text: origin.room)
     }
 
     /// Retained, QoS 1: a subscriber that comes later must see it, and the broker must have it.
@@ -329,9 +387,10 @@ public struct Publisher: ~Copyable {
         publish(topic, UnsafeRawBufferPointer(start: nil, count: 0), qos: qos)
     }
 
-    public mutating func publish(_ topic: String, text: String) {
+    @discardableResult
+    public mutating func publish(_ topic: String, text: String, qos: Int32 = 1) -> Bool {
         var t = text
-        _ = t.withUTF8 { publish(topic, UnsafeRawBufferPointer($0)) }
+        return t.withUTF8 { publish(topic, UnsafeRawBufferPointer($0), qos: qos) }
     }
 
     /// The stats JSON beside the status (docs/mqtt.md §1), rendered by the caller.
@@ -493,6 +552,7 @@ public struct Publisher: ~Copyable {
 
     /// This gateway no longer owns the device (or cleared it): what others publish is theirs.
     public mutating func stoppedOwning(_ deviceID: UInt64) {
+        names.stoppedOwning(deviceID)
         published[deviceID] = nil
         disputes[deviceID] = nil
     }

@@ -91,6 +91,18 @@ public struct Topics: Sendable, Equatable {
     public func personRoomConfig(_ appleID: UInt32) -> String {
         "\(discoveryPrefix)/sensor/\(Self.personNode(appleID))/room/config"
     }
+    /// The device trackers (docs/mqtt.md §4): one per tracked device and per named device.
+    public func deviceTrackerConfig(_ deviceID: UInt64) -> String {
+        "\(discoveryPrefix)/device_tracker/\(Self.deviceNode(deviceID))/tracker/config"
+    }
+    public func personTrackerConfig(_ appleID: UInt32) -> String {
+        "\(discoveryPrefix)/device_tracker/\(Self.personNode(appleID))/tracker/config"
+    }
+    /// `<prefix>/trackers/<device>` and `…/apple-<id>`: the room as plain text, or `not_home`
+    /// (docs/mqtt.md §4): Home Assistant's MQTT device tracker takes its location from the raw
+    /// payload, so it cannot read a JSON field.
+    public func tracker(_ deviceID: UInt64) -> String { "\(prefix)/trackers/\(Self.deviceText(deviceID))" }
+    public func tracker(apple appleID: UInt32) -> String { "\(prefix)/trackers/apple-\(Self.appleText(appleID))" }
 
     /// A device id in topics: 12 lowercase hex digits, most significant byte first
     /// (docs/protocol.md §2.4 prints it the same way, with colons).

@@ -213,7 +213,9 @@ public struct FetchRelay: ~Copyable {
     struct Pending {
         var device: UInt64
         var sequence: UInt16
-        var route: FetchRoute
+        /// nil: the gateway's own fetch for the activity's title (docs/relay.md §4.1), answered
+        /// into `ownAnswers` instead of on the broker.
+        var route: FetchRoute?
         var deadline: Instant
         /// Where to open the link when the request had to wait for one (docs/relay.md §5).
         var address: LinkAddress
@@ -282,6 +284,8 @@ public struct FetchRelay: ~Copyable {
         links = Array(repeating: nil, count: config.links)
         polled = []
         polled.reserveCapacity(config.links)
+        ownAnswers = []
+        ownAnswers.reserveCapacity(config.fetches)
         cache = Array(repeating: nil, count: config.cache)
         cacheBytes = .allocate(byteCount: max(1, config.cache * config.payloadMax), alignment: 8)
         // One message header (3 bytes, docs/protocol.md §5.1) over the largest payload.
@@ -308,7 +312,7 @@ public struct FetchRelay: ~Copyable {
     /// seen, whoever answers it: the earlier one may be this gateway's, the new one another's.
     public mutating func supersede(_ route: FetchRoute, mqtt: inout MQTTClient) {
         for i in pending.indices {
-            guard let p = pending[i], p.route.responseTopic == route.responseTopic else { continue }
+            guard let p = pending[i], p.route?.responseTopic == route.responseTopic else { continue }
             answer(slot: i, .cancelled, detail: "a newer request from the same requester replaced it", mqtt: &mqtt)
         }
     }
@@ -342,6 +346,49 @@ public struct FetchRelay: ~Copyable {
                                 deadline: now + config.fetchTimeout, address: target.link)
         pendingCount += 1
         work(device: target.device, address: target.link, now: now, mqtt: &mqtt)
+    }
+
+    /// The gateway's own fetch of an activity it owns, for its title (docs/relay.md §4.1): the
+    /// same cache, links and pending table as a requester's, its one answer appended to
+    /// `ownAnswers`. false when nothing was taken (no link, or every pending slot busy): the
+    /// caller counts it and tries at the next save.
+    public mutating func fetchOwn(_ target: FetchTarget, now: Instant, mqtt: inout MQTTClient) -> Bool {
+        if let hit = cached(device: target.device, atLeast: target.sequence) {
+            counters.cacheHits &+= 1
+            useCounter &+= 1
+            cache[hit]!.lastUsed = useCounter
+            let entry = cache[hit]!
+            let bytes = UnsafeRawBufferPointer(rebasing: cacheBytes[hit * config.payloadMax ..< hit * config.payloadMax + entry.count])
+            answerOwn(device: target.device, sequence: entry.sequence, .ok, payload: bytes)
+            return true
+        }
+        guard link != nil, ownAnswers.count + pendingOwn < ownAnswerCapacity,
+              let free = pending.firstIndex(where: { $0 == nil }) else { return false }
+        pending[free] = Pending(device: target.device, sequence: target.sequence, route: nil,
+                                deadline: now + config.fetchTimeout, address: target.link)
+        pendingCount += 1
+        work(device: target.device, address: target.link, now: now, mqtt: &mqtt)
+        return true
+    }
+
+    /// The gateway's own fetches answered since it last took them (`takeOwnAnswers`).
+    public private(set) var ownAnswers: [OwnFetchAnswer]
+    /// Every pending slot answers at most once: this many answers always fit between two takes.
+    var ownAnswerCapacity: Int { config.fetches }
+    var pendingOwn: Int { pending.reduce(0) { $0 + ($1 != nil && $1!.route == nil ? 1 : 0) } }
+
+    /// The caller read `ownAnswers`: they are forgotten.
+    public mutating func clearOwnAnswers() {
+        ownAnswers.removeAll(keepingCapacity: true)
+    }
+
+    mutating func answerOwn(device: UInt64, sequence: UInt16, _ status: FetchStatus, payload: UnsafeRawBufferPointer?) {
+        var a = OwnFetchAnswer(device: device, sequence: sequence, status: status)
+        if let payload { a.described = ActivityDescription.read(payload, limits: PayloadLimits(maxBytes: config.payloadMax)) }
+        // Proof of room: one answer per pending slot, and `fetchOwn` takes no slot while the
+        // answers not yet taken and the own fetches pending could fill the list.
+        guard ownAnswers.count < ownAnswerCapacity else { return drops.count("own-answer-full") }
+        ownAnswers.append(a)
     }
 
     /// Answers a request this gateway decided about without a link (unknown device, not
@@ -516,7 +563,10 @@ public struct FetchRelay: ~Copyable {
             for i in pending.indices where pending[i]?.device == device {
                 let heard = pending[i]!.sequence
                 guard heard == sequence || Self.newer(sequence, heard) == sequence else { continue }
-                let route = take(i).route
+                guard let route = take(i).route else {
+                    answerOwn(device: device, sequence: sequence, .ok, payload: body)
+                    continue
+                }
                 if sendPayload(body, sequence: sequence, device: device, route: route, mqtt: &mqtt),
                    let at = route.continuedAt {
                     continued(device: device, sequence: sequence, at: at, address: l.address, now: now, mqtt: &mqtt)
@@ -661,7 +711,8 @@ public struct FetchRelay: ~Copyable {
     mutating func answer(slot: Int, _ status: FetchStatus, detail: String, mqtt: inout MQTTClient) {
         guard pending[slot] != nil else { return }
         let p = take(slot)
-        send(status, device: p.device, detail: detail, route: p.route, mqtt: &mqtt)
+        guard let route = p.route else { return answerOwn(device: p.device, sequence: p.sequence, status, payload: nil) }
+        send(status, device: p.device, detail: detail, route: route, mqtt: &mqtt)
     }
 
     /// The only way a request leaves `pending`; each caller answers it at once.
@@ -810,5 +861,55 @@ public struct FetchRelay: ~Copyable {
     static func hexDigits(_ b: UInt8) -> String {
         let digits = Array("0123456789abcdef".utf8)
         return String(decoding: [digits[Int(b >> 4)], digits[Int(b & 0xF)]], as: UTF8.self)
+    }
+}
+
+/// The answer to one of the gateway's own fetches (`FetchRelay.fetchOwn`).
+public struct OwnFetchAnswer: Sendable, Equatable {
+    public var device: UInt64
+    /// The sequence asked for, or the payload's (the same or newer) when `ok`.
+    public var sequence: UInt16
+    public var status: FetchStatus
+    /// What the payload names; nil when not `ok`, or when it is no v1 payload the gateway can
+    /// read (sealed for a keyed group, docs/security.md §5).
+    public var described: ActivityDescription?
+    public init(device: UInt64, sequence: UInt16, status: FetchStatus, described: ActivityDescription? = nil) {
+        self.device = device; self.sequence = sequence; self.status = status; self.described = described
+    }
+}
+
+/// What a payload says the activity is (docs/mqtt.md §2): type, title, webpage URL. Bounded so
+/// the activity message stays small: a title is cut to `maxTitleBytes` at a character's edge,
+/// a type or URL longer than its cap is left out.
+public struct ActivityDescription: Sendable, Equatable {
+    public var type: String?
+    public var title: String?
+    public var webpageURL: String?
+    /// Home Assistant keeps a state of at most 255 characters.
+    public static let maxTitleBytes = 255
+    public static let maxTypeBytes = 255
+    public static let maxURLBytes = 1024
+
+    public init(type: String?, title: String?, webpageURL: String?) {
+        self.type = type; self.title = title; self.webpageURL = webpageURL
+    }
+
+    /// nil when the bytes are no valid v1 payload (a sealed one is not).
+    public static func read(_ payload: UnsafeRawBufferPointer, limits: PayloadLimits) -> ActivityDescription? {
+        let view: ActivityPayloadView
+        do throws(WireError) { view = try ActivityPayload.validate(payload, limits: limits) } catch { return nil }
+        let type = view.activityType.count <= maxTypeBytes ? String(decoding: view.activityType, as: UTF8.self) : nil
+        let url = view.webpageURL.flatMap { $0.count <= maxURLBytes ? String(decoding: $0, as: UTF8.self) : nil }
+        return ActivityDescription(type: type, title: view.title.map(cut), webpageURL: url)
+    }
+
+    /// At most `maxTitleBytes` of valid UTF-8 (the validator checked it), cut before a
+    /// character that would not fit.
+    static func cut(_ p: UnsafeRawBufferPointer) -> String {
+        guard p.count > maxTitleBytes else { return String(decoding: p, as: UTF8.self) }
+        var end = maxTitleBytes
+        // A continuation byte is 10xxxxxx: step back to the start of its character.
+        while end > 0, p[end] & 0xC0 == 0x80 { end -= 1 }
+        return String(decoding: UnsafeRawBufferPointer(rebasing: p[..<end]), as: UTF8.self)
     }
 }

@@ -195,6 +195,14 @@ extension ActivityPayload {
                                    webpageURL: url, requiredUserInfoKeysValue: required, userInfoValue: userInfo)
     }
 
+    /// True when `type` is an activity type as §2.1 has it (what `activity-types:` holds).
+    public static func isActivityType(_ type: String) -> Bool {
+        var t = type
+        return t.withUTF8 { p -> Bool in
+            do throws(WireError) { try checkActivityType(UnsafeRawBufferPointer(p), at: 0); return true } catch { return false }
+        }
+    }
+
     /// Reverse-DNS (§2.1): two or more non-empty labels of [A-Za-z0-9_-] joined by '.'.
     static func checkActivityType(_ t: UnsafeRawBufferPointer, at: Int) throws(WireError) {
         var labels = 1, labelLength = 0

@@ -76,7 +76,17 @@ struct WatchCommand: ParsableCommand {
 
 /// What the watcher knows: activities by device, gateways by id.
 struct WatchView {
-    struct Activity { var room: String; var gateway: String; var type: String; var seq: Int; var state: String; var changed: String }
+    struct Activity {
+        var room: String; var gateway: String; var type: String; var seq: Int; var state: String; var changed: String
+        /// The type's name and the title, when the gateway knows them (docs/mqtt.md §2).
+        var typeName: String? = nil
+        var title: String? = nil
+        /// What to show: `"A long read" (com.example.reader.article)`, the type, or its hash.
+        var what: String {
+            let kind = typeName ?? type
+            return title.map { "\"\($0)\" (\(kind))" } ?? kind
+        }
+    }
     let prefix: String
     let redraw: Bool
     var activities: [String: Activity] = [:]
@@ -101,14 +111,18 @@ struct WatchView {
             guard let o = try? JSONSerialization.jsonObject(with: Data(m.payload)) as? [String: Any] else { return }
             let a = Activity(room: o["room"] as? String ?? "?", gateway: o["gateway"] as? String ?? "?",
                              type: o["type_hash"] as? String ?? "?", seq: o["seq"] as? Int ?? 0,
-                             state: o["change"] as? String ?? "?", changed: o["changed"] as? String ?? "")
+                             state: o["change"] as? String ?? "?", changed: o["changed"] as? String ?? "",
+                             typeName: o["type"] as? String, title: o["title"] as? String)
             let before = activities.updateValue(a, forKey: device)
             // Another gateway publishing the same activity: the person walked into its room
             // (docs/rooms.md §1).
             if let before, before.gateway != a.gateway, before.seq == a.seq, before.type == a.type {
-                changed("\(device) moved to \(a.room) from \(before.room) (gateway \(a.gateway), seq \(a.seq), type \(a.type))")
+                changed("\(device) moved to \(a.room) from \(before.room) (gateway \(a.gateway), seq \(a.seq), \(a.what))")
+            } else if let before, before.gateway == a.gateway, before.seq == a.seq, before.title != a.title || before.typeName != a.typeName {
+                // The gateway learnt the title from the payload (docs/relay.md §4.1).
+                changed("\(device) is \(a.what) (seq \(a.seq))")
             } else {
-                changed("\(device) \(a.state) in \(a.room) (gateway \(a.gateway), seq \(a.seq), type \(a.type))")
+                changed("\(device) \(a.state) in \(a.room) (gateway \(a.gateway), seq \(a.seq), \(a.what))")
             }
         } else if rest.count == 2, rest[0] == "apple" {
             let id = rest[1]
@@ -161,10 +175,10 @@ struct WatchView {
     }
 
     func table() -> String {
-        var out = "ROOM            DEVICE        TYPE      SEQ    STATE            GATEWAY\n"
+        var out = "ROOM            DEVICE        ACTIVITY                                 SEQ    STATE            GATEWAY\n"
         let sorted = activities.sorted { ($0.value.room, $0.key) < ($1.value.room, $1.key) }
         for (device, a) in sorted {
-            out += pad(a.room, 15) + " " + pad(device, 13) + " " + pad(a.type, 9) + " " + pad(String(a.seq), 6) + " "
+            out += pad(a.room, 15) + " " + pad(device, 13) + " " + pad(String(a.what.prefix(40)), 40) + " " + pad(String(a.seq), 6) + " "
                 + pad(a.state, 16) + " " + a.gateway + " (" + (gateways[a.gateway] ?? "?") + ")\n"
         }
         if !people.isEmpty {

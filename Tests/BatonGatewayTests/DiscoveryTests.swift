@@ -8,7 +8,11 @@
 // - `device` needs `identifiers` or `connections` for a device registry entry;
 // - `availability` is a list of objects with `topic`; availability_mode defaults to latest;
 // - `json_attributes_topic`, when present, is a valid topic;
-// - a device's `via_device` names another device's identifier.
+// - a device's `via_device` names another device's identifier;
+// - device_tracker (mqtt/device_tracker.py, 2024.3): `state_topic` required, `source_type` one
+//   of gps/router/bluetooth/bluetooth_le, `payload_home`/`payload_not_home`/`payload_reset`;
+//   the location is the state topic's *raw* payload (not the value template), so the topic
+//   must hold the room as plain text.
 import BatonTestSupport
 import Foundation
 import Testing
@@ -22,6 +26,9 @@ struct DiscoveryTests {
                    "availability", "device", "origin", "entity_category", "device_class", "unit_of_measurement"],
         "binary_sensor": ["name", "unique_id", "icon", "value_template", "state_topic", "json_attributes_topic",
                           "availability", "device", "origin", "entity_category", "device_class", "payload_on", "payload_off"],
+        "device_tracker": ["name", "unique_id", "icon", "value_template", "state_topic", "json_attributes_topic",
+                           "availability", "device", "origin", "source_type", "payload_home", "payload_not_home",
+                           "payload_reset"],
     ]
 
     @Test func everyDiscoveryPayloadIsOneHomeAssistantAccepts() throws {
@@ -30,8 +37,8 @@ struct DiscoveryTests {
         let capture = try GeneratedCapture(in: dir, devices: 30, reports: 2_000, seed: 21)
         let gateway = try GatewayProcess(yaml: gatewayYAML(port: broker.port, radio: "capture:\(capture.path)"), in: dir)
         defer { gateway.kill() }
-        // One gateway entity plus two per tracked device.
-        let expected = 1 + 2 * capture.lastBeacons.count
+        // One gateway entity plus three per tracked device (room, activity, tracker).
+        let expected = 1 + 3 * capture.lastBeacons.count
         let configs = try #require(try eventually(within: 15) { () -> [String: [UInt8]]? in
             let r = try broker.retained("homeassistant/#")
             return r.count == expected ? r : nil
@@ -54,12 +61,18 @@ struct DiscoveryTests {
             if let attributes = o["json_attributes_topic"] as? String { #expect(!attributes.contains("+") && !attributes.contains("#")) }
             let unique = try #require(o["unique_id"] as? String)
             #expect(uniqueIDs.insert(unique).inserted, "unique_id \(unique) used twice")
-            let availability = try #require(o["availability"] as? [[String: Any]] ?? (component == "binary_sensor" ? [] : nil))
+            let availability = try #require(o["availability"] as? [[String: Any]] ?? (component == "sensor" ? nil : []))
             if component == "sensor" {
                 #expect(availability.count == 1)
                 #expect(availability.first?["topic"] as? String == "baton/gateways/hall/status")
                 #expect(availability.first?["payload_available"] as? String == "online")
                 #expect(availability.first?["payload_not_available"] as? String == "offline")
+            } else if component == "device_tracker" {
+                // No availability: it reads not_home after its gateway is gone (docs/mqtt.md §4).
+                #expect(availability.isEmpty)
+                #expect(o["source_type"] as? String == "bluetooth_le")
+                #expect(o["payload_not_home"] as? String == "not_home")
+                #expect(text(try broker.retained(state)[state]) == "Hall", "the tracker's topic holds the room as text")
             } else {
                 #expect(o["device_class"] as? String == "connectivity")
                 #expect(state == "baton/gateways/hall/status")
