@@ -267,7 +267,13 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         if listenerFDs > streamFDs { streams.poll(fds: pollFDs[streamFDs..<listenerFDs], now: now, mqtt: &publisher.mqtt) }
         if continuingFDs > listenerFDs {
             acceptPhones(pollFDs[listenerFDs..<continuingFDs - 1], now: now)
-            if pollFDs[continuingFDs - 1].revents != 0 || readvertiseRadio?.removalsPending == true { readvertiseRemoved() }
+            // The kernel's answers to re-advertising requests, read when they are there and
+            // failed at their deadline: nothing in the loop waits for the kernel.
+            let answersDue = readvertiseRadio?.answerDeadline.map { $0 <= now } ?? false
+            if pollFDs[continuingFDs - 1].revents != 0 || answersDue || readvertiseRadio?.removalsPending == true {
+                readvertiseAnswers(now: now)
+                readvertiseRemoved()
+            }
         }
         if pollFDs.count > continuingFDs {
             continuing.poll(fds: pollFDs[continuingFDs...], now: now, mqtt: &publisher.mqtt, streams: &streams)
@@ -328,6 +334,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         consider(relay.nextDeadline)
         consider(streams.nextDeadline)
         consider(continuing.nextDeadline)
+        consider(readvertiseRadio?.answerDeadline)
         // Orphans are cleared only while connected; a past deadline must not spin the loop
         // while the broker is away.
         if publisher.mqtt.isConnected {
@@ -890,6 +897,22 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
                 do throws(ManagementError) { try readvertiseRadio.withdraw(k) } catch {}
                 self.readvertiser?.forget(k)
             }
+        }
+    }
+
+    /// The kernel refused a request, or did not answer it by its deadline: counted and logged
+    /// as a refusal inside `readvertiseChanged` was; an advertisement that did not go on the
+    /// air frees its slot, and the activity's next message tries again.
+    mutating func readvertiseAnswers(now: ContinuousClock.Instant) {
+        guard let readvertiseRadio else { return }
+        var failed: [(slot: Int, advertise: Bool, error: ManagementError)] = []
+        readvertiseRadio.answers(now: now) { failed.append((slot: $0, advertise: $1, error: $2)) }
+        for f in failed {
+            readvertiseErrors &+= 1
+            log.warning("re-advertising on \(readvertiseRadio.adapter): \(f.error)")
+            guard f.advertise, readvertiser?.slots[f.slot] != nil else { continue }
+            do throws(ManagementError) { try readvertiseRadio.withdraw(f.slot) } catch {}
+            readvertiser?.forget(f.slot)
         }
     }
 
