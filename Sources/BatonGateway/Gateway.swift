@@ -124,7 +124,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         self.appleIDs = keys.appleIDs
         self.radio = radio
         self.reopen = reopen
-        self.decoder = AdvertisementDecoder(beaconCompanyID: config.companyID)
+        self.decoder = AdvertisementDecoder(beaconCompanyID: config.companyID, reassembly: config.radioReassembly)
         self.table = ActivityTable(config: config.table)
         self.apple = AppleDeviceTable(config: config.apple)
         self.clock = WallClock(unixMicrosecondsAtStart: unixMicroseconds, instantAtStart: now)
@@ -988,6 +988,9 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         try w.key("silent_s"); try w.int((now - lastReportAt).components.seconds)
         try w.endObject()
         try w.key("reports"); try w.int(Int64(t.reports))
+        // Advertisements put together from fragments, and the pool's low-water mark (docs/radio.md).
+        try w.key("assembled"); try w.int(Int64(t.assembled))
+        try w.key("reassembly_free_min"); try w.int(Int64(decoder.reassembly.lowWater))
         try w.key("beacons"); try w.int(Int64(t.beacons))
         try w.key("continuity"); try w.int(Int64(t.continuityReports))
         try w.key("changes_published"); try w.int(Int64(publisher.counters.changesPublished))
