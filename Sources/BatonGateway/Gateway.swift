@@ -909,7 +909,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         readvertiseRadio.answers(now: now) { failed.append((slot: $0, advertise: $1, error: $2)) }
         for f in failed {
             readvertiseErrors &+= 1
-            log.warning("re-advertising on \(readvertiseRadio.adapter): \(f.error)")
+            log.warning("re-advertising on \(readvertiseRadio.adapter): \(f.error.description)")
             guard f.advertise, readvertiser?.slots[f.slot] != nil else { continue }
             do throws(ManagementError) { try readvertiseRadio.withdraw(f.slot) } catch {}
             readvertiser?.forget(f.slot)
