@@ -118,7 +118,7 @@ public struct CaptureGenerator {
         // Three times in four, an open chain goes on (as a controller reports each AUX_CHAIN_IND
         // it receives): few chains are open at once, and each ends well within 2.5 s.
         if longAdvertisements, !pending.isEmpty, rng.next() % 4 != 0 { return nextFragment() }
-        var i = Int(rng.next() % UInt64(devices.count))
+        let i = Int(rng.next() % UInt64(devices.count))
         // A device in the middle of its chain sends the chain's next fragment, not a new one.
         if longAdvertisements, pending.contains(where: { $0.device == i }) { return nextFragment(of: i) }
         if rng.next() % UInt64(saveEvery) == 0 {
