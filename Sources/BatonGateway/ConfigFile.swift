@@ -27,7 +27,7 @@ enum ConfigSchema {
                     "reconnect-min", "reconnect-max", "tls"]),
         ("broker.tls", ["ca-file", "cert-file", "key-file", "insecure", "psk-identity", "psk", "psk-file"]),
         ("topics", ["prefix", "discovery", "discovery-prefix"]),
-        ("radio", ["source", "paced", "silence", "company-id"]),
+        ("radio", ["source", "paced", "silence", "company-id", "reassembly"]),
         ("table", ["capacity", "expiry"]),
         ("apple", ["tracking", "capacity", "expiry", "publish-address", "irks"]),
         ("rooms", ["sighting-interval", "sighting-step", "sighting-min-interval", "sighting-fresh", "lost-after",
@@ -317,14 +317,14 @@ struct ConfigFileReader {
     /// `activity-types:`: a list of reverse-DNS activity types (docs/mqtt.md §2), each hashed
     /// at start to name the beacons that carry its hash.
     mutating func readActivityTypes(_ e: ConfigEntry, into c: inout GatewayConfig) {
-        guard case .sequence(let items) = e.value else {
-            report(e.value, e.key, "expected a list of activity types, one \"- com.example.app.activity\" line each, got \(describe(e.value))")
+        guard case .sequence(let items) = e.value.kind else {
+            report(e.value, e.key, "expected a list of activity types, one \"- com.example.app.activity\" line each, got \(yaml.describe(e.value))")
             return
         }
         var seen: [UInt32: String] = [:]
         for item in items {
-            guard case .scalar(let scalar) = item else {
-                report(item, e.key, "expected an activity type like com.example.reader.article, got \(describe(item))")
+            guard case .scalar(let scalar) = item.kind else {
+                report(item, e.key, "expected an activity type like com.example.reader.article, got \(yaml.describe(item))")
                 continue
             }
             let type = scalar.string
@@ -587,6 +587,7 @@ struct ConfigFileReader {
         }
         if let e = s["paced"], let b = bool(e) { c.pacedCapture = b }
         if let e = s["silence"], let d = duration(e, atLeast: .seconds(1)) { c.radioSilence = d }
+        if let e = s["reassembly"], let n = integer(e, 1...64) { c.radioReassembly = n }
         if let e = s["company-id"], let n = integer(e, 0...0xFFFF, hex: true) {
             if UInt16(n) == appleCompanyID {
                 // docs/protocol.md §1: manufacturer data under 0x004C is read as Apple Continuity.

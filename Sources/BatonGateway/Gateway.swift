@@ -124,7 +124,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         self.appleIDs = keys.appleIDs
         self.radio = radio
         self.reopen = reopen
-        self.decoder = AdvertisementDecoder(beaconCompanyID: config.companyID)
+        self.decoder = AdvertisementDecoder(beaconCompanyID: config.companyID, reassembly: config.radioReassembly)
         self.table = ActivityTable(config: config.table)
         self.apple = AppleDeviceTable(config: config.apple)
         self.clock = WallClock(unixMicrosecondsAtStart: unixMicroseconds, instantAtStart: now)
@@ -270,7 +270,13 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         if listenerFDs > streamFDs { streams.poll(fds: pollFDs[streamFDs..<listenerFDs], now: now, mqtt: &publisher.mqtt) }
         if continuingFDs > listenerFDs {
             acceptPhones(pollFDs[listenerFDs..<continuingFDs - 1], now: now)
-            if pollFDs[continuingFDs - 1].revents != 0 || readvertiseRadio?.removalsPending == true { readvertiseRemoved() }
+            // The kernel's answers to re-advertising requests, read when they are there and
+            // failed at their deadline: nothing in the loop waits for the kernel.
+            let answersDue = readvertiseRadio?.answerDeadline.map { $0 <= now } ?? false
+            if pollFDs[continuingFDs - 1].revents != 0 || answersDue || readvertiseRadio?.removalsPending == true {
+                readvertiseAnswers(now: now)
+                readvertiseRemoved()
+            }
         }
         if pollFDs.count > continuingFDs {
             continuing.poll(fds: pollFDs[continuingFDs...], now: now, mqtt: &publisher.mqtt, streams: &streams)
@@ -333,6 +339,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         consider(relay.nextDeadline)
         consider(streams.nextDeadline)
         consider(continuing.nextDeadline)
+        consider(readvertiseRadio?.answerDeadline)
         // Orphans are cleared only while connected; a past deadline must not spin the loop
         // while the broker is away.
         if publisher.mqtt.isConnected {
@@ -940,6 +947,22 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         }
     }
 
+    /// The kernel refused a request, or did not answer it by its deadline: counted and logged
+    /// as a refusal inside `readvertiseChanged` was; an advertisement that did not go on the
+    /// air frees its slot, and the activity's next message tries again.
+    mutating func readvertiseAnswers(now: Instant) {
+        guard let readvertiseRadio else { return }
+        var failed: [(slot: Int, advertise: Bool, error: ManagementError)] = []
+        readvertiseRadio.answers(now: now) { failed.append((slot: $0, advertise: $1, error: $2)) }
+        for f in failed {
+            readvertiseErrors &+= 1
+            log.warning("re-advertising on \(readvertiseRadio.adapter): \(f.error.description)")
+            guard f.advertise, readvertiser?.slots[f.slot] != nil else { continue }
+            do throws(ManagementError) { try readvertiseRadio.withdraw(f.slot) } catch {}
+            readvertiser?.forget(f.slot)
+        }
+    }
+
     /// Someone else removed slots' advertisements (bluetoothd resets every instance when it
     /// starts or the adapter comes back): they go on the air again.
     mutating func readvertiseRemoved() {
@@ -1012,6 +1035,9 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         try w.key("silent_s"); try w.int((now - lastReportAt).components.seconds)
         try w.endObject()
         try w.key("reports"); try w.int(Int64(t.reports))
+        // Advertisements put together from fragments, and the pool's low-water mark (docs/radio.md).
+        try w.key("assembled"); try w.int(Int64(t.assembled))
+        try w.key("reassembly_free_min"); try w.int(Int64(decoder.reassembly.lowWater))
         try w.key("beacons"); try w.int(Int64(t.beacons))
         try w.key("continuity"); try w.int(Int64(t.continuityReports))
         try w.key("changes_published"); try w.int(Int64(publisher.counters.changesPublished))

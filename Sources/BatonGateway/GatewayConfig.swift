@@ -49,6 +49,9 @@ public struct GatewayConfig: Sendable, Equatable {
     /// Watchdog: no advertising report for this long while scanning → re-initialise.
     public var radioSilence: Duration
     public var companyID: UInt16
+    /// Extended advertisements in fragments reassembled at once (`radio.reassembly`): one
+    /// 1,650-byte buffer each, allocated at start (docs/radio.md "Advertisements in fragments").
+    public var radioReassembly: Int = 8  // AdvertisementReassembly.defaultCapacity
     public var table: ActivityTableConfig
     public var apple: AppleDeviceTableConfig
     /// Publish the raw MAC address of Apple devices (off by default).

@@ -9,6 +9,7 @@
 // of protocol.md §2 with the owner's sequence, type and flags, the activity's topic id as its
 // device id, this gateway's listener as its PSM, and a tag under the group's beacon key.
 public import BatonHCI
+import BatonLibc
 import BatonKeys
 public import BatonMQTT
 public import BatonRelay
@@ -181,15 +182,31 @@ public protocol AdvertisingController: AnyObject {
     var eventFD: Int32 { get }
     /// Whether accepted links are L2CAP channels (their MTU is the kernel's to say).
     var acceptsL2CAP: Bool { get }
+    /// Asks for slot k's advertisement to go on the air (or be replaced): does not wait for
+    /// the kernel. Throws only what is known at once; a later refusal or a missed deadline
+    /// comes out of `answers`.
     func advertise(_ k: Int, _ data: [UInt8]) throws(ManagementError)
+    /// Asks for slot k to leave the air, without waiting (as `advertise`).
     func withdraw(_ k: Int) throws(ManagementError)
+    /// Takes everything off the air before a clean stop (may wait, bounded: the loop is over).
     func withdrawAll()
     func removedSlots(_ body: (Int) -> Void)
-    /// Removals already read (while waiting for a command's answer), not yet handed out by
-    /// `removedSlots`: the event socket will not say so again.
+    /// Removals (or failures) already read with the answers, not yet handed out: the event
+    /// socket will not say so again.
     var removalsPending: Bool { get }
+    /// When the oldest request's answer is due at the latest: the loop wakes then for `answers`.
+    var answerDeadline: Instant? { get }
+    /// Reads the kernel's answers without waiting and fails the requests past their deadline:
+    /// `failed` gets the slot, whether it was an advertise (else a withdraw), and why.
+    func answers(now: Instant, _ failed: (_ slot: Int, _ advertise: Bool, _ error: ManagementError) -> Void)
     /// A phone waiting on slot k's listener: its descriptor and address; nil when none is.
     func accept(_ k: Int) throws(LinkError) -> (fd: Int32, peer: LinkAddress)?
+}
+
+extension AdvertisingController {
+    /// A controller that answers inside `advertise`/`withdraw` (a test's) has nothing pending.
+    public var answerDeadline: Instant? { nil }
+    public func answers(now: Instant, _ failed: (_ slot: Int, _ advertise: Bool, _ error: ManagementError) -> Void) {}
 }
 
 /// The controller side of re-advertising: mgmt advertising instances and one L2CAP listener
@@ -210,33 +227,12 @@ public final class ReadvertiseRadio: AdvertisingController {
     let listeners: [Listener]
 
     /// Takes `count` advertising instances and opens `count` listeners on kernel-chosen PSMs.
-    public init(adapter: String, count: Int, receiveMTU: Int) throws(ReadvertiseError) {
-        self.adapter = adapter
+    /// Waits for the kernel's answers (bounded): it runs before the loop does.
+    public convenience init(adapter: String, count: Int, receiveMTU: Int) throws(ReadvertiseError) {
         let mgmt: ManagementSocket
-        let features: AdvertisingFeatures
-        do throws(ManagementError) {
-            var m = try ManagementSocket(adapter: adapter)
-            features = try m.advertisingFeatures()
-            mgmt = m
-        } catch {
+        do throws(ManagementError) { mgmt = try ManagementSocket(adapter: adapter) } catch {
             throw ReadvertiseError("\(adapter): \(error)")
         }
-        // The N highest instances, always the same ones: bluetoothd numbers its own from 1 up,
-        // and instances outlive the process that added them, so what a run killed before its
-        // clean stop left on the air is this gateway's to take back (removed below).
-        guard Int(features.maxInstances) >= count else {
-            throw ReadvertiseError("\(adapter) has \(features.maxInstances) advertising instances and relay.readvertise asks for \(count): lower it (`btmgmt -i \(adapter) advinfo` lists them)")
-        }
-        instances = (0..<count).map { features.maxInstances - UInt8($0) }
-        self.mgmt = mgmt
-        var takenBack: [UInt8] = []
-        for n in instances where features.isInUse(n) {
-            do throws(ManagementError) { try self.mgmt.removeAdvertising(instance: n) } catch {
-                throw ReadvertiseError("\(adapter): taking back advertising instance \(n): \(error)")
-            }
-            takenBack.append(n)
-        }
-        self.takenBack = takenBack
         var listeners: [Listener] = []
         for _ in 0..<count {
             do throws(LinkError) {
@@ -247,9 +243,40 @@ public final class ReadvertiseRadio: AdvertisingController {
                 throw ReadvertiseError("listening for phones on \(adapter): \(error)")
             }
         }
+        try self.init(mgmt: mgmt, count: count, listeners: listeners, psms: listeners.map { $0.listener.psm },
+                      listenerFDs: listeners.map { $0.listener.fd })
+    }
+
+    /// Over any mgmt socket (a test's socketpair playing the kernel), with listeners given:
+    /// a test passes none, and descriptors of -1, which poll() ignores.
+    init(mgmt: consuming ManagementSocket, count: Int, listeners: [Listener], psms: [UInt16], listenerFDs: [Int32]) throws(ReadvertiseError) {
+        let adapter = mgmt.adapter
+        self.adapter = adapter
+        let features: AdvertisingFeatures
+        do throws(ManagementError) { features = try mgmt.advertisingFeatures() } catch {
+            throw ReadvertiseError("\(adapter): \(error)")
+        }
+        // The N highest instances, always the same ones: bluetoothd numbers its own from 1 up,
+        // and instances outlive the process that added them, so what a run killed before its
+        // clean stop left on the air is this gateway's to take back (removed below).
+        guard Int(features.maxInstances) >= count else {
+            throw ReadvertiseError("\(adapter) has \(features.maxInstances) advertising instances and relay.readvertise asks for \(count): lower it (`btmgmt -i \(adapter) advinfo` lists them)")
+        }
+        let instances = (0..<count).map { features.maxInstances - UInt8($0) }
+        self.instances = instances
+        var takenBack: [UInt8] = []
+        for n in instances where features.isInUse(n) {
+            do throws(ManagementError) { try mgmt.removeAdvertising(instance: n) } catch {
+                throw ReadvertiseError("\(adapter): taking back advertising instance \(n): \(error)")
+            }
+            takenBack.append(n)
+        }
+        self.mgmt = mgmt
+        self.takenBack = takenBack
         self.listeners = listeners
-        psms = listeners.map { $0.listener.psm }
-        listenerFDs = listeners.map { $0.listener.fd }
+        self.psms = psms
+        self.listenerFDs = listenerFDs
+        failures.reserveCapacity(ManagementSocket.maxPending)
     }
 
     public let psms: [UInt16]
@@ -259,12 +286,26 @@ public final class ReadvertiseRadio: AdvertisingController {
 
     public func accept(_ k: Int) throws(LinkError) -> (fd: Int32, peer: LinkAddress)? { try listeners[k].listener.accept() }
 
+    /// What a request was for, in its tag: slot k's tag is k × 4 + one of these.
+    enum Purpose: Int { case removeBeforeAdd = 0, add = 1, withdraw = 2 }
+
     public func advertise(_ k: Int, _ data: [UInt8]) throws(ManagementError) {
-        try mgmt.removeAdvertising(instance: instances[k])
+        let now = Instant.now
+        let index = mgmt.index, instance = instances[k]
+        // Remove, then add: the kernel answers in order. A remove of an instance that is not
+        // there is refused with Invalid Parameters, which `answers` ignores: it is gone.
+        try mgmt.send(.removeAdvertising, tag: k &* 4 &+ Purpose.removeBeforeAdd.rawValue, now: now) { w throws(WireError) in
+            try ManagementCommand.removeAdvertising(index: index, instance: instance, into: &w)
+        }
         // Array.withUnsafeBytes rethrows untyped: the error travels out as a value.
         let result: Result<Void, ManagementError> = data.withUnsafeBytes { p in
             // Connectable: the phone opens its link on this gateway's address (protocol.md §5).
-            do throws(ManagementError) { try mgmt.addAdvertising(instance: instances[k], flags: .connectable, data: p) } catch {
+            do throws(ManagementError) {
+                try mgmt.send(.addAdvertising, tag: k &* 4 &+ Purpose.add.rawValue, now: now) { w throws(WireError) in
+                    try ManagementCommand.addAdvertising(index: index, instance: instance, flags: .connectable,
+                                                         advertisingData: p, into: &w)
+                }
+            } catch {
                 return .failure(error)
             }
             return .success(())
@@ -272,25 +313,47 @@ public final class ReadvertiseRadio: AdvertisingController {
         try result.get()
     }
 
-    /// The slots whose advertisement someone else removed (bluetoothd resets every instance
-    /// when it starts): the gateway puts them back (docs/relay.md §9).
-    public func removedSlots(_ body: (Int) -> Void) {
-        for n in mgmt.takeRemovedInstances() { if let k = instances.firstIndex(of: n) { body(k) } }
-        let index = mgmt.index
-        mgmt.readEvents { code, eventIndex, parameters in
-            guard code == ManagementSocket.advertisingRemovedCode, eventIndex == index, parameters.count == 1,
-                  let k = instances.firstIndex(of: parameters[0]) else { return }
-            body(k)
+    public func withdraw(_ k: Int) throws(ManagementError) {
+        let index = mgmt.index, instance = instances[k]
+        try mgmt.send(.removeAdvertising, tag: k &* 4 &+ Purpose.withdraw.rawValue, now: .now) { w throws(WireError) in
+            try ManagementCommand.removeAdvertising(index: index, instance: instance, into: &w)
         }
     }
 
-    public var removalsPending: Bool { mgmt.removedInstancesPending }
+    public var answerDeadline: Instant? { mgmt.nextDeadline }
 
-    public func withdraw(_ k: Int) throws(ManagementError) { try mgmt.removeAdvertising(instance: instances[k]) }
+    /// Failures read with the answers, kept until `answers` hands them out.
+    var failures: [(slot: Int, advertise: Bool, error: ManagementError)] = []
 
-    /// Before a clean stop: nothing of this gateway's stays on the air.
+    public func answers(now: Instant, _ failed: (_ slot: Int, _ advertise: Bool, _ error: ManagementError) -> Void) {
+        read(now: now)
+        for f in failures { failed(f.slot, f.advertise, f.error) }
+        failures.removeAll(keepingCapacity: true)
+    }
+
+    /// Reads what the kernel queued: answers (failures kept) and removals (kept by the socket).
+    func read(now: Instant) {
+        mgmt.poll(now: now) { a in
+            guard let error = a.error, a.tag >= 0, let purpose = Purpose(rawValue: a.tag & 3) else { return }
+            // Removing what is not there is not a failure: it is gone.
+            if purpose != .add, case .refused(_, _, .invalidParameters) = error { return }
+            failures.append((slot: a.tag >> 2, advertise: purpose != .withdraw, error: error))
+        }
+    }
+
+    /// The slots whose advertisement someone else removed (bluetoothd resets every instance
+    /// when it starts): the gateway puts them back (docs/relay.md §9).
+    public func removedSlots(_ body: (Int) -> Void) {
+        read(now: .now)
+        for n in mgmt.takeRemovedInstances() { if let k = instances.firstIndex(of: n) { body(k) } }
+    }
+
+    public var removalsPending: Bool { mgmt.removedInstancesPending || !failures.isEmpty }
+
+    /// Before a clean stop: nothing of this gateway's stays on the air. The loop is over, so
+    /// this waits for each answer (bounded by the socket's timeout).
     public func withdrawAll() {
-        for k in instances.indices { do throws(ManagementError) { try withdraw(k) } catch {} }
+        for n in instances { do throws(ManagementError) { try mgmt.removeAdvertising(instance: n) } catch {} }
     }
 }
 

@@ -16,10 +16,15 @@ public struct HeardAdvertisement {
 public struct AdvertisementTally {
     /// Capture records read (replay only).
     public var records = 0
-    /// Advertising reports, legacy and extended, including those dropped afterwards.
+    /// Advertising reports, legacy and extended, including those dropped afterwards: HCI
+    /// reports as tshark counts them, so each fragment of a long advertisement is one.
     public var reports = 0
     public var legacyReports = 0
     public var extendedReports = 0
+    /// Advertisements assembled from more than one report (docs/radio.md "Advertisements in
+    /// fragments"), truncated ones included, and the reports they were assembled from.
+    public var assembled = 0
+    public var fragments = 0
     public var beacons = 0
     /// Reports carrying valid Apple Continuity data.
     public var continuityReports = 0
@@ -44,9 +49,15 @@ public struct AdvertisementTally {
 public struct AdvertisementDecoder {
     public var beaconCompanyID: UInt16
     public var tally = AdvertisementTally()
+    /// Extended advertisements in fragments are put back together here (Reassembly.swift).
+    public private(set) var reassembly: AdvertisementReassembly
 
-    public init(beaconCompanyID: UInt16 = ActivityBeacon.defaultCompanyID) {
+    /// `reassembly`: how many fragmented advertisements may be in progress at once
+    /// (`radio.reassembly`); its buffers are allocated here, once.
+    public init(beaconCompanyID: UInt16 = ActivityBeacon.defaultCompanyID,
+                reassembly: Int = AdvertisementReassembly.defaultCapacity) {
         self.beaconCompanyID = beaconCompanyID
+        self.reassembly = AdvertisementReassembly(capacity: reassembly)
     }
 
     /// Decodes the advertising reports in one HCI event packet (without its H4 indicator).
@@ -85,10 +96,51 @@ public struct AdvertisementDecoder {
         }
     }
 
-    /// Decodes one report's advertising data and counts it.
+    /// Takes one report: a whole advertisement is decoded at once, a fragment of a longer one
+    /// (§7.7.65.13 Data_Status) waits in the reassembly pool for the rest of its chain.
     public mutating func decode(report: AdvertisingReport, timestamp: Int64, _ body: (HeardAdvertisement) -> Void) {
         tally.reports &+= 1
-        if report.isExtended { tally.extendedReports &+= 1 } else { tally.legacyReports &+= 1 }
+        guard report.isExtended else {
+            tally.legacyReports &+= 1
+            return decodeWhole(report, timestamp: timestamp, body)
+        }
+        tally.extendedReports &+= 1
+        // Legacy PDUs reported in extended events are never fragmented (Data_Status is 0).
+        guard !report.isLegacyPDU else { return decodeWhole(report, timestamp: timestamp, body) }
+        var expired = 0
+        let outcome = reassembly.take(report, timestamp: timestamp) { expired &+= 1 }
+        for _ in 0 ..< expired { tally.drops.count(Malformed.extAdvChainExpired.name) }
+        switch outcome {
+        case .whole:
+            decodeWhole(report, timestamp: timestamp, body)
+        case .held, .discarded:
+            tally.fragments &+= 1
+        case .dropped(let reason):
+            if reason != .extAdvDataStatusReserved { tally.fragments &+= 1 }
+            tally.drops.count(reason.name)
+        case .truncatedReport:
+            tally.drops.count(Malformed.extAdvTruncated.name)
+            var cut = report
+            cut.data = UnsafeRawBufferPointer(rebasing: report.data[..<AdvertisementReassembly.wholePrefix(report.data)])
+            cut.eventType &= ~0x60
+            decodeWhole(cut, timestamp: timestamp, body)
+        case .assembled(let slot, let truncated):
+            tally.fragments &+= 1
+            tally.assembled &+= 1
+            var whole = report
+            let bytes = reassembly.bytes(slot)
+            // The last fragment's RSSI and timestamp stand for the advertisement's; Data_Status
+            // becomes 0: what is handed on is complete (or, truncated, its whole part).
+            whole.data = truncated ? UnsafeRawBufferPointer(rebasing: bytes[..<AdvertisementReassembly.wholePrefix(bytes)]) : bytes
+            whole.eventType &= ~0x60
+            if truncated { tally.drops.count(Malformed.extAdvTruncated.name) }
+            decodeWhole(whole, timestamp: timestamp, body)
+            reassembly.release(slot)
+        }
+    }
+
+    /// Decodes one whole advertisement's data and counts it.
+    mutating func decodeWhole(_ report: AdvertisingReport, timestamp: Int64, _ body: (HeardAdvertisement) -> Void) {
         let content: AdvertisementContent
         var messages = ContinuityIterator.empty
         do throws(WireError) {

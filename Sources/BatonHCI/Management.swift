@@ -289,6 +289,8 @@ public enum ManagementError: Error, Sendable, Equatable, CustomStringConvertible
     case refused(adapter: String, command: String, status: ManagementStatus)
     /// No answer within the deadline.
     case timeout(adapter: String, command: String)
+    /// As many requests are waiting for their answers as the socket keeps (16).
+    case busy(adapter: String, command: String)
     /// The kernel's answer did not parse.
     case wire(WireError)
     case os(Errno)
@@ -307,6 +309,8 @@ public enum ManagementError: Error, Sendable, Equatable, CustomStringConvertible
             "the kernel refused \(command) on \(adapter): \(status)"
         case .timeout(let adapter, let command):
             "the kernel did not answer \(command) on \(adapter) within 2 seconds"
+        case .busy(let adapter, let command):
+            "\(command) on \(adapter) not sent: \(ManagementSocket.maxPending) requests are still waiting for the kernel's answers"
         case .wire(let e):
             "the kernel sent a malformed management event: \(e)"
         case .os(let e):
@@ -315,9 +319,40 @@ public enum ManagementError: Error, Sendable, Equatable, CustomStringConvertible
     }
 }
 
-/// A socket on HCI_CHANNEL_CONTROL for one adapter. Commands are answered by the kernel itself,
-/// at once, so `request` waits for its answer (bounded by `timeout`); between requests the
-/// socket is not read (`baton device` polls nothing else on it).
+/// One request sent and not yet answered (see `ManagementSocket`).
+struct PendingRequest {
+    var opcode: ManagementOpcode
+    var tag: Int
+    var deadline: Instant
+    /// Its deadline passed and its failure was handed out: a late answer is absorbed here,
+    /// not taken for a later request with the same opcode.
+    var abandoned: Bool
+}
+
+/// The kernel's answer to one request, borrowed for the duration of the call it is handed to.
+public struct ManagementAnswer {
+    /// What the sender passed to `send`.
+    public let tag: Int
+    public let opcode: ManagementOpcode
+    /// nil: success; else why not (a refusal, or `.timeout` when the deadline passed first).
+    public let error: ManagementError?
+    /// Command Complete's return parameters (empty for a failure or a Command Status).
+    public let parameters: UnsafeRawBufferPointer
+}
+
+/// A socket on HCI_CHANNEL_CONTROL for one adapter, driven by the caller's poll() loop
+/// (DESIGN.md "one thread"): `send` writes a request and returns at once; the answers are read
+/// by `poll(now:_:)` when the descriptor is readable, and a request whose answer has not come
+/// by its deadline is answered `.timeout` by the `poll` after it. Nothing here waits, except
+/// `request`, the synchronous wrapper for `baton device` and for the gateway's start and stop,
+/// which runs the same machinery under its own bounded poll().
+///
+/// Matching answers to requests (mgmt-api.txt: each command gets exactly one Command Complete
+/// or Command Status): the kernel answers a socket's commands of one opcode in the order they
+/// were sent, but not across opcodes (Add Advertising on a powered adapter completes after its
+/// HCI commands, a Read answers inside write()), so an answer goes to the oldest request of its
+/// opcode. A request that passed its deadline stays in the queue, abandoned, until its late
+/// answer comes (or until its room is needed), so that answer is not taken for a newer one.
 public struct ManagementSocket: ~Copyable {
     public let fd: Int32
     /// The adapter as the user named it, for messages.
@@ -325,11 +360,16 @@ public struct ManagementSocket: ~Copyable {
     /// The controller index ("hci1" → 1).
     public let index: UInt16
     private let buffer: UnsafeMutableRawBufferPointer
-    /// How long a request waits for its answer.
+    /// How long a request may wait for its answer.
     public var timeout: Duration = .seconds(2)
-    /// Advertising Removed events for this controller that `request` read while waiting for its
-    /// answer: kept for `takeRemovedInstances`, since the socket will not deliver them again.
+    /// Requests sent and not answered, oldest first. Fixed: `send` refuses past it.
+    private var pending = InlineArray<16, PendingRequest?>(repeating: nil)
+    private var pendingCount = 0
+    public static let maxPending = 16
+    /// Advertising Removed events for this controller read by `poll`: kept for
+    /// `takeRemovedInstances`, since the socket will not deliver them again.
     private var removed: [UInt8] = []
+    private var nextTag = Int.min
 
     /// <bluetooth/hci.h>: `HCI_CHANNEL_CONTROL 3`.
     static let controlChannel: UInt16 = 3
@@ -363,9 +403,16 @@ public struct ManagementSocket: ~Copyable {
             Syscall.close(fd)
             throw .os(Errno(e, call: "bind(HCI_CHANNEL_CONTROL)"))
         }
+        self.init(descriptor: fd, adapter: adapter, index: UInt16(truncatingIfNeeded: id))
+    }
+
+    /// Takes a descriptor that speaks mgmt packets, one per read (a test's SOCK_SEQPACKET
+    /// socketpair playing the kernel), makes it non-blocking, and closes it when done.
+    public init(descriptor fd: Int32, adapter: String, index: UInt16) {
+        _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
         self.fd = fd
         self.adapter = adapter
-        self.index = UInt16(truncatingIfNeeded: id)
+        self.index = index
         // One event per read: the header and at most 65535 parameter bytes. mgmt events for an
         // advertiser are small; Read Controller Information's answer is the largest (283).
         self.buffer = .allocate(byteCount: 6 + 65_535, alignment: 8)
@@ -376,13 +423,33 @@ public struct ManagementSocket: ~Copyable {
         Syscall.close(fd)
     }
 
-    /// Sends the command `encode` writes and waits for its Command Complete or Status. Returns
-    /// the return parameters (copied: the socket's buffer is reused by the next request).
-    /// Events for other commands or adapters (every control socket sees them) are skipped.
-    public mutating func request(_ opcode: ManagementOpcode,
-                                 _ encode: (inout ByteWriter) throws(WireError) -> Void) throws(ManagementError) -> [UInt8] {
+    /// Requests sent and not yet answered (abandoned ones included).
+    public var pendingRequests: Int { pendingCount }
+
+    /// The earliest deadline of a request still waiting: the loop's poll() wakes for it.
+    public var nextDeadline: Instant? {
+        var next: Instant? = nil
+        for i in 0 ..< pendingCount {
+            guard let p = pending[i], !p.abandoned else { continue }
+            if next.map({ p.deadline < $0 }) ?? true { next = p.deadline }
+        }
+        return next
+    }
+
+    /// Sends the command `encode` writes and returns without waiting: its answer is handed to
+    /// `poll`'s callback with `tag`. Throws only what is known at once: the queue is full
+    /// (`.busy`), or the write failed.
+    public mutating func send(_ opcode: ManagementOpcode, tag: Int, now: Instant,
+                              _ encode: (inout ByteWriter) throws(WireError) -> Void) throws(ManagementError) {
+        if pendingCount == Self.maxPending {
+            // Full: the oldest abandoned request gives up its place (its answer is long overdue).
+            guard let oldest = firstIndex(where: { $0.abandoned }) else {
+                throw .busy(adapter: adapter, command: opcode.name)
+            }
+            remove(at: oldest)
+        }
         var w = ByteWriter(buffer)
-        do throws(WireError) { try encode(&w) } catch { preconditionFailure("a mgmt command fits 64 KiB: \(error)") }
+        do throws(WireError) { try encode(&w) } catch { preconditionFailure("a mgmt command fits 64 KiB") }
         let sent: Int?
         do throws(Errno) { sent = try Syscall.write(fd, w.written) } catch { throw map(error, opcode) }
         // The kernel handles the command inside write() and queues its answer. write() returns
@@ -390,37 +457,97 @@ public struct ManagementSocket: ~Copyable {
         // `hci_mgmt_cmd` returns mgmt_cmd_status's 0 for an unknown index, seen in the VM);
         // either way the answer is on the socket. EAGAIN would be a full socket buffer.
         guard sent != nil else { throw .os(Errno(EAGAIN, call: "write(mgmt)")) }
-        let deadline = Instant.now + timeout
+        pending[pendingCount] = PendingRequest(opcode: opcode, tag: tag, deadline: now + timeout, abandoned: false)
+        pendingCount &+= 1
+    }
+
+    /// Reads every event queued on the socket without waiting, hands each answer to `answer`
+    /// (borrowed), keeps Advertising Removed events for `takeRemovedInstances`, then answers
+    /// `.timeout` for every request whose deadline passed. Stops reading at a malformed event
+    /// or a read error (counted in `malformedEvents`; the deadlines still run).
+    public mutating func poll(now: Instant, _ answer: (ManagementAnswer) -> Void) {
         while true {
-            let left = deadline - .now
-            guard left > .zero else { throw .timeout(adapter: adapter, command: opcode.name) }
-            var p = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
-            let ms = Int32(min(left.components.seconds * 1000 + left.components.attoseconds / 1_000_000_000_000_000 + 1, 2_000))
-            _ = CLibc.poll(&p, 1, ms)
             let got: Int?
-            do throws(Errno) { got = try Syscall.read(fd, into: buffer) } catch { throw map(error, opcode) }
-            guard let got else { continue }
+            do throws(Errno) { got = try Syscall.read(fd, into: buffer) } catch { malformedEvents &+= 1; break }
+            guard let got else { break }
             let bytes = UnsafeRawBufferPointer(rebasing: buffer[..<got])
             let event: ManagementEvent
-            do throws(WireError) { event = try ManagementEvent.parse(bytes) } catch { throw .wire(error) }
-            guard event.opcode == opcode.rawValue, event.index == index else {
-                if event.code == Self.advertisingRemovedCode, event.index == index, bytes.count == 7, !removed.contains(bytes[6]) {
+            do throws(WireError) { event = try ManagementEvent.parse(bytes) } catch { malformedEvents &+= 1; break }
+            guard event.index == index else { continue }
+            guard let opcode = event.opcode else {
+                if event.code == Self.advertisingRemovedCode, bytes.count == 7, !removed.contains(bytes[6]) {
                     removed.append(bytes[6])
                 }
                 continue
             }
-            switch event.status {
-            case .success:
-                return Array(bytes[event.returnParameters])
-            case .permissionDenied:
-                throw .permissionDenied(adapter: adapter, command: opcode.name)
-            case .invalidIndex:
-                throw .adapterNotFound(adapter)
-            case .rfkilled:
-                throw .adapterBlocked(adapter)
-            default:
-                throw .refused(adapter: adapter, command: opcode.name, status: event.status)
+            guard let i = firstIndex(where: { $0.opcode.rawValue == opcode }), let p = pending[i] else { continue }
+            remove(at: i)
+            guard !p.abandoned else { continue }
+            let error = failure(event.status, p.opcode)
+            let parameters = error == nil ? UnsafeRawBufferPointer(rebasing: bytes[event.returnParameters])
+                                          : UnsafeRawBufferPointer(start: nil, count: 0)
+            answer(ManagementAnswer(tag: p.tag, opcode: p.opcode, error: error, parameters: parameters))
+        }
+        for i in 0 ..< pendingCount {
+            guard var p = pending[i], !p.abandoned, now >= p.deadline else { continue }
+            p.abandoned = true
+            pending[i] = p
+            answer(ManagementAnswer(tag: p.tag, opcode: p.opcode, error: .timeout(adapter: adapter, command: p.opcode.name),
+                                    parameters: UnsafeRawBufferPointer(start: nil, count: 0)))
+        }
+    }
+
+    /// Events that did not parse, and read errors, since open.
+    public private(set) var malformedEvents = 0
+
+    private func firstIndex(where match: (PendingRequest) -> Bool) -> Int? {
+        for i in 0 ..< pendingCount { if let p = pending[i], match(p) { return i } }
+        return nil
+    }
+
+    private mutating func remove(at i: Int) {
+        var j = i
+        while j &+ 1 < pendingCount { pending[j] = pending[j &+ 1]; j &+= 1 }
+        pendingCount &-= 1
+        pending[pendingCount] = nil
+    }
+
+    private func failure(_ status: ManagementStatus, _ opcode: ManagementOpcode) -> ManagementError? {
+        switch status {
+        case .success: nil
+        case .permissionDenied: .permissionDenied(adapter: adapter, command: opcode.name)
+        case .invalidIndex: .adapterNotFound(adapter)
+        case .rfkilled: .adapterBlocked(adapter)
+        default: .refused(adapter: adapter, command: opcode.name, status: status)
+        }
+    }
+
+    /// Sends the command `encode` writes and waits for its answer, at most `timeout`: for
+    /// `baton device` and the gateway's start and stop, never inside the loop. Returns the
+    /// return parameters (copied: the socket's buffer is reused). Answers to requests sent with
+    /// `send` that arrive meanwhile are dropped: call it with none outstanding.
+    public mutating func request(_ opcode: ManagementOpcode,
+                                 _ encode: (inout ByteWriter) throws(WireError) -> Void) throws(ManagementError) -> [UInt8] {
+        let tag = nextTag
+        nextTag &+= 1
+        try send(opcode, tag: tag, now: .now, encode)
+        var result: Result<[UInt8], ManagementError>? = nil
+        while result == nil {
+            let now = Instant.now
+            poll(now: now) { a in
+                guard a.tag == tag else { return }
+                if let e = a.error { result = .failure(e) } else { result = .success(Array(a.parameters)) }
             }
+            guard result == nil, let due = nextDeadline else { break }
+            var p = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+            let left = due - now
+            let ms = Int32(min(left.components.seconds * 1000 + left.components.attoseconds / 1_000_000_000_000_000 + 1, 2_000))
+            _ = CLibc.poll(&p, 1, max(ms, 0))
+        }
+        switch result {
+        case .success(let bytes): return bytes
+        case .failure(let error): throw error
+        case nil: throw .timeout(adapter: adapter, command: opcode.name)
         }
     }
 
@@ -429,10 +556,10 @@ public struct ManagementSocket: ~Copyable {
     /// another program, or the controller going away.
     public static let advertisingRemovedCode: UInt16 = 0x0024
 
-    /// Whether `request` set aside Advertising Removed events (`takeRemovedInstances`).
+    /// Whether `poll` set aside Advertising Removed events (`takeRemovedInstances`).
     public var removedInstancesPending: Bool { !removed.isEmpty }
 
-    /// The instances whose Advertising Removed `request` read while waiting, once each.
+    /// The instances whose Advertising Removed `poll` read, once each.
     public mutating func takeRemovedInstances() -> [UInt8] {
         defer { removed.removeAll() }
         return removed

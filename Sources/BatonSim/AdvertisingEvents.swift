@@ -36,8 +36,9 @@ public enum AdvertisingEvents {
         out.reserveCapacity(2 + paramLength)
         for r in reports {
             if extended {
-                // Event_Type: 0x0000, extended, non-connectable, non-scannable, complete.
-                out += [0x00, 0x00, r.addressType]
+                // Event_Type: extended, non-connectable, non-scannable, with the report's
+                // Data_Status in bits 5–6 (§7.7.65.13).
+                out += [(r.dataStatus & 0x3) << 5, 0x00, r.addressType]
                 out += address(r.address)
                 // Primary PHY LE 1M, secondary LE 2M, SID 0, TX power not available (127),
                 // RSSI, no periodic advertising, no direct address.
@@ -52,6 +53,26 @@ public enum AdvertisingEvents {
                 out += r.data
                 out.append(UInt8(bitPattern: r.rssi))
             }
+        }
+        return out
+    }
+
+    /// §7.7.65.13: at most 229 bytes of Data per extended report.
+    public static let maxExtendedData = 229
+
+    /// An extended advertisement as the controller reports it: one report if it fits 229
+    /// bytes, else a chain, every report but the last with Data_Status 1 (§7.7.65.13).
+    public static func fragments(_ r: GeneratedReport) -> [GeneratedReport] {
+        guard r.extended, r.data.count > maxExtendedData else { return [r] }
+        var out: [GeneratedReport] = []
+        var at = 0
+        while at < r.data.count {
+            var f = r
+            let end = min(at + maxExtendedData, r.data.count)
+            f.data = Array(r.data[at..<end])
+            f.dataStatus = end == r.data.count ? r.dataStatus : 1
+            out.append(f)
+            at = end
         }
         return out
     }

@@ -47,6 +47,8 @@ public struct GeneratedReport: Sendable {
     public var rssi: Int8
     public var extended: Bool
     public var data: [UInt8]
+    /// §7.7.65.13 Data_Status (extended reports): 0 complete, 1 more to come, 2 truncated.
+    public var dataStatus: UInt8 = 0
 }
 
 public struct CaptureGenerator {
@@ -56,6 +58,15 @@ public struct CaptureGenerator {
     var clock: Int64
     /// How many reports a device sends between saves (sequence bumps) of its activity.
     public var saveEvery: Int
+    /// Extended devices send long advertisements (230–699 bytes, the beacon or the Continuity
+    /// data last), each as a chain of reports of at most 229 bytes (Core 5.4, Vol 4, Part E,
+    /// §7.7.65.13), interleaved with other devices' reports (docs/simulator.md). Off by default,
+    /// so the captures of a seed stay what they were.
+    public var longAdvertisements = false
+    /// Fragments not yet sent, oldest chain first.
+    var pending: [GeneratedReport] = []
+    /// Chains begun whose fragments are all out (reports of `next` that complete one).
+    public private(set) var chainsCompleted = 0
 
     public static let activityTypes = [
         "com.example.reader.article", "com.example.mail.compose", "com.example.video.watch",
@@ -104,7 +115,12 @@ public struct CaptureGenerator {
     /// Handoff sequence as often.
     public mutating func next() -> GeneratedReport {
         clock += 1_000 + Int64(rng.next() % 19_000)
+        // Three times in four, an open chain goes on (as a controller reports each AUX_CHAIN_IND
+        // it receives): few chains are open at once, and each ends well within 2.5 s.
+        if longAdvertisements, !pending.isEmpty, rng.next() % 4 != 0 { return nextFragment() }
         let i = Int(rng.next() % UInt64(devices.count))
+        // A device in the middle of its chain sends the chain's next fragment, not a new one.
+        if longAdvertisements, pending.contains(where: { $0.device == i }) { return nextFragment(of: i) }
         if rng.next() % UInt64(saveEvery) == 0 {
             switch devices[i].kind {
             case .baton(var b): b.sequence &+= 1; devices[i].kind = .baton(b)
@@ -114,14 +130,55 @@ public struct CaptureGenerator {
         }
         let d = devices[i]
         let noise = Int8(truncatingIfNeeded: Int(rng.next() % 7) - 3)
-        return GeneratedReport(timestamp: clock, device: i, kind: d.kind, address: d.address,
-                               addressType: d.addressType, rssi: d.rssi &+ noise, extended: d.extended,
-                               data: advertisingData(d.kind))
+        let report = GeneratedReport(timestamp: clock, device: i, kind: d.kind, address: d.address,
+                                     addressType: d.addressType, rssi: d.rssi &+ noise, extended: d.extended,
+                                     data: advertisingData(d.kind))
+        guard longAdvertisements, d.extended else { return report }
+        var long = report
+        long.data = Self.padding(device: i) + report.data
+        let chain = AdvertisingEvents.fragments(long)
+        pending += chain.dropFirst()
+        return chain[0]
+    }
+
+    /// The next fragment of device `i`'s chain (or of the oldest chain), stamped now.
+    mutating func nextFragment(of i: Int? = nil) -> GeneratedReport {
+        let k = i.flatMap { d in pending.firstIndex { $0.device == d } } ?? 0
+        var f = pending.remove(at: k)
+        f.timestamp = clock
+        if f.dataStatus == 0 { chainsCompleted += 1 }
+        return f
+    }
+
+    /// The rest of every open chain, so a capture or a run ends with whole advertisements.
+    public mutating func finishChains() -> [GeneratedReport] {
+        var out: [GeneratedReport] = []
+        while !pending.isEmpty {
+            clock += 1_000
+            out.append(nextFragment())
+        }
+        return out
+    }
+
+    /// What goes before a long advertiser's usual data: URI AD structures (type 0x24, Core
+    /// Supplement, Part A, §1.18) of deterministic text, 199–668 bytes in all, by device.
+    static func padding(device i: Int) -> [UInt8] {
+        var left = 199 + (i &* 97) % 470
+        var out: [UInt8] = []
+        while left > 0 {
+            // Pieces of at most 200 bytes, none shorter than 2 (Length and AD Type).
+            let n = left <= 200 ? left : left - 200 >= 2 ? 200 : 150
+            let text = n - 2
+            out += [UInt8(text + 1), 0x24] + (0..<text).map { UInt8(0x61 + ($0 + i) % 26) }
+            left -= n
+        }
+        return out
     }
 
     /// Ends every Baton device's activity: each sends one beacon with the invalidated flag.
     public mutating func invalidateAll() -> [GeneratedReport] {
-        var out: [GeneratedReport] = []
+        // Open chains end first: an invalidation must not be taken for a chain's last fragment.
+        var out: [GeneratedReport] = finishChains()
         for i in devices.indices {
             guard case .baton(var b) = devices[i].kind else { continue }
             b.flags.insert(.invalidated)

@@ -11,13 +11,15 @@ public enum CaptureDatalink: Sendable {
 }
 
 extension CaptureGenerator {
-    /// `count` reports (then, if `invalidateAtEnd`, one invalidating beacon per Baton
+    /// `count` reports, then the rest of any chain still open (`longAdvertisements`), (then, if `invalidateAtEnd`, one invalidating beacon per Baton
     /// device) as a btsnoop file. Returns the file and every report in it, in order.
     public mutating func capture(reports count: Int, datalink: CaptureDatalink = .androidH4,
                                  invalidateAtEnd: Bool = false) -> (file: [UInt8], reports: [GeneratedReport]) {
         var reports: [GeneratedReport] = []
         reports.reserveCapacity(count + devices.count)
         for _ in 0..<count { reports.append(next()) }
+        // Long advertisements: the chains still open end, so the capture holds whole ones.
+        reports += finishChains()
         if invalidateAtEnd { reports += invalidateAll() }
 
         var file: [UInt8] = []

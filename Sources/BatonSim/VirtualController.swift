@@ -4,9 +4,12 @@
 // Part E, §7.7.14), honours LE Set Scan Enable (§7.8.11), and delivers LE Advertising Report
 // events (§7.7.65.2) only while scanning is on, as a controller does.
 //
-// It reports only legacy LE features, so the gateway chooses legacy scanning (§3.1.1) and
-// every advertisement arrives as a legacy report; adverts longer than 31 bytes cannot be
-// sent that way and are counted, not delivered.
+// By default it reports only legacy LE features, so the gateway chooses legacy scanning
+// (§3.1.1) and every advertisement arrives as a legacy report; adverts longer than 31 bytes
+// cannot be sent that way and are counted, not delivered. Made `extended`, it reports LE
+// Extended Advertising (Vol 6, Part B, §4.6, bit 12) as Bluetooth 5 controllers do, the gateway
+// scans with the extended commands, and every advertisement arrives as an LE Extended
+// Advertising Report (§7.7.65.13): one longer than 229 bytes as a chain of reports.
 import BatonLibc
 import BatonHCI
 import BatonWire
@@ -33,9 +36,13 @@ public final class VirtualController {
     /// Bytes queued beyond this are dropped with the report (a gateway that stopped reading).
     public static let outboxLimit = 1 << 20
 
+    /// Reports LE Extended Advertising, and delivers extended reports.
+    public let extended: Bool
+
     /// Takes a connected stream socket and makes it non-blocking; closes it when done.
-    public init(fd: Int32) {
+    public init(fd: Int32, extended: Bool = false) {
         self.fd = fd
+        self.extended = extended
         _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
         rx = .allocate(byteCount: 4096, alignment: 8)
     }
@@ -85,7 +92,9 @@ public final class VirtualController {
         var extra: [UInt8] = []
         switch opcode {
         case 0x1001: extra = [0x08, 0x00, 0x01, 0x08, 0xFF, 0xFF, 0x00, 0x00]  // HCI/LMP 4.2, company 0xFFFF
-        case 0x2003: extra = [0x3F, 0, 0, 0, 0, 0, 0, 0]                      // LE features: no extended advertising
+        case 0x2003:
+            // LE features (Vol 6, Part B, §4.6): bits 0–5; bit 12 LE Extended Advertising when extended.
+            extra = [0x3F, extended ? 0x10 : 0x00, 0, 0, 0, 0, 0, 0]
         default: break
         }
         outbox += [0x04, 0x0E, UInt8(4 + extra.count), 0x01, UInt8(opcode & 0xFF), UInt8(opcode >> 8), 0x00] + extra
@@ -95,6 +104,19 @@ public final class VirtualController {
     /// Report event with one report.
     public func deliver(_ report: GeneratedReport) {
         guard scanning else { reportsWhileNotScanning += 1; return }
+        if extended {
+            // An LE Extended Advertising Report per fragment (a report already a fragment, as
+            // the generator's long advertisements are, goes as it is).
+            guard outbox.count < Self.outboxLimit else { return }
+            var r = report
+            r.extended = true
+            for f in AdvertisingEvents.fragments(r) {
+                outbox += [0x04] + AdvertisingEvents.event([f][...])
+                reportsDelivered += 1
+            }
+            flush()
+            return
+        }
         guard report.data.count <= 31 else { reportsTooLong += 1; return }
         guard outbox.count < Self.outboxLimit else { return }
         var legacy = report

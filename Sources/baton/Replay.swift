@@ -80,6 +80,9 @@ struct Replay: ParsableCommand {
     private func printSummary(_ t: AdvertisementTally, damage: WireError?) {
         print("records: \(t.records)")
         print("advertising reports: \(t.reports) (legacy \(t.legacyReports), extended \(t.extendedReports))")
+        // Reports are HCI reports as tshark counts them; a long extended advertisement is
+        // several (docs/radio.md "Advertisements in fragments").
+        print("assembled advertisements: \(t.assembled) (from \(t.fragments) fragment reports)")
         print("beacons: \(t.beacons)")
         let byName = t.continuityByName
         print("continuity: \(t.continuityReports) report(s)" + (byName.isEmpty ? "" : ": " + byName.map { "\($0.name) \($0.count)" }.joined(separator: ", ")))
@@ -95,6 +98,8 @@ struct Replay: ParsableCommand {
             "reports": t.reports,
             "legacy_reports": t.legacyReports,
             "extended_reports": t.extendedReports,
+            "assembled": t.assembled,
+            "fragments": t.fragments,
             "beacons": t.beacons,
             "continuity_reports": t.continuityReports,
             "other": t.other,

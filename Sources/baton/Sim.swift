@@ -43,6 +43,9 @@ struct Sim: ParsableCommand {
         @Option(help: "File format: android (btsnoop 1002, H4) or btmon (btsnoop 2001, Linux monitor).")
         var format: String = "android"
 
+        @Flag(help: "Extended devices send long advertisements (230–699 bytes) as interleaved chains of reports (docs/radio.md \"Advertisements in fragments\").")
+        var long = false
+
         @Flag(help: "End with one invalidating beacon per Baton device.")
         var invalidate = false
 
@@ -58,6 +61,7 @@ struct Sim: ParsableCommand {
 
         func run() throws {
             var generator = CaptureGenerator(devices: devices, seed: seed, beaconCompanyID: companyID)
+            generator.longAdvertisements = long
             let (file, written) = generator.capture(reports: reports, datalink: format == "btmon" ? .btmon : .androidH4,
                                                     invalidateAtEnd: invalidate)
             guard FileManager.default.createFile(atPath: output, contents: Data(file)) else {
@@ -92,6 +96,9 @@ extension Sim {
         @Option(help: "Advertising reports per second.")
         var rate = 50
 
+        @Flag(help: "Play a Bluetooth 5 controller: report LE Extended Advertising and deliver extended reports, long advertisements as interleaved chains.")
+        var extended = false
+
         @Option(help: "Stop after this many reports delivered (0: run until stopped).")
         var reports = 0
 
@@ -105,6 +112,7 @@ extension Sim {
             let listener = try listen(socket)
             defer { close(listener); unlink(socket) }
             var generator = CaptureGenerator(devices: devices, seed: seed)
+            generator.longAdvertisements = extended
             var controller: VirtualController?
             let interval = Duration.seconds(1) / rate
             var due = Instant.now
@@ -119,7 +127,7 @@ extension Sim {
                 if controller == nil {
                     if fds[0].revents != 0 {
                         let fd = accept(listener, nil, nil)
-                        if fd >= 0 { controller = VirtualController(fd: fd) }
+                        if fd >= 0 { controller = VirtualController(fd: fd, extended: extended) }
                     }
                     due = .now
                     continue

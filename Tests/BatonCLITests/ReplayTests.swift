@@ -178,6 +178,35 @@ func ourCounts(_ path: String) throws -> (records: Int, legacy: Int, extended: I
         #expect(ours.legacy + ours.extended == 1_500)
     }
 
+    @Test("§7.7.65.13: long extended advertisements in fragments, interleaved: `reports` counts HCI reports as tshark does, `assembled` the advertisements put back together")
+    func fragmentedCaptureCountsReportsAsTsharkAndAssemblesTheAdvertisements() throws {
+        #expect(FileManager.default.isExecutableFile(atPath: "/usr/bin/tshark"), "tshark is missing: run scripts/setup")
+        var g = CaptureGenerator(devices: 20, seed: 19)
+        g.longAdvertisements = true
+        let (file, written) = g.capture(reports: 1_500)
+        let fragments = written.filter { $0.extended }
+        let chains = fragments.filter { $0.dataStatus == 1 }
+        let path = try temporaryFile("fragmented.btsnoop", file)
+        let theirs = try tsharkCounts(path)
+        let ours = try ourCounts(path)
+        #expect(ours.records == theirs.records)
+        #expect(ours.legacy == theirs.legacy && ours.extended == theirs.extended)
+        #expect(ours.extended == fragments.count)
+        let r = try baton("replay", "--summary", "--json", path)
+        let s = try #require(try JSONSerialization.jsonObject(with: Data(r.stdout.utf8)) as? [String: Any])
+        let assembled = try #require(s["assembled"] as? Int)
+        #expect(assembled == g.chainsCompleted && assembled > 20, "every chain the generator finished is assembled")
+        #expect((s["fragments"] as? Int) == chains.count + assembled, "each chain's reports")
+        #expect((s["drops"] as? [String: Int]) == [:], "nothing blamed on anyone: \(s["drops"] ?? "")")
+        // Every Baton device's beacon is heard, the long advertisers' included.
+        let batons = Set(written.filter { if case .baton = $0.kind { true } else { false } }.map(\.device))
+        let lines = try baton("replay", path).lines
+        let heardDevices = Set(lines.filter { $0["kind"] as? String == "beacon" }.compactMap { $0["address"] as? String })
+        #expect(heardDevices.count == batons.count)
+        let text = try baton("replay", "--summary", path).stdout
+        #expect(text.contains("assembled advertisements: \(assembled) (from \(chains.count + assembled) fragment reports)"), "\(text)")
+    }
+
     /// Real captures recorded by other tools (Tests/Fixtures/SOURCES.md). Their bytes come
     /// from public repositories and are kept outside this repository: set BATON_REAL_CAPTURES
     /// to the folder holding them, or place them in ../shared/captures.

@@ -4,6 +4,7 @@ import BatonLibc
 @testable import BatonGateway
 import BatonHCI
 import Foundation
+import CBlueZ  // its shim includes <sys/socket.h>: the socket types have one owner
 import Glibc
 import Testing
 

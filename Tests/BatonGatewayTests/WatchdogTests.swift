@@ -7,6 +7,7 @@ import BatonHCI
 import BatonSim
 import BatonTestSupport
 import Foundation
+import CBlueZ  // its shim includes <sys/socket.h>: the socket types have one owner
 import Glibc
 import Testing
 

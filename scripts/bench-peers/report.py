@@ -154,8 +154,23 @@ def check_gateway(gateway, budget, problems):
             ok = False
             problems.append(f"with a beacon key and IRKs, gateway allocations per unchanged advertisement {keyed} "
                             f"exceed the budget {limit}")
-    return {"per_unchanged_advertisement": per, "keyed_per_unchanged_advertisement": keyed, "budget": limit,
-            "within_budget": ok}
+    # Long extended advertisements in fragments (docs/radio.md): every fragment is reassembled in
+    # the fixed pool, so the same budget holds per report, and per fragment.
+    f = gateway.get("allocations_fragmented")
+    fragmented = None
+    if f is not None:
+        fragmented = f["allocations_per_fragment"]
+        frag_limit = budget.get("gateway_allocations_per_fragment", limit)
+        if f["allocations_per_unchanged_advertisement"] > limit or fragmented > frag_limit:
+            ok = False
+            problems.append(f"with advertisements in fragments, gateway allocations per report "
+                            f"{f['allocations_per_unchanged_advertisement']} / per fragment {fragmented} exceed the budget")
+        if f["fragments"] == 0 or f["assembled"] == 0:
+            problems.append("the fragmented pass counted no fragments: it did not measure reassembly")
+        if f["published_during_window"] != 0:
+            problems.append(f"the gateway published {f['published_during_window']} changes during the fragmented pass")
+    return {"per_unchanged_advertisement": per, "keyed_per_unchanged_advertisement": keyed,
+            "per_fragment": fragmented, "budget": limit, "within_budget": ok}
 
 
 def kib(x):

@@ -50,8 +50,14 @@ struct AllocationFigures {
     var publishedDuringWindow: Int
     var statusIntervalSeconds: Int64
     var keepaliveSeconds: Int
+    /// Long extended advertisements in fragments (the `fragmented` pass): the counted reports
+    /// that were fragments of a chain, the advertisements assembled from them, and the drops.
+    var fragments = 0
+    var assembled = 0
+    var drops = 0
 
     var perReport: Double { Double(mallocs) / Double(reports) }
+    var perFragment: Double { fragments == 0 ? 0 : Double(mallocs) / Double(fragments) }
 
     var json: String {
         """
@@ -61,7 +67,8 @@ struct AllocationFigures {
         "allocations_per_unchanged_advertisement": \(perReport), "calibration_mallocs": \(calibrationMallocs), \
         "library_calibration_mallocs": \(libraryCalibrationMallocs), \
         "published_during_window": \(publishedDuringWindow), "status_interval_s": \(statusIntervalSeconds), \
-        "keepalive_s": \(keepaliveSeconds)}
+        "keepalive_s": \(keepaliveSeconds), "fragments": \(fragments), "assembled": \(assembled), \
+        "drops": \(drops), "allocations_per_fragment": \(perFragment)}
         """
     }
 }
@@ -74,9 +81,12 @@ struct PacedCapture {
     var measured: Int
 }
 
-func pacedCapture(devices: Int, warmup: Int, measured: Int, seed: UInt64) throws -> PacedCapture {
+func pacedCapture(devices: Int, warmup: Int, measured: Int, seed: UInt64, fragmented: Bool = false) throws -> PacedCapture {
     // saveEvery .max: no device ever saves or changes its Handoff sequence.
     var generator = CaptureGenerator(devices: devices, seed: seed, saveEvery: .max)
+    // Fragmented: every extended device's advertisement is 230–699 bytes, a chain of 2–4
+    // reports interleaved with the others' (docs/radio.md "Advertisements in fragments").
+    generator.longAdvertisements = fragmented
     var firsts: [GeneratedReport] = []
     var rest: [GeneratedReport] = []
     var seen = Set<Int>()
@@ -144,12 +154,14 @@ func calibrateLibraryCounter() -> Int {
     return n
 }
 
+/// `fragmented`: the extended devices' advertisements come in fragments (`pacedCapture`).
 /// `keyed`: the gateway also holds a beacon key and 8 IRKs (docs/security.md §4.4, §10), so
 /// every beacon goes through the verifier and every other report through address resolution,
 /// and re-advertises (docs/relay.md §9): 2 slots, one of them on the air for another room's
 /// activity, with their listeners polled every turn.
 func measureAllocations(broker: MosquittoBroker, devices: Int, warmup: Int, measured: Int, seed: UInt64,
-                        statusInterval: Duration, keepalive: Int, keyed: Bool = false) throws -> AllocationFigures {
+                        statusInterval: Duration, keepalive: Int, keyed: Bool = false,
+                        fragmented: Bool = false) throws -> AllocationFigures {
     let calibration = calibrateCounter()
     guard calibration >= 1000 else {
         throw BenchError("the malloc counter saw \(calibration) allocations for 1000 objects: is the interposer linked?")
@@ -158,7 +170,7 @@ func measureAllocations(broker: MosquittoBroker, devices: Int, warmup: Int, meas
     guard libraryCalibration >= 1 else {
         throw BenchError("the malloc counter saw no allocation inside libmosquitto's mosquitto_new")
     }
-    let capture = try pacedCapture(devices: devices, warmup: warmup, measured: measured, seed: seed)
+    let capture = try pacedCapture(devices: devices, warmup: warmup, measured: measured, seed: seed, fragmented: fragmented)
     let batonDevices = (devices + 2) / 3
 
     let subscriber = try Subscriber(port: broker.port, clientID: "bench-alloc-subscriber")
@@ -270,7 +282,8 @@ func measureAllocations(broker: MosquittoBroker, devices: Int, warmup: Int, meas
         continuity: t1.continuityReports - t0.continuityReports, other: t1.other - t0.other,
         turns: gateway.counters.loopTurns - turns0, windowMilliseconds: microseconds(windowEnd - windowStart) / 1000,
         calibrationMallocs: calibration, libraryCalibrationMallocs: libraryCalibration, publishedDuringWindow: published - publishedBefore,
-        statusIntervalSeconds: statusInterval.components.seconds, keepaliveSeconds: keepalive)
+        statusIntervalSeconds: statusInterval.components.seconds, keepaliveSeconds: keepalive,
+        fragments: t1.fragments - t0.fragments, assembled: t1.assembled - t0.assembled, drops: t1.drops.total - t0.drops.total)
 }
 
 /// A controller for re-advertising that is never disturbed: listeners nobody connects to, no

@@ -86,6 +86,7 @@ struct GatewayBench: ParsableCommand {
 
         var allocations: AllocationFigures?
         var keyedAllocations: AllocationFigures?
+        var fragmentedAllocations: AllocationFigures?
         var latency: LatencyFigures?
         var memory: MemoryFigures?
         if wanted.contains(.allocations) {
@@ -99,6 +100,11 @@ struct GatewayBench: ParsableCommand {
                                                       measured: allocationReports, seed: seed,
                                                       statusInterval: .seconds(allocationStatusInterval),
                                                       keepalive: allocationKeepalive, keyed: true)
+            say("allocations again with long extended advertisements in fragments, interleaved (docs/radio.md)")
+            fragmentedAllocations = try measureAllocations(broker: broker, devices: allocationDevices, warmup: 5_000,
+                                                           measured: allocationReports, seed: seed,
+                                                           statusInterval: .seconds(allocationStatusInterval),
+                                                           keepalive: allocationKeepalive, fragmented: true)
         }
         if wanted.contains(.latency), let baton {
             say("latency: \(changes) changes (after \(warmup) warm-up) through \(baton) gateway")
@@ -110,21 +116,25 @@ struct GatewayBench: ParsableCommand {
             memory = try measureMemory(baton: baton, broker: broker, dir: dir, devices: devices, reports: memoryReports,
                                        rate: memoryRate, seed: seed)
         }
-        print(json ? jsonText(latency, memory, allocations, keyedAllocations) : text(latency, memory, allocations, keyedAllocations))
+        print(json ? jsonText(latency, memory, allocations, keyedAllocations, fragmentedAllocations)
+                   : text(latency, memory, allocations, keyedAllocations, fragmentedAllocations))
     }
 
     func say(_ s: String) { FileHandle.standardError.write(Data("gateway bench: \(s)\n".utf8)) }
 
-    func jsonText(_ l: LatencyFigures?, _ m: MemoryFigures?, _ a: AllocationFigures?, _ k: AllocationFigures?) -> String {
+    func jsonText(_ l: LatencyFigures?, _ m: MemoryFigures?, _ a: AllocationFigures?, _ k: AllocationFigures?,
+                  _ f: AllocationFigures?) -> String {
         var fields: [String] = []
         if let l { fields.append("\"latency\": \(l.json)") }
         if let m { fields.append("\"memory\": \(m.json)") }
         if let a { fields.append("\"allocations\": \(a.json)") }
         if let k { fields.append("\"allocations_keyed\": \(k.json)") }
+        if let f { fields.append("\"allocations_fragmented\": \(f.json)") }
         return "{" + fields.joined(separator: ", ") + "}"
     }
 
-    func text(_ l: LatencyFigures?, _ m: MemoryFigures?, _ a: AllocationFigures?, _ k: AllocationFigures?) -> String {
+    func text(_ l: LatencyFigures?, _ m: MemoryFigures?, _ a: AllocationFigures?, _ k: AllocationFigures?,
+              _ f: AllocationFigures?) -> String {
         var lines: [String] = []
         if let l {
             let s = l.samples
@@ -141,6 +151,9 @@ struct GatewayBench: ParsableCommand {
         }
         if let k {
             lines.append("allocations with a beacon key, 8 IRKs and re-advertising: \(k.mallocs) mallocs over \(k.reports) unchanged reports in \(k.turns) turns = \(k.perReport) per report; published meanwhile \(k.publishedDuringWindow)")
+        }
+        if let f {
+            lines.append("allocations with long advertisements in fragments: \(f.mallocs) mallocs over \(f.reports) unchanged reports (\(f.fragments) fragments, \(f.assembled) advertisements assembled, \(f.drops) drops) in \(f.turns) turns = \(f.perReport) per report, \(f.perFragment) per fragment; published meanwhile \(f.publishedDuringWindow)")
         }
         return lines.joined(separator: "\n")
     }
