@@ -10,6 +10,9 @@
 # (optional: the host's test bundle, whose Bluetooth-aware unit tests run here first).
 set -u
 BATON="${BATON:?BATON names the baton binary}"
+# The gateways run the firmware when scripts/vm/test is given one (docs/firmware.md): the
+# Embedded Swift build against the real kernel stack; the other commands are the toolbox's.
+GATEWAY="${BATON_GATEWAY:-$BATON}"
 OUT="${VMTEST_OUT:-/tmp/vmtest}"
 W=/tmp/vmtest
 mkdir -p "$W" "$OUT"
@@ -76,7 +79,7 @@ wait_unlinked() {  # controller, seconds
 }
 
 start_gateway() {  # [extra gateway options]
-  "$BATON" gateway --broker "$BROKER" --radio hci0 --room Hall --id hall "$@" >>"$W/gateway.log" 2>&1 &
+  "$GATEWAY" gateway --broker "$BROKER" --radio hci0 --room Hall --id hall "$@" >>"$W/gateway.log" 2>&1 &
   GW=$!
   pids+=("$GW")
 }
@@ -285,7 +288,7 @@ step "relayed: an office gateway on $OFFICE re-advertises the hall's activity fo
 # a device unless another room hears it 6 dB louder (docs/rooms.md), and btvirt gives both the
 # same (no) RSSI.
 printf 'security:\n  beacon-key: BATON-BEACON-V1:FSV4W7CI5E4NINBSOUTTXMN5IIVO\nrelay:\n  readvertise: 2\n' >"$W/office.yaml"
-"$BATON" gateway --broker "$BROKER" --radio $OFFICE --room Office --id office --config "$W/office.yaml" >>"$W/office-gateway.log" 2>&1 &
+"$GATEWAY" gateway --broker "$BROKER" --radio $OFFICE --room Office --id office --config "$W/office.yaml" >>"$W/office-gateway.log" 2>&1 &
 OGW=$!
 pids+=("$OGW")
 wait_unlinked $PHONE 20 || fail "the phone's link to the device did not end within 20 s: $(hcitool -i $PHONE con)"
