@@ -21,13 +21,15 @@ Three parts:
            before and after.
   memory   the hall gateway's VmRSS and VmHWM (/proc/PID/status) idle, then with 16
            `baton stream`s open at once, each fed 1 KiB every 50 ms, after 5 s of all 16
-           flowing (the hall's stats say `relay.streams.open` 16).
+           flowing (the hall's stats say `relay.streams.open` 16). With --firmware FW, the
+           same again in a third building whose two gateways are the firmware (the Embedded
+           Swift `baton gateway`, scripts/firmware); its simulator and streams stay BATON's.
 
 They run in the order memory (so that "idle" is before anything was relayed), fetch, stream,
 in about 20 s.
 
-  scripts/bench-relay.py BATON [--json FILE] [--keep DIR] [--fetches N] [--stream-mib N]
-                         [--budget S]
+  scripts/bench-relay.py BATON [--firmware FW] [--json FILE] [--keep DIR] [--fetches N]
+                         [--stream-mib N] [--budget S]
 
 Prints a table on stdout and progress on stderr; --json FILE also writes every figure as
 JSON. Everything it starts is killed when it ends, on error too, and the whole run is bounded
@@ -200,7 +202,7 @@ class Building:
     """A fresh mosquitto, `baton sim --scenario` and the hall's and office's `baton gateway`,
     their files in `work`; ready once the phone's retained activity names the hall."""
 
-    def __init__(self, procs, baton, work, extra_config):
+    def __init__(self, procs, baton, work, extra_config, gateway_binary=None):
         self.procs, self.work = procs, work
         os.makedirs(work)
         self.broker, self.port = start_broker(procs, work)
@@ -220,7 +222,7 @@ class Building:
             with open(config, "w") as f:
                 f.write(gateway_yaml(self.port, gid, name, os.path.join(sockets, f"{gid}.sock"), extra_config))
             self.gateways[gid] = procs.start(
-                f"gateway {gid}", [baton, "gateway", "--config", config], stdout=subprocess.DEVNULL,
+                f"gateway {gid}", [gateway_binary or baton, "gateway", "--config", config], stdout=subprocess.DEVNULL,
                 stderr=open(os.path.join(work, f"{gid}.log"), "w"))
         started = time.monotonic()
         self.watcher.wait(lambda w: w.activity and (w.activity[1] or {}).get("gateway") == "hall", 30,
@@ -566,16 +568,23 @@ def table(r):
                 f"  CPU, % of one core: {cpu}",
                 f"  the machine was busy {s['machine_busy_percent']:.0f} % of one core (of {r['cores'] * 100} %), "
                 f"all processes"]
-    m = r.get("memory")
-    if m:
+    for key, who in (("memory", "hall gateway"), ("memory_firmware", "hall gateway, the firmware,")):
+        m = r.get(key)
+        if not m:
+            continue
         i, o, d = m["idle"], m["streams_open"], m["difference_kib"]
-        out += ["", f"hall gateway memory (/proc/PID/status), idle and with {m['streams']} streams open "
+        out += ["", f"{who} memory (/proc/PID/status), idle and with {m['streams']} streams open "
                     f"({m['echoed_bytes_per_stream_per_s'] / 1024:.1f} KiB/s echoed each), after {m['hold_s']:g} s:",
                 f"  {'':<22}{'VmRSS':>12}{'VmHWM':>12}{'RssAnon':>12}",
                 f"  {'idle':<22}{i['VmRSS']:>8,} KiB{i['VmHWM']:>8,} KiB{i['RssAnon']:>8,} KiB",
                 f"  {str(m['streams']) + ' streams open':<22}{o['VmRSS']:>8,} KiB{o['VmHWM']:>8,} KiB"
                 f"{o['RssAnon']:>8,} KiB",
                 f"  {'difference':<22}{d['VmRSS']:>8,} KiB{d['VmHWM']:>8,} KiB{d['RssAnon']:>8,} KiB"]
+    m, fw = r.get("memory"), r.get("memory_firmware")
+    if m and fw:
+        o, w = m["streams_open"], fw["streams_open"]
+        out.append(f"  firmware ÷ full with {m['streams']} streams open: VmHWM {w['VmHWM'] / o['VmHWM']:.2f}, "
+                   f"RssAnon {w['RssAnon'] / o['RssAnon']:.2f}")
     for failure in r.get("failures", []):
         out.append(f"FAILED: {failure}")
     return "\n".join(out)
@@ -588,6 +597,8 @@ def us(ms):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("baton", help="the release baton binary (.build-bench/release/baton)")
+    parser.add_argument("--firmware", metavar="FW",
+                        help="the firmware (.build-firmware/amd64/baton): its memory with 16 streams too")
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON to this file")
     parser.add_argument("--keep", metavar="DIR",
                         help="keep every process's files (scenarios, configs, logs, stream data) in DIR")
@@ -624,6 +635,12 @@ def main():
         say("building with the default relay config")
         building = Building(procs, args.baton, os.path.join(work, "defaults"), [])
         result["memory"] = run_memory(procs, args.baton, building, settle=3, hold=5)
+        if args.firmware:
+            # The same building with the firmware's gateways, alone beside the first (idle now).
+            say("a building whose gateways are the firmware: its memory idle and with 16 streams")
+            fw = Building(procs, args.baton, os.path.join(work, "firmware"), [], gateway_binary=args.firmware)
+            result["memory_firmware"] = run_memory(procs, args.baton, fw, settle=3, hold=5)
+            fw.stop()
         # A second building beside it, its gateways with `relay.cache: 0`: every fetch goes
         # over the device link. Its own broker and simulator, so the two share nothing but
         # the machine.
@@ -663,6 +680,8 @@ def main():
     for run in (f["no_cache"], f["cache"]):
         result["failures"] += run["failures"]
     result["failures"] += result["memory"]["failures"]
+    if "memory_firmware" in result:
+        result["failures"] += [f"firmware: {x}" for x in result["memory_firmware"]["failures"]]
     if not result["stream"]["identical"]:
         result["failures"].append(f"the stream's output ({result['stream']['bytes_out']:,} bytes) differs "
                                   f"from its input ({result['stream']['bytes']:,} bytes)")

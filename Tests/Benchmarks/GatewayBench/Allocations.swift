@@ -81,7 +81,10 @@ struct PacedCapture {
     var measured: Int
 }
 
-func pacedCapture(devices: Int, warmup: Int, measured: Int, seed: UInt64, fragmented: Bool = false) throws -> PacedCapture {
+/// `endless` false: no report at +1 h, the capture ends with the last measured report (a
+/// replay in the running binary ends there and logs it: Firmware.swift's heaptrack count).
+func pacedCapture(devices: Int, warmup: Int, measured: Int, seed: UInt64, fragmented: Bool = false,
+                  endless: Bool = true) throws -> PacedCapture {
     // saveEvery .max: no device ever saves or changes its Handoff sequence.
     var generator = CaptureGenerator(devices: devices, seed: seed, saveEvery: .max)
     // Fragmented: every extended device's advertisement is 230–699 bytes, a chain of 2–4
@@ -111,7 +114,7 @@ func pacedCapture(devices: Int, warmup: Int, measured: Int, seed: UInt64, fragme
     for k in 0..<measured {
         timed.append((base + 1_000_000 + Int64(k) * 20, .event, AdvertisingEvents.event([rest[warmup + k]][...])))
     }
-    timed.append((base + 3_600_000_000, .event, AdvertisingEvents.event([rest[warmup + measured]][...])))
+    if endless { timed.append((base + 3_600_000_000, .event, AdvertisingEvents.event([rest[warmup + measured]][...]))) }
 
     let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 + timed.count * 320, alignment: 8)
     defer { buffer.deallocate() }

@@ -27,6 +27,8 @@ struct MemoryRun {
     var reports: Int
     var memory: ProcessMemory
     var stats: [String: Any]
+    /// Resident pages per mapping when measured (/proc/PID/smaps), and the files mapped.
+    var mappings: Mappings
 
     var tableFill: Int { (stats["table"] as? [String: Any])?["fill"] as? Int ?? -1 }
     var appleFill: Int { (stats["apple"] as? [String: Any])?["fill"] as? Int ?? -1 }
@@ -34,7 +36,7 @@ struct MemoryRun {
     var json: String {
         """
         {"baton_devices": \(devices), "reports": \(reports), "table_fill": \(tableFill), "apple_fill": \(appleFill), \
-        "memory": \(memory.json)}
+        "memory": \(memory.json), "resident_by_mapping": \(mappings.json)}
         """
     }
 }
@@ -56,8 +58,10 @@ struct MemoryFigures {
     }
 }
 
-func measureMemory(baton: String, broker: MosquittoBroker, dir: URL, devices: Int, reports: Int, rate: Int,
-                   seed: UInt64) throws -> MemoryFigures {
+/// The same input, idle and loaded, through each binary in turn (the release `baton`, then the
+/// firmware when there is one): `binaries` are (label, path) pairs.
+func measureMemory(binaries: [(String, String)], broker: MosquittoBroker, dir: URL, devices: Int, reports: Int,
+                   rate: Int, seed: UInt64) throws -> [(String, MemoryFigures)] {
     // A third of the generator's devices are Baton devices: 3 × devices of them.
     var generator = CaptureGenerator(devices: devices * 3, seed: seed)
     var written: [GeneratedReport] = []
@@ -77,10 +81,13 @@ func measureMemory(baton: String, broker: MosquittoBroker, dir: URL, devices: In
         slices[slices.count - 1] += [0x04] + AdvertisingEvents.event([r][...])
     }
 
-    let idle = try runGateway(baton: baton, broker: broker, dir: dir, name: "idle", slices: [], reports: 0, devices: 0)
-    let loaded = try runGateway(baton: baton, broker: broker, dir: dir, name: "loaded", slices: slices,
-                                reports: reports, devices: devices)
-    return MemoryFigures(idle: idle, loaded: loaded, rate: rate)
+    return try binaries.map { label, baton in
+        let idle = try runGateway(baton: baton, broker: broker, dir: dir, name: "\(label)-idle", slices: [], reports: 0,
+                                  devices: 0)
+        let loaded = try runGateway(baton: baton, broker: broker, dir: dir, name: "\(label)-loaded", slices: slices,
+                                    reports: reports, devices: devices)
+        return (label, MemoryFigures(idle: idle, loaded: loaded, rate: rate))
+    }
 }
 
 private func runGateway(baton: String, broker: MosquittoBroker, dir: URL, name: String, slices: [[UInt8]],
@@ -146,7 +153,8 @@ private func runGateway(baton: String, broker: MosquittoBroker, dir: URL, name: 
         }
     }
     let memory = try ProcessMemory(pid: gateway.pid)
-    return MemoryRun(devices: devices, reports: reports, memory: memory, stats: last)
+    let mappings = try Mappings(pid: gateway.pid)
+    return MemoryRun(devices: devices, reports: reports, memory: memory, stats: last, mappings: mappings)
 }
 
 func sleepUntil(_ instant: Instant) {
