@@ -542,7 +542,7 @@ public struct Publisher: ~Copyable {
     /// corrected after `Publisher.correctAfter` unless a matching message comes first.
     public mutating func observed(_ message: MQTTMessage, now: Instant) {
         guard let id = topics.deviceID(inActivityTopic: message.topic), let mine = published[id] else { return }
-        if Self.digest(message.payload) == mine {
+        if message.payload.withUnsafeBytes({ Self.digest($0) }) == mine {
             disputes[id] = nil
         } else if disputes[id] == nil, disputes.count < pendingCapacity {
             // Rare (after faults), so the one copy of the writer's id is fine here.
@@ -596,10 +596,11 @@ public struct Publisher: ~Copyable {
     }
 
     /// Equal payloads, equal digests; a different payload that collided would only skip one
-    /// correction.
-    static func digest(_ bytes: some Sequence<UInt8>) -> UInt64 {
+    /// correction. Over borrowed bytes: a generic sequence from another module was iterated
+    /// through a boxed iterator, one allocation per message heard (heaptrack, issue 17).
+    static func digest(_ bytes: UnsafeRawBufferPointer) -> UInt64 {
         var f = FNV1a64()
-        f.add(bytes)
+        for b in bytes { f.add(b) }
         return f.value
     }
 
