@@ -317,20 +317,26 @@ public struct FetchRelay: ~Copyable {
         }
     }
 
+    /// The cached payload of `device` at `atLeast` or later, counted as a hit and a use: the
+    /// least recently *used* entry is the one replaced (docs/relay.md §5). The bytes are the
+    /// cache's, valid until the next fetch fills an entry.
+    mutating func useCached(device: UInt64, atLeast: UInt16) -> (sequence: UInt16, bytes: UnsafeRawBufferPointer)? {
+        guard let hit = cached(device: device, atLeast: atLeast) else { return nil }
+        counters.cacheHits &+= 1
+        useCounter &+= 1
+        cache[hit]!.lastUsed = useCounter
+        let entry = cache[hit]!
+        return (entry.sequence, UnsafeRawBufferPointer(rebasing: cacheBytes[hit * config.payloadMax ..< hit * config.payloadMax + entry.count]))
+    }
+
     /// Takes a request for an activity this gateway owns: answered from the cache, or queued
     /// for the device's link.
     public mutating func fetch(_ target: FetchTarget, route: FetchRoute, now: Instant,
                                mqtt: inout MQTTClient) {
-        if let hit = cached(device: target.device, atLeast: target.sequence) {
-            counters.cacheHits &+= 1
-            // A hit is a use: the least recently *used* entry is the one replaced (docs/relay.md §5).
-            useCounter &+= 1
-            cache[hit]!.lastUsed = useCounter
-            let entry = cache[hit]!
-            let bytes = UnsafeRawBufferPointer(rebasing: cacheBytes[hit * config.payloadMax ..< hit * config.payloadMax + entry.count])
-            if sendPayload(bytes, sequence: entry.sequence, device: target.device, route: route, mqtt: &mqtt),
+        if let (sequence, bytes) = useCached(device: target.device, atLeast: target.sequence) {
+            if sendPayload(bytes, sequence: sequence, device: target.device, route: route, mqtt: &mqtt),
                let at = route.continuedAt {
-                continued(device: target.device, sequence: entry.sequence, at: at, address: target.link, now: now, mqtt: &mqtt)
+                continued(device: target.device, sequence: sequence, at: at, address: target.link, now: now, mqtt: &mqtt)
             }
             return
         }
@@ -353,13 +359,8 @@ public struct FetchRelay: ~Copyable {
     /// `ownAnswers`. false when nothing was taken (no link, or every pending slot busy): the
     /// caller counts it and tries at the next save.
     public mutating func fetchOwn(_ target: FetchTarget, now: Instant, mqtt: inout MQTTClient) -> Bool {
-        if let hit = cached(device: target.device, atLeast: target.sequence) {
-            counters.cacheHits &+= 1
-            useCounter &+= 1
-            cache[hit]!.lastUsed = useCounter
-            let entry = cache[hit]!
-            let bytes = UnsafeRawBufferPointer(rebasing: cacheBytes[hit * config.payloadMax ..< hit * config.payloadMax + entry.count])
-            answerOwn(device: target.device, sequence: entry.sequence, .ok, payload: bytes)
+        if let (sequence, bytes) = useCached(device: target.device, atLeast: target.sequence) {
+            answerOwn(device: target.device, sequence: sequence, .ok, payload: bytes)
             return true
         }
         guard link != nil, ownAnswers.count + pendingOwn < ownAnswerCapacity,

@@ -6,11 +6,6 @@
 // writer makes it; anything else is nil. Read once per message of another gateway (a change,
 // never an advertisement), so the Strings it returns are the only allocations.
 
-extension Malformed {
-    /// Not the JSON object of an activity message (never counted: the reader says nil).
-    static let retainedActivitySyntax = Malformed("retained-activity-syntax")
-}
-
 public struct RetainedActivity: Sendable, Equatable {
     public var gateway: String?
     public var seq: UInt16?
@@ -30,65 +25,32 @@ public struct RetainedActivity: Sendable, Equatable {
     /// of scalars. Unknown keys are skipped; a string that is not what JSONWriter writes (an
     /// escape of a surrogate) leaves its field nil.
     public static func read(_ bytes: UnsafeRawBufferPointer) -> RetainedActivity? {
-        var s = FlatJSONScanner(bytes, syntax: .retainedActivitySyntax)
         var out = RetainedActivity()
-        let quote = UInt8(ascii: "\"")
-        do throws(WireError) {
-            s.skipWhitespace()
-            try s.expect(UInt8(ascii: "{"))
-            s.skipWhitespace()
-            if try s.peekByte() != UInt8(ascii: "}") {
-                while true {
-                    guard try s.peekByte() == quote else { return nil }
-                    let key = try s.scanString(escapes: .checked, utf8: .retainedActivitySyntax)
-                    s.skipWhitespace()
-                    try s.expect(UInt8(ascii: ":"))
-                    s.skipWhitespace()
-                    let c = try s.peekByte()
-                    if c == quote {
-                        let value = try s.scanString(escapes: .checked, utf8: .retainedActivitySyntax)
-                        let text = unescape(UnsafeRawBufferPointer(rebasing: bytes[value]))
-                        if s.equals(key, "gateway") { out.gateway = text }
-                        else if s.equals(key, "change") { out.change = text }
-                        else if s.equals(key, "changed") { out.changed = text }
-                        else if s.equals(key, "type") { out.type = text }
-                        else if s.equals(key, "title") { out.title = text }
-                        else if s.equals(key, "webpage_url") { out.webpageURL = text }
-                        else if s.equals(key, "type_hash"), let t = text, t.utf8.count == 8 { out.typeHash = UInt32(t, radix: 16) }
-                    } else if c == UInt8(ascii: "-") || FlatJSONScanner.isDigit(c) {
-                        let n = try s.scanNumber()
-                        if !n.negative, !n.fractionOrExponent, n.digits.count <= 5 {
-                            var v = 0
-                            for i in n.digits { v = v * 10 + Int(bytes[i] - UInt8(ascii: "0")) }
-                            if v <= Int(UInt16.max) {
-                                if s.equals(key, "seq") { out.seq = UInt16(v) }
-                                else if s.equals(key, "payload_seq") { out.payloadSeq = UInt16(v) }
-                            }
-                        }
-                    } else if c == UInt8(ascii: "t") {
-                        try s.literal("true")
-                    } else if c == UInt8(ascii: "f") {
-                        try s.literal("false")
-                    } else if c == UInt8(ascii: "n") {
-                        try s.literal("null")
-                    } else {
-                        return nil
-                    }
-                    s.skipWhitespace()
-                    let next = try s.peekByte()
-                    s.skipOne()
-                    s.skipWhitespace()
-                    if next == UInt8(ascii: "}") { break }
-                    guard next == UInt8(ascii: ",") else { return nil }
-                }
-            } else {
-                s.skipOne()
+        // The object walk is RetainedEntry's: one reader of flat entries (docs/mqtt.md §2).
+        let whole = RetainedEntry.scan(bytes) { s, key, value in
+            switch value {
+            case .string(let range):
+                let text = unescape(UnsafeRawBufferPointer(rebasing: bytes[range]))
+                if s.equals(key, "gateway") { out.gateway = text }
+                else if s.equals(key, "change") { out.change = text }
+                else if s.equals(key, "changed") { out.changed = text }
+                else if s.equals(key, "type") { out.type = text }
+                else if s.equals(key, "title") { out.title = text }
+                else if s.equals(key, "webpage_url") { out.webpageURL = text }
+                else if s.equals(key, "type_hash"), let t = text, t.utf8.count == 8 { out.typeHash = UInt32(t, radix: 16) }
+            case .number(let range, let fractional):
+                // A sequence is 0…65535: at most five digits, no sign, no fraction.
+                guard !fractional, bytes[range.lowerBound] != UInt8(ascii: "-"), range.count <= 5 else { return }
+                var v = 0
+                for i in range { v = v * 10 + Int(bytes[i] - UInt8(ascii: "0")) }
+                guard v <= Int(UInt16.max) else { return }
+                if s.equals(key, "seq") { out.seq = UInt16(v) }
+                else if s.equals(key, "payload_seq") { out.payloadSeq = UInt16(v) }
+            case .literal, .array:
+                return
             }
-            try s.requireEnd()
-            return out
-        } catch {
-            return nil
         }
+        return whole ? out : nil
     }
 
     /// A JSON string's content (already checked by the scanner) as text: the escapes of RFC

@@ -241,10 +241,10 @@ private func finishedStats(_ broker: MosquittoBroker, _ gateway: GatewayProcess)
         let a = try #require(json(activities["baton/activities/\(identity)"] ?? []))
         #expect(a["verified"] as? Bool == true && a["identity"] as? Int == 5 && a["change"] as? String == "became-current",
                 "rotation published a change: \(a)")
-        // One gateway entity, and the device's two: all under the identity.
+        // One gateway entity, and the device's three (room, activity, tracker): all under the identity.
         let discovery = try broker.retained("homeassistant/#")
-        #expect(discovery.count == 3, "\(discovery.keys.sorted())")
-        #expect(discovery.keys.filter { $0.contains(identity) }.count == 2, "\(discovery.keys.sorted())")
+        #expect(discovery.count == 4, "\(discovery.keys.sorted())")
+        #expect(discovery.keys.filter { $0.contains(identity) }.count == 3, "\(discovery.keys.sorted())")
     }
 }
 
