@@ -133,14 +133,16 @@ final class RelayBuilding {
         #expect(payload?["title"] as? String == "A long read")
         #expect((payload?["userInfo"] as? [String: Any])?["position"] as? Int == Int(b.player.sequence(device: 0)))
 
-        // The second fetch came from the hall's cache: one link opened for the two.
+        // The second fetch came from the hall's cache: one link opened for the two. The hall also
+        // reads alice's payload for her title (docs/relay.md §4.1) through the same cache, so
+        // that read and the two fetches share the one link, and one or two of the fetches are hits.
         let stats = try #require(eventually(within: 5) { () -> [String: Any]? in
             let s = json((try? broker.retained("baton/gateways/hall/stats"))?["baton/gateways/hall/stats"] ?? [])
             let relay = s?["relay"] as? [String: Any]
             return (relay?["answers"] as? [String: Any])?["ok"] as? Int == 2 ? relay : nil
         }, "the hall's stats never counted two ok answers")
-        #expect(stats["cache_hits"] as? Int == 1)
-        #expect(stats["link_opens"] as? Int == 1)
+        #expect((1...2).contains(stats["cache_hits"] as? Int ?? 0), "\(stats)")
+        #expect(stats["link_opens"] as? Int == 1, "\(stats)")
 
         // A device without a link, and one nobody hears: error answers, exit status 1.
         let noLink = try batonFetch([bob, "--broker", url], in: b.dir)
