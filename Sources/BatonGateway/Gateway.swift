@@ -164,7 +164,10 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         self.continuing = ContinuingLinks(config: config.relay, prefix: config.prefix, gatewayID: config.gatewayID,
                                           room: config.room)
         self.pollFDs = []
-        self.pollFDs.reserveCapacity(3 + 2 * config.relay.links + config.relay.streams + config.readvertise)
+        // Radio, broker, stop pipe; fetch and continuing links; streams; re-advertising's
+        // listeners and its management socket: reserved once, so the loop never grows it.
+        self.pollFDs.reserveCapacity(3 + 2 * config.relay.links + config.relay.streams
+                                     + (config.readvertise > 0 ? config.readvertise + 1 : 0))
         self.notifier = SystemdNotifier(environment: environment)
         self.log = log
         self.startedAt = now
