@@ -4,6 +4,7 @@
 // groups entities into one device, and availability tied to this gateway's status topic,
 // so an entity shows "unavailable" when its gateway goes offline. An empty retained
 // message on a config topic removes the entity: that is how an expired device leaves.
+public import BatonRelay
 public import BatonWire
 
 public enum Discovery {

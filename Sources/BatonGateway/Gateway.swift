@@ -149,7 +149,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         self.nextSightingCheck = now
         let link = Self.deviceLink(config)
         self.relay = FetchRelay(config: config.relay, link: link, gatewayID: config.gatewayID, room: config.room,
-                                continuedRoot: topics.continuedRoot)
+                                topics: topics)
         self.streams = StreamRelay(config: config.relay, link: link, gatewayID: config.gatewayID)
         // Titles are fetched over the same links, so only with one (docs/relay.md §4.1).
         self.publisher.names = ActivityNames(types: config.activityTypes, fetchTitles: config.fetchTitles && link != nil,
@@ -161,8 +161,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         } else {
             self.readvertiser = nil
         }
-        self.continuing = ContinuingLinks(config: config.relay, prefix: config.prefix, gatewayID: config.gatewayID,
-                                          room: config.room)
+        self.continuing = ContinuingLinks(config: config.relay, topics: topics, room: config.room)
         self.pollFDs = []
         // Radio, broker, stop pipe; fetch and continuing links; streams; re-advertising's
         // listeners and its management socket: reserved once, so the loop never grows it.
@@ -545,98 +544,118 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         mqttEvents.removeAll(keepingCapacity: true)
     }
 
-    // MARK: rooms (docs/rooms.md)
+    // MARK: receiving
 
-    /// A status, a sighting, or a retained entry of the scan after connect.
+    /// Every message the broker sends, by what its topic says it is (`Topics.classify`).
     mutating func received(_ message: MQTTMessage, now: Instant) {
-        let topics = publisher.topics
-        if let id = topics.gatewayID(inStatusTopic: message.topic) {
-            let online = message.payload.elementsEqual("online".utf8)
-            // A gateway coming online subscribed to the sightings before it said so, but missed
-            // the ones sent before: send ours again now, within its `rooms.settle`, rather than
-            // at the next heartbeat, after it (two gateways starting together would each settle
-            // on itself first, docs/rooms.md §3). Also when it was online already as far as
-            // this gateway knows: after a broker restart nobody's will was sent, and a live
-            // `online` is its reconnect (a retained one is old news, sent at our own subscribe,
-            // and our own connect sent everything anyway). Its rejoin window waits for exactly
-            // these (docs/rooms.md §7).
-            if online, id != config.gatewayID, !message.retained || !ownership.isOnline(gateway: id) { sightings.reset() }
-            let wasFirst = ownership.firstOnline == ownership.selfSlot
-            defer {
-                if !wasFirst, ownership.firstOnline == ownership.selfSlot, id != config.gatewayID {
-                    publisher.becameFirstOnline(now: now)
-                }
-            }
-            if !ownership.status(gateway: id, online: online, now: now, { ownershipChanges.append($0) }) {
-                sightingDrops.count(SightingDrop.gatewaysFull.name)
-                log.warning("gateway \(id): more gateways than rooms.gateways (\(config.rooms.gateways)); its devices are not followed")
-            }
-            handleOwnershipChanges(now: now)
-            // Its activities are nobody's to continue now (docs/relay.md §9).
-            if !online, readvertiser != nil {
-                var gone: [Readvertiser.Change] = []
-                readvertiser?.ownerOffline(id) { gone.append($0) }
-                for change in gone { readvertiseChanged(change) }
-            }
-            // Its streams' endpoints are told by the first online gateway (docs/relay.md §7.3).
-            if !online, id != config.gatewayID, ownership.firstOnline == ownership.selfSlot {
-                streams.gatewayWentOffline(id, downTopic: { topics.stream($0).down }, gatewayTopic: { topics.stream($0).gateway },
-                                           mqtt: &publisher.mqtt)
-            }
-        } else if let (gateway, device) = topics.sighting(inTopic: message.topic) {
-            sightingsReceived &+= 1
-            // Array.withUnsafeBytes rethrows untyped: the decode result travels out as a value.
-            let decoded: Result<Sighting, WireError> = message.payload.withUnsafeBytes { bytes in
-                do throws(WireError) { return .success(try Sighting.decode(bytes)) } catch { return .failure(error) }
-            }
-            let sighting: Sighting
-            switch decoded {
-            case .success(let s): sighting = s
-            case .failure(let error): return sightingDrops.count(error)
-            }
-            if let drop = ownership.sighting(sighting, gateway: gateway, device: device, now: now,
-                                             { ownershipChanges.append($0) }) {
-                sightingDrops.count(drop.name)
-            }
-            handleOwnershipChanges(now: now)
-        } else if message.topic.hasPrefix(topics.fetchRoot) {
-            fetchRequested(message, now: now)
-        } else if let (device, id) = topics.streamOpen(inTopic: message.topic) {
+        switch publisher.topics.classify(message.topic) {
+        case .status(let gateway):
+            statusReceived(message, gateway: gateway, now: now)
+        case .sighting(let gateway, let device):
+            sightingReceived(message, gateway: gateway, device: device, now: now)
+        case .malformedSighting:
+            // Under the sightings but not `<gateway>/<12 hex digits>`.
+            sightingDrops.count("sighting-topic")
+        case .fetch(let device):
+            fetchRequested(message, device: device, now: now)
+        case .streamOpen(let device, let id):
             streamOpenRequested(message, device: device, id: id, now: now)
-        } else if let id = topics.streamID(inTopic: message.topic, leaf: "up") {
+        case .streamUp(let id):
             if !streams.fromBroker(id: id, leaf: "up", message.payload, now: now, mqtt: &publisher.mqtt) {
                 streams.dropped("stream-unknown")
             }
-        } else if let id = topics.streamID(inTopic: message.topic, leaf: "down") {
+        case .streamDown(let id):
             // The carrier's frames of a stream this gateway bridges for a phone (§7.5).
             if !streams.fromBroker(id: id, leaf: "down", message.payload, now: now, mqtt: &publisher.mqtt) {
                 streams.dropped("stream-unknown")
             }
-        } else if readvertiser != nil, message.topic.hasPrefix(continuing.answerRoot) {
-            answeredForPhone(message, now: now)
-        } else if let id = topics.streamID(inTopic: message.topic, leaf: "gateway") {
+        case .streamCarrier(let id):
             // MQTT 3.1.1 clears the retain flag of live messages: there it says nothing (§7.3).
             let retained = publisher.mqtt.protocolVersion == .v5 ? message.retained : nil
             if let full = streams.carried(stream: id, payload: message.payload, retained: retained,
                                           isOnline: { ownership.isOnline(gateway: $0) }, now: now) {
                 log.warning("\(full)")
             }
-        } else if message.topic.hasPrefix(topics.streamOpenRoot) || message.topic.hasPrefix(topics.streamsRoot) {
+        case .malformedStream:
             // Under the stream topics, but no stream id of docs/relay.md §7.1.
             streams.dropped("stream-topic")
-        } else if message.topic.hasPrefix(topics.sightingsRoot) {
-            // Under the sightings but not `<gateway>/<12 hex digits>`.
-            sightingDrops.count("sighting-topic")
-        } else {
-            if readvertiser != nil, let device = topics.deviceID(inActivityTopic: message.topic),
+        case .answer(let link):
+            // Subscribed to only while re-advertising (docs/relay.md §9).
+            guard readvertiser != nil else { return }
+            answeredForPhone(message, link: link, now: now)
+        case .activity(let device):
+            if readvertiser != nil,
                let change = readvertiser?.activity(device: device, payload: message.payload,
                                                    isOnline: { ownership.isOnline(gateway: Substring($0)) }) {
                 readvertiseChanged(change)
             }
-            publisher.received(message, table: table, apple: apple, ownership: ownership, now: now)
-            publisher.observed(message, now: now)
-            publisher.observedActivity(message, table: table, ownership: ownership)
+            publisher.received(message, on: .activity(device), table: table, apple: apple, ownership: ownership, now: now)
+            publisher.observed(message, device: device, now: now)
+            publisher.observedActivity(message, device: device, table: table, ownership: ownership)
+        case .apple(let id):
+            publisher.received(message, on: .apple(id), table: table, apple: apple, ownership: ownership, now: now)
+        case .continued, .unknown:
+            // Not subscribed to, or not ours to read.
+            break
         }
+    }
+
+    // MARK: rooms (docs/rooms.md)
+
+    /// A gateway's status: online, or its will.
+    mutating func statusReceived(_ message: MQTTMessage, gateway id: Substring, now: Instant) {
+        let topics = publisher.topics
+        let online = message.payload.elementsEqual("online".utf8)
+        // A gateway coming online subscribed to the sightings before it said so, but missed
+        // the ones sent before: send ours again now, within its `rooms.settle`, rather than
+        // at the next heartbeat, after it (two gateways starting together would each settle
+        // on itself first, docs/rooms.md §3). Also when it was online already as far as
+        // this gateway knows: after a broker restart nobody's will was sent, and a live
+        // `online` is its reconnect (a retained one is old news, sent at our own subscribe,
+        // and our own connect sent everything anyway). Its rejoin window waits for exactly
+        // these (docs/rooms.md §7).
+        if online, id != config.gatewayID, !message.retained || !ownership.isOnline(gateway: id) { sightings.reset() }
+        let wasFirst = ownership.firstOnline == ownership.selfSlot
+        defer {
+            if !wasFirst, ownership.firstOnline == ownership.selfSlot, id != config.gatewayID {
+                publisher.becameFirstOnline(now: now)
+            }
+        }
+        if !ownership.status(gateway: id, online: online, now: now, { ownershipChanges.append($0) }) {
+            sightingDrops.count(SightingDrop.gatewaysFull.name)
+            log.warning("gateway \(id): more gateways than rooms.gateways (\(config.rooms.gateways)); its devices are not followed")
+        }
+        handleOwnershipChanges(now: now)
+        // Its activities are nobody's to continue now (docs/relay.md §9).
+        if !online, readvertiser != nil {
+            var gone: [Readvertiser.Change] = []
+            readvertiser?.ownerOffline(id) { gone.append($0) }
+            for change in gone { readvertiseChanged(change) }
+        }
+        // Its streams' endpoints are told by the first online gateway (docs/relay.md §7.3).
+        if !online, id != config.gatewayID, ownership.firstOnline == ownership.selfSlot {
+            streams.gatewayWentOffline(id, downTopic: { topics.stream($0).down }, gatewayTopic: { topics.stream($0).gateway },
+                                       mqtt: &publisher.mqtt)
+        }
+    }
+
+    /// Another gateway's sighting of a device (docs/rooms.md §2), or our own coming back.
+    mutating func sightingReceived(_ message: MQTTMessage, gateway: Substring, device: UInt64, now: Instant) {
+        sightingsReceived &+= 1
+        // Array.withUnsafeBytes rethrows untyped: the decode result travels out as a value.
+        let decoded: Result<Sighting, WireError> = message.payload.withUnsafeBytes { bytes in
+            do throws(WireError) { return .success(try Sighting.decode(bytes)) } catch { return .failure(error) }
+        }
+        let sighting: Sighting
+        switch decoded {
+        case .success(let s): sighting = s
+        case .failure(let error): return sightingDrops.count(error)
+        }
+        if let drop = ownership.sighting(sighting, gateway: gateway, device: device, now: now,
+                                         { ownershipChanges.append($0) }) {
+            sightingDrops.count(drop.name)
+        }
+        handleOwnershipChanges(now: now)
     }
 
     // MARK: fetches (docs/relay.md §4)
@@ -644,7 +663,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     /// Every gateway sees every request; exactly one answers it: the device's owner while it
     /// is online, else the online gateway whose id sorts first (for unknown devices, devices
     /// nobody owns this moment, and bad requests).
-    mutating func fetchRequested(_ message: MQTTMessage, now: Instant) {
+    mutating func fetchRequested(_ message: MQTTMessage, device: UInt64?, now: Instant) {
         let route: FetchRoute
         let bodyError: WireError?
         switch FetchIntake(message) {
@@ -656,7 +675,6 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
             bodyError = e
         }
         relay.supersede(route, mqtt: &publisher.mqtt)
-        let device = publisher.topics.deviceID(inFetchTopic: message.topic)
         guard answers(for: device) else { return }
 
         guard let device else {
@@ -1003,9 +1021,9 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     }
 
     /// An owner's answer to a fetch asked for a phone.
-    mutating func answeredForPhone(_ message: MQTTMessage, now: Instant) {
+    mutating func answeredForPhone(_ message: MQTTMessage, link: UInt64?, now: Instant) {
         let a = AnswerForPhone(message)
-        continuing.answered(topic: message.topic, correlation: a.correlation, status: a.status, sequence: a.sequence,
+        continuing.answered(link: link, correlation: a.correlation, status: a.status, sequence: a.sequence,
                             payload: a.payload, now: now)
     }
 

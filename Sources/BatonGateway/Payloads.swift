@@ -2,6 +2,7 @@
 // example of each). These run once per change, never per advertisement.
 import BatonLibc
 public import BatonCore
+public import BatonRelay
 public import BatonWire
 
 /// Converts the loop's monotonic instants to wall-clock time for JSON, from one reading of

@@ -5,6 +5,7 @@
 import BatonLibc
 public import BatonCore
 public import BatonMQTT
+public import BatonRelay
 import BatonWire
 
 public struct PublisherCounters: Sendable, Equatable {
@@ -36,6 +37,16 @@ public struct PublisherCounters: Sendable, Equatable {
 public enum OwnedTopic: Sendable, Equatable {
     case activity(UInt64)
     case apple(UInt32)
+}
+
+extension Topics {
+    /// The retained topic an owned entry lives on.
+    public func name(_ owned: OwnedTopic) -> String {
+        switch owned {
+        case .activity(let id): activity(id)
+        case .apple(let id): apple(id)
+        }
+    }
 }
 
 public struct Publisher: ~Copyable {
@@ -217,10 +228,9 @@ public struct Publisher: ~Copyable {
 
     /// Another gateway's message about a device this room holds and does not own: what it
     /// said is kept for a takeover (docs/mqtt.md §2 "Moves"). Change-rate, not per advert.
-    public mutating func observedActivity(_ message: MQTTMessage, table: borrowing ActivityTable,
+    public mutating func observedActivity(_ message: MQTTMessage, device id: UInt64, table: borrowing ActivityTable,
                                           ownership: borrowing RoomOwnership) {
-        guard !message.payload.isEmpty, let id = topics.deviceID(inActivityTopic: message.topic),
-              !ownership.owns(id), let held = table.activity(deviceID: id) else { return }
+        guard !message.payload.isEmpty, !ownership.owns(id), let held = table.activity(deviceID: id) else { return }
         guard let m = message.payload.withUnsafeBytes({ RetainedActivity.read($0) }), let gateway = m.gateway,
               gateway != topics.gatewayID else { return }
         names.observed(id, m, held: held)
@@ -494,20 +504,12 @@ public struct Publisher: ~Copyable {
         }
     }
 
-    /// A message on the retained-scan patterns. Only retained ones matter: those are the
-    /// broker's memory; live ones are changes coming by.
-    public mutating func received(_ message: MQTTMessage, table: borrowing ActivityTable,
+    /// A message on the retained-scan patterns, on the topic of `owned`. Only retained ones
+    /// matter: those are the broker's memory; live ones are changes coming by.
+    public mutating func received(_ message: MQTTMessage, on owned: OwnedTopic, table: borrowing ActivityTable,
                                   apple: borrowing AppleDeviceTable, ownership: borrowing RoomOwnership,
                                   now: Instant) {
         guard message.retained, !message.payload.isEmpty else { return }
-        let owned: OwnedTopic
-        if let id = topics.deviceID(inActivityTopic: message.topic) {
-            owned = .activity(id)
-        } else if let id = topics.appleID(inAppleTopic: message.topic) {
-            owned = .apple(id)
-        } else {
-            return
-        }
         if Self.holds(owned, table: table, apple: apple, ownership: ownership) { return }
         guard let gateway = Self.gateway(of: message.payload) else { return }
         let mine = gateway == topics.gatewayID
@@ -540,8 +542,8 @@ public struct Publisher: ~Copyable {
     /// A message on an activity topic, retained or live (docs/rooms.md §7): for a device this
     /// gateway owns and has published, anything but what it published last is a disagreement,
     /// corrected after `Publisher.correctAfter` unless a matching message comes first.
-    public mutating func observed(_ message: MQTTMessage, now: Instant) {
-        guard let id = topics.deviceID(inActivityTopic: message.topic), let mine = published[id] else { return }
+    public mutating func observed(_ message: MQTTMessage, device id: UInt64, now: Instant) {
+        guard let mine = published[id] else { return }
         if message.payload.withUnsafeBytes({ Self.digest($0) }) == mine {
             disputes[id] = nil
         } else if disputes[id] == nil, disputes.count < pendingCapacity {

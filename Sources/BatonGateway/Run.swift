@@ -5,6 +5,7 @@ import BatonCore
 import BatonHCI
 import BatonKeys
 import BatonMQTT
+import BatonRelay
 import CLibc
 
 public enum GatewayLauncher {

@@ -35,9 +35,8 @@ public struct ContinuingCounters: Sendable, Equatable {
 
 public struct ContinuingLinks: ~Copyable {
     public let config: RelayConfig
-    let prefix: String
-    /// `<prefix>/answers/<gateway>/`: each link's answers come to this root plus its serial.
-    public let answerRoot: String
+    /// Each link's answers come to `topics.answer(link:)` with its serial.
+    let topics: Topics
     /// The body of every fetch after the route: `"format":"cbor","continue":"<room>"`.
     let requestTail: String
 
@@ -76,10 +75,9 @@ public struct ContinuingLinks: ~Copyable {
     public private(set) var openLinks = 0
 
     /// `room` is what the owner is told the activity was continued at.
-    public init(config: RelayConfig, prefix: String, gatewayID: String, room: String) {
+    public init(config: RelayConfig, topics: Topics, room: String) {
         self.config = config
-        self.prefix = prefix
-        answerRoot = "\(prefix)/answers/\(gatewayID)/"
+        self.topics = topics
         // The request body allows no escapes (docs/relay.md §2), so a room name is said without
         // the characters that would need one, cut to 64 bytes.
         var at = ""
@@ -106,7 +104,7 @@ public struct ContinuingLinks: ~Copyable {
     }
 
     /// Where the answers come: subscribe to this while the gateway re-advertises.
-    public var answerPattern: String { answerRoot + "+" }
+    public var answerPattern: String { topics.answerPattern }
 
     /// A link a phone opened to the re-advertised activity of `device`. False when every slot
     /// is taken: the link is hung up and counted.
@@ -175,10 +173,8 @@ public struct ContinuingLinks: ~Copyable {
                 // The phone is the continuing endpoint; this gateway speaks for it on the
                 // broker under a stream id of its own (docs/relay.md §7.1, §7.5).
                 let id = Self.streamID()
-                let root = "\(prefix)/streams/\(id)/"
-                streams.bridge(channel: channel, device: l.device, id: id,
-                               topics: StreamTopics(up: root + "up", down: root + "down", gateway: root + "gateway"),
-                               openTopic: "\(prefix)/stream/\(ActivityBeacon.deviceIDText(l.device))/\(id)",
+                streams.bridge(channel: channel, device: l.device, id: id, topics: topics.stream(id),
+                               openTopic: topics.streamOpen(device: l.device, stream: id),
                                window: open.window, maxData: open.maxData, now: now, mqtt: &mqtt)
                 continue
             }
@@ -221,10 +217,10 @@ public struct ContinuingLinks: ~Copyable {
         let correlation = (0..<8).map { UInt8(truncatingIfNeeded: correlations >> (8 * UInt64($0))) }
         l.asked = (sequence, correlation, now + config.fetchTimeout + Self.deliveryAllowance)
         counters.fetches &+= 1
-        let topic = answerRoot + String(l.serial)
+        let topic = topics.answer(link: l.serial)
         let hex = correlation.map(FetchRelay.hexDigits).joined()
         let body = #"{"response_topic":"\#(topic)","correlation":"\#(hex)","#+requestTail
-        let fetchTopic = "\(prefix)/fetch/\(ActivityBeacon.deviceIDText(l.device))"
+        let fetchTopic = topics.fetch(l.device)
         // Array.withUnsafeBytes rethrows untyped: a failure comes out as a value.
         let sent: Bool = Array(body.utf8).withUnsafeBytes { b in
             do throws(MQTTError) {
@@ -244,11 +240,11 @@ public struct ContinuingLinks: ~Copyable {
 
     // MARK: the owners' answers
 
-    /// An answer on `<answerRoot><serial>`: its status (`ok` or a reason of docs/relay.md §3),
-    /// the payload's sequence and bytes for `ok`.
-    public mutating func answered(topic: String, correlation: [UInt8], status: String, sequence: UInt16?,
+    /// An answer on `topics.answer(link:)` (`InboundTopic.answer`; nil: not a number): its
+    /// status (`ok` or a reason of docs/relay.md §3), the payload's sequence and bytes for `ok`.
+    public mutating func answered(link serial: UInt64?, correlation: [UInt8], status: String, sequence: UInt16?,
                                   payload: [UInt8], now: Instant) {
-        guard topic.hasPrefix(answerRoot), let serial = UInt64(topic.dropFirst(answerRoot.count)),
+        guard let serial,
               let s = links.firstIndex(where: { $0?.serial == serial }), let l = links[s], let asked = l.asked else {
             return drops.count("continuing-answer-unknown")
         }

@@ -194,7 +194,8 @@ public struct FetchRelay: ~Copyable {
     public let link: AnyDeviceLink?
     let gatewayID: String
     let room: String
-    let continuedRoot: String?
+    /// Where the was-continued events go; nil: none are published.
+    let topics: Topics?
 
     /// A `continued` message owed to a device (docs/protocol.md §5.2), sent on its link as soon
     /// as one is open; given up (and counted) after `fetchTimeout`.
@@ -270,15 +271,15 @@ public struct FetchRelay: ~Copyable {
     /// The last link failure, for the log.
     public private(set) var lastLinkError: String?
 
-    /// `continuedRoot` (`<prefix>/continued/`) and `room` are where and how the was-continued
-    /// event is published (docs/relay.md §3); without a root no event is published.
+    /// `topics` (`Topics.continued`) and `room` are where and how the was-continued event is
+    /// published (docs/relay.md §3); without topics no event is published.
     public init(config: RelayConfig, link: AnyDeviceLink?, gatewayID: String, room: String = "",
-                continuedRoot: String? = nil) {
+                topics: Topics? = nil) {
         self.config = config
         self.link = link
         self.gatewayID = gatewayID
         self.room = room
-        self.continuedRoot = continuedRoot
+        self.topics = topics
         tells = Array(repeating: nil, count: config.fetches)
         pending = Array(repeating: nil, count: config.fetches)
         links = Array(repeating: nil, count: config.links)
@@ -644,7 +645,7 @@ public struct FetchRelay: ~Copyable {
     mutating func continued(device: UInt64, sequence: UInt16, at: String, address: LinkAddress,
                             now: Instant, mqtt: inout MQTTClient) {
         counters.continued &+= 1
-        if let continuedRoot {
+        if let topics {
             var w = JSONWriter(answerScratch)
             do throws(WireError) {
                 try w.beginObject()
@@ -659,7 +660,7 @@ public struct FetchRelay: ~Copyable {
             }
             // QoS 1, not retained: an event, for whoever listens now.
             do throws(MQTTError) {
-                try mqtt.publish(topic: continuedRoot + ActivityBeacon.deviceIDText(device), payload: w.written, qos: 1,
+                try mqtt.publish(topic: topics.continued(device), payload: w.written, qos: 1,
                                  retain: false, properties: MQTTProperties(contentType: "application/json"))
             } catch {
                 counters.answersLost &+= 1

@@ -2,6 +2,7 @@ import BatonLibc
 import ArgumentParser
 import BatonKeys
 import BatonMQTT
+import BatonRelay
 import BatonWire
 import Foundation
 import Glibc
@@ -35,7 +36,7 @@ struct FetchCommand: ParsableCommand {
 
     func run() throws {
         let deviceText = device.lowercased().filter { $0 != ":" }
-        guard deviceText.count == 12, deviceText.allSatisfy({ $0.isHexDigit }) else {
+        guard deviceText.count == 12, deviceText.allSatisfy({ $0.isHexDigit }), let deviceID = UInt64(deviceText, radix: 16) else {
             throw ValidationError("DEVICE must be 12 hex digits like 5a123456789a, got \"\(device)\"")
         }
         guard timeout > 0, timeout <= 3600 else { throw ValidationError("--timeout must be 0–3600 seconds") }
@@ -55,10 +56,10 @@ struct FetchCommand: ParsableCommand {
         var random = SystemRandomNumberGenerator()
         let tag = String(UInt64.random(in: .min ... .max, using: &random), radix: 16)
         var client = try options.client(id: "baton-fetch-\(getpid())-\(tag)", reconnectMax: .seconds(1))
-        let prefix = options.prefix, broker = options.broker
+        let topics = Topics(prefix: options.prefix), broker = options.broker
         // Under the prefix, so a bridge that carries `<prefix>/#` carries the answer too
         // (docs/relay.md §1).
-        let responseTopic = "\(prefix)/answers/baton-fetch-\(tag)"
+        let responseTopic = topics.answers(to: "baton-fetch-\(tag)")
         let correlation = (0..<8).map { _ in UInt8.random(in: 0...255, using: &random) }
         let correlationHex = correlation.map { String(format: "%02x", $0) }.joined()
         var body = #"{"format":"\#(format)","response_topic":"\#(responseTopic)","correlation":"\#(correlationHex)""#
@@ -92,7 +93,7 @@ struct FetchCommand: ParsableCommand {
                         // one connection's packets in order.
                         try client.subscribe(responseTopic, qos: 1)
                         try Array(body.utf8).withUnsafeBytes { bytes in
-                            try client.publish(topic: "\(prefix)/fetch/\(deviceText)", payload: bytes, qos: 1,
+                            try client.publish(topic: topics.fetch(deviceID), payload: bytes, qos: 1,
                                                properties: MQTTProperties(responseTopic: responseTopic,
                                                                           correlationData: correlation))
                         }

@@ -40,7 +40,7 @@ struct StreamCommand: ParsableCommand {
     var deviceText: String { device.lowercased().filter { $0 != ":" } }
 
     func validate() throws {
-        guard deviceText.count == 12, deviceText.allSatisfy({ $0.isHexDigit }) else {
+        guard deviceText.count == 12, deviceText.allSatisfy({ $0.isHexDigit }), UInt64(deviceText, radix: 16) != nil else {
             throw ValidationError("DEVICE must be 12 hex digits like 5a123456789a, got \"\(device)\"")
         }
         guard timeout > 0, timeout <= 3600 else { throw ValidationError("--timeout must be 0–3600 seconds") }
@@ -103,8 +103,8 @@ struct StreamSession: ~Copyable {
     let downTopic: String
     /// `<prefix>/streams/S/gateway`: who carries the stream (docs/relay.md §7.1).
     let carrierTopic: String
-    /// `<prefix>/gateways/`, where the carrier's status is.
-    let gatewaysRoot: String
+    /// The building's topics: where the carrier's status is.
+    let topics: Topics
     /// The carrier `…/S/gateway` names now, whose status we follow (§7.4): its going offline
     /// ends the stream even when no gateway is left to send error gone.
     var carrier: String?
@@ -153,11 +153,13 @@ struct StreamSession: ~Copyable {
         self.device = device
         self.id = id
         self.broker = broker
-        openTopic = "\(prefix)/stream/\(device)/\(id)"
-        upTopic = "\(prefix)/streams/\(id)/up"
-        downTopic = "\(prefix)/streams/\(id)/down"
-        carrierTopic = "\(prefix)/streams/\(id)/gateway"
-        gatewaysRoot = "\(prefix)/gateways/"
+        topics = Topics(prefix: prefix)
+        // `device` is `baton stream`'s validated DEVICE: 12 hex digits.
+        openTopic = topics.streamOpen(device: UInt64(device, radix: 16) ?? 0, stream: id)
+        let stream = topics.stream(id)
+        upTopic = stream.up
+        downTopic = stream.down
+        carrierTopic = stream.gateway
         timeout = .milliseconds(Int64(seconds * 1000))
         timeoutSeconds = seconds
     }
@@ -288,7 +290,7 @@ struct StreamSession: ~Copyable {
         return nil
     }
 
-    func statusTopic(_ gateway: String) -> String { gatewaysRoot + gateway + "/status" }
+    func statusTopic(_ gateway: String) -> String { topics.status(of: gateway) }
 
     /// `…/S/gateway` named the stream's carrier (empty: the stream ended there, and its frames
     /// say how). The watch moves to the named gateway's status.

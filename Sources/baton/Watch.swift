@@ -1,6 +1,7 @@
 import BatonLibc
 import ArgumentParser
 import BatonMQTT
+import BatonRelay
 import Foundation
 import Glibc
 
@@ -19,8 +20,8 @@ struct WatchCommand: ParsableCommand {
 
     func run() throws {
         var client = try options.client(id: "baton-watch-\(getpid())", reconnectMax: .seconds(5))
-        let prefix = options.prefix, broker = options.broker
-        var view = WatchView(prefix: prefix, redraw: !lines && !once && isatty(STDOUT_FILENO) == 1)
+        let topics = Topics(prefix: options.prefix), broker = options.broker
+        var view = WatchView(topics: topics, redraw: !lines && !once && isatty(STDOUT_FILENO) == 1)
         client.start(now: .now)
         var lastMessage = Instant.now
         var connectedAt: Instant?
@@ -42,12 +43,12 @@ struct WatchCommand: ParsableCommand {
                     connectedAt = now
                     lastMessage = now
                     do throws(MQTTError) {
-                        try client.subscribe("\(prefix)/activities/+", qos: 1)
-                        try client.subscribe("\(prefix)/gateways/+/status", qos: 1)
+                        try client.subscribe(topics.activityPattern, qos: 1)
+                        try client.subscribe(topics.statusPattern, qos: 1)
                         // Was-continued events (docs/relay.md §3): not retained, news only.
-                        try client.subscribe("\(prefix)/continued/+", qos: 1)
+                        try client.subscribe(topics.continuedPattern, qos: 1)
                         // The people: devices named by their IRK (docs/security.md §10).
-                        try client.subscribe("\(prefix)/apple/+", qos: 1)
+                        try client.subscribe(topics.applePattern, qos: 1)
                     } catch {
                         throw ValidationError("subscribe: \(error)")
                     }
@@ -87,7 +88,7 @@ struct WatchView {
             return title.map { "\"\($0)\" (\(kind))" } ?? kind
         }
     }
-    let prefix: String
+    let topics: Topics
     let redraw: Bool
     var activities: [String: Activity] = [:]
     /// Named devices (`apple.irks`) by id: where each person's phone or watch is.
@@ -95,15 +96,12 @@ struct WatchView {
     var gateways: [String: String] = [:]
     var dirty = false
 
-    init(prefix: String, redraw: Bool) { self.prefix = prefix; self.redraw = redraw }
+    init(topics: Topics, redraw: Bool) { self.topics = topics; self.redraw = redraw }
 
     mutating func take(_ m: MQTTMessage) {
-        let parts = m.topic.split(separator: "/", omittingEmptySubsequences: false).map(String.init)
-        let base = prefix.split(separator: "/").count
-        guard parts.count > base else { return }
-        let rest = Array(parts[base...])
-        if rest.count == 2, rest[0] == "activities" {
-            let device = rest[1]
+        switch topics.classify(m.topic) {
+        case .activity(let id):
+            let device = Topics.deviceText(id)
             if m.payload.isEmpty {
                 if activities.removeValue(forKey: device) != nil { changed("\(device) cleared") }
                 return
@@ -124,8 +122,8 @@ struct WatchView {
             } else {
                 changed("\(device) \(a.state) in \(a.room) (gateway \(a.gateway), seq \(a.seq), \(a.what))")
             }
-        } else if rest.count == 2, rest[0] == "apple" {
-            let id = rest[1]
+        case .apple(let appleID):
+            let id = Topics.appleText(appleID)
             if m.payload.isEmpty {
                 if let gone = people.removeValue(forKey: id) { changed("\(gone.name) left \(gone.room)") }
                 return
@@ -140,13 +138,15 @@ struct WatchView {
             } else if before == nil {
                 changed("\(name) in \(now.room)")
             }
-        } else if rest.count == 2, rest[0] == "continued" {
+        case .continued(let device):
             guard let o = try? JSONSerialization.jsonObject(with: Data(m.payload)) as? [String: Any] else { return }
             let at = o["at"] as? String ?? "?", room = o["room"] as? String ?? "?"
-            changed("\(rest[1]) continued at \(at) (from \(room), seq \(o["seq"] as? Int ?? 0))")
-        } else if rest.count == 3, rest[0] == "gateways", rest[2] == "status" {
-            gateways[rest[1]] = String(decoding: m.payload, as: UTF8.self)
-            changed("gateway \(rest[1]) \(gateways[rest[1]]!)")
+            changed("\(Topics.deviceText(device)) continued at \(at) (from \(room), seq \(o["seq"] as? Int ?? 0))")
+        case .status(let gateway):
+            gateways[String(gateway)] = String(decoding: m.payload, as: UTF8.self)
+            changed("gateway \(gateway) \(gateways[String(gateway)]!)")
+        default:
+            break
         }
     }
 

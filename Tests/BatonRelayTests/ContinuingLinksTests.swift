@@ -48,10 +48,11 @@ private final class Rig {
     /// Every stream open the owner saw (`baton/stream/<device>/<id>`).
     private(set) var opens: [MQTTMessage] = []
     private var probes: Set<String> = []
+    let topics = Topics(prefix: "baton", discoveryPrefix: "homeassistant", gatewayID: "office")
 
     init(_ config: RelayConfig = RelayConfig()) throws {
         broker = try MosquittoBroker()
-        links = ContinuingLinks(config: config, prefix: "baton", gatewayID: "office", room: #"Dave's "office""#)
+        links = ContinuingLinks(config: config, topics: topics, room: #"Dave's "office""#)
         streams = StreamRelay(config: config, link: nil, gatewayID: "office")
         gateway = try MQTTClient(config: MQTTConfig(port: broker.port, clientID: "office", protocolVersion: .v5))
         owner = try MQTTClient(config: MQTTConfig(port: broker.port, clientID: "hall", protocolVersion: .v5))
@@ -138,7 +139,8 @@ private final class Rig {
             for case .message(let m) in gatewayEvents {
                 if m.topic == "probe/gateway" { probes.insert(m.topic); continue }
                 let p = m.properties
-                links.answered(topic: m.topic, correlation: p.correlationData ?? [],
+                guard case .answer(let link) = topics.classify(m.topic) else { continue }
+                links.answered(link: link, correlation: p.correlationData ?? [],
                                status: p.userProperties.first { $0.name == "status" }?.value ?? "?",
                                sequence: p.userProperties.first { $0.name == "seq" }.flatMap { UInt16($0.value) },
                                payload: m.payload, now: now)
