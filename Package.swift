@@ -69,7 +69,7 @@ var targets: [Target] = [
 
     .testTarget(name: "BatonYAMLTests", dependencies: ["BatonYAML"]),
     .testTarget(name: "BatonWireTests", dependencies: ["BatonLibc", "BatonWire", "BatonTestSupport"], exclude: ["Interop"]),
-    .testTarget(name: "BatonHCITests", dependencies: ["BatonLibc", "BatonHCI", "BatonWire", "BatonSim"]),
+    .testTarget(name: "BatonHCITests", dependencies: ["BatonLibc", "BatonHCI", "BatonWire", "BatonSim", "BatonTestSupport"]),
     .testTarget(name: "BatonCLITests", dependencies: ["BatonLibc", "BatonHCI", "BatonWire", "BatonSim", "BatonTestSupport", "baton"]),
     .testTarget(name: "BatonCoreTests", dependencies: ["BatonLibc", "BatonCore", "BatonWire", "BatonTestSupport"]),
     .testTarget(name: "BatonKeysTests", dependencies: ["BatonLibc", "BatonKeys", "BatonWire", "BatonTestSupport"], exclude: ["Interop"]),

@@ -16,11 +16,7 @@ import Testing
         try #require(r.status == 0, "baton device failed: \(r.stderr)")
         let lines = r.stdout.split(separator: "\n")
         try #require(lines.count == 2 && lines[0].hasPrefix("payload ") && lines[1].hasPrefix("advertisement "), "\(r.stdout)")
-        func bytes(_ line: Substring) -> [UInt8] {
-            let hex = Array(line.split(separator: " ")[1])
-            return stride(from: 0, to: hex.count, by: 2).map { UInt8(String(hex[$0 ... $0 + 1]), radix: 16)! }
-        }
-        return (bytes(lines[0]), bytes(lines[1]))
+        return (hx(lines[0].split(separator: " ")[1]), hx(lines[1].split(separator: " ")[1]))
     }
 
     @Test func theAdvertisementIsProtocolVectorOne() throws {

@@ -78,7 +78,7 @@ private final class ScriptedGateway {
 
     /// Publishes one frame on `…/S/down`, written in hex.
     func down(_ stream: String, _ hex: String) throws {
-        try broker.publish(topic: "baton/streams/\(stream)/down", payload: bytes(hex))
+        try broker.publish(topic: "baton/streams/\(stream)/down", payload: hx(hex))
     }
 }
 
@@ -92,18 +92,9 @@ private func within10s(_ condition: () -> Bool) -> Bool {
     return condition()
 }
 
-private func bytes(_ hex: String) -> [UInt8] {
-    let digits = Array(hex.filter { !$0.isWhitespace })
-    return stride(from: 0, to: digits.count, by: 2).map { UInt8(String(digits[$0...$0 + 1]), radix: 16)! }
-}
-
-private func hex(_ text: String) -> String {
-    text.utf8.map { String(format: "%02x", $0) }.joined()
-}
-
 /// The frame numbers of the acks among `frames` (§5.1 ack: 12 | next (4, LE) | window (2)).
 private func acks(_ frames: [String]) -> [UInt32] {
-    frames.map(bytes).filter { $0.count == 7 && $0[0] == 0x12 }.map { b in
+    frames.map(hx).filter { $0.count == 7 && $0[0] == 0x12 }.map { b in
         b[1...4].reversed().reduce(UInt32(0)) { $0 << 8 | UInt32($1) }
     }
 }
@@ -224,15 +215,15 @@ struct StreamCommandTests {
         // The device takes 4 frames of at most 8 bytes (§7.2 step 3).
         try gateway.down(s, "10 0400 0800")
         // stdin in frames of 8 bytes, then the close at 2 (§5.3).
-        #expect(gateway.awaitUp(s, "11 00000000" + hex("hello de")), "up: \(gateway.up(s))")
-        #expect(gateway.awaitUp(s, "11 01000000" + hex("vice")), "up: \(gateway.up(s))")
+        #expect(gateway.awaitUp(s, "11 00000000" + hexString("hello de".utf8)), "up: \(gateway.up(s))")
+        #expect(gateway.awaitUp(s, "11 01000000" + hexString("vice".utf8)), "up: \(gateway.up(s))")
         #expect(gateway.awaitUp(s, "1302000000"), "up: \(gateway.up(s))")
         try gateway.down(s, "12 02000000 0400")
 
         // Frame 1 first: after a gap, dropped; then 0 and 1 in order, then the close at 2.
-        try gateway.down(s, "11 01000000" + hex("ld"))
-        try gateway.down(s, "11 00000000" + hex("wor"))
-        try gateway.down(s, "11 01000000" + hex("ld"))
+        try gateway.down(s, "11 01000000" + hexString("ld".utf8))
+        try gateway.down(s, "11 00000000" + hexString("wor".utf8))
+        try gateway.down(s, "11 01000000" + hexString("ld".utf8))
         try gateway.down(s, "13 02000000")
 
         #expect(run.status() == 0, "\(run.stderr)")
@@ -250,8 +241,8 @@ struct StreamCommandTests {
 
     @Test("Refused or aborted by the gateway: exit 1 with the reason and its detail",
           arguments: [
-            ("15 03" + hex("no link to the device"), "baton stream: unreachable: no link to the device"),
-            ("15 05" + hex("8 streams are open"), "baton stream: busy: 8 streams are open"),
+            ("15 03" + hexString("no link to the device".utf8), "baton stream: unreachable: no link to the device"),
+            ("15 05" + hexString("8 streams are open".utf8), "baton stream: busy: 8 streams are open"),
             ("14 06", "baton stream: gone: the device or its gateway reset the stream"),
           ])
     func refused(frame: String, says: String) throws {
@@ -305,7 +296,7 @@ struct StreamCommandTests {
         let run = try StreamRun(broker, input: Array("abcdef".utf8))
         let s = try gateway.awaitOpen()
         try gateway.down(s, "10 0400 0300")
-        let first = ["1100000000" + hex("abc"), "1101000000" + hex("def"), "1302000000"]
+        let first = ["1100000000" + hexString("abc".utf8), "1101000000" + hexString("def".utf8), "1302000000"]
         #expect(gateway.awaitUp(s, first[2]), "up: \(gateway.up(s))")
         // The gateway stays silent: go-back-N (§5.3) sends 0, 1 and the close again.
         #expect(within10s { gateway.up(s).count >= 6 }, "up: \(gateway.up(s))")
@@ -340,7 +331,7 @@ struct StreamCommandTests {
         for n in 0..<16 {
             let frame = (0..<1024).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ n) }
             sent += frame
-            try gateway.down(s, String(format: "11 %02x000000", n) + frame.map { String(format: "%02x", $0) }.joined())
+            try gateway.down(s, String(format: "11 %02x000000", n) + hexString(frame))
         }
         // Whatever went into the pipe is acknowledged, and no more: give it a moment to be wrong.
         #expect(gateway.awaitUp(s) { $0.hasPrefix("12") }, "up: \(gateway.up(s))")
@@ -375,7 +366,7 @@ struct StreamCommandTests {
         // Everything acknowledged both ways; only the device's close is missing. Nothing is in
         // flight, so no retry timer resends anything: what follows the restart is the reconnect's.
         try gateway.down(s, "12 01000000 0400")
-        try gateway.down(s, "11 00000000" + hex("ok"))
+        try gateway.down(s, "11 00000000" + hexString("ok".utf8))
         #expect(gateway.awaitUp(s, "12 01000000 1000"), "up: \(gateway.up(s))")
 
         try broker.restart()

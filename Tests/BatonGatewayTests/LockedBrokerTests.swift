@@ -195,7 +195,7 @@ import Testing
         let device = try #require(capture.lastBeacons.keys.sorted().first)
         let out = dir.appendingPathComponent("fetch.out").path, err = dir.appendingPathComponent("fetch.err").path
         let fetched = try ChildProcess.run(batonBinary.path, [
-            "fetch", String(device, radix: 16).leftPadded(to: 12), "--broker", "mqtts://127.0.0.1:\(broker.port)",
+            "fetch", String(format: "%012llx", device), "--broker", "mqtts://127.0.0.1:\(broker.port)",
             "--ca-file", certs.ca, "--username", ha.0, "--password", ha.1,
         ], stdout: out, stderr: err, timeout: .seconds(20))
         let said = (try? String(contentsOfFile: err, encoding: .utf8)) ?? ""
@@ -204,12 +204,12 @@ import Testing
         // A re-advertising gateway asks for the phones in its room (docs/relay.md §9): as the
         // gateway user, a fetch is answered, and a stream's open and up frames are not denied.
         let asGateway = try ChildProcess.run(batonBinary.path, [
-            "fetch", String(device, radix: 16).leftPadded(to: 12), "--broker", "mqtts://127.0.0.1:\(broker.port)",
+            "fetch", String(format: "%012llx", device), "--broker", "mqtts://127.0.0.1:\(broker.port)",
             "--ca-file", certs.ca, "--username", "hall", "--password", "hall-secret",
         ], stdout: out, stderr: err, timeout: .seconds(20))
         #expect(asGateway == 1 && ((try? String(contentsOfFile: err, encoding: .utf8)) ?? "").contains("unreachable"),
                 "a gateway's fetch through the locked broker: exit \(asGateway)")
-        for topic in ["baton/stream/\(String(device, radix: 16).leftPadded(to: 12))/phone1", "baton/streams/phone1/up"] {
+        for topic in ["baton/stream/\(String(format: "%012llx", device))/phone1", "baton/streams/phone1/up"] {
             _ = try ChildProcess.run("/usr/bin/mosquitto_pub", [
                 "-h", "127.0.0.1", "-p", "\(broker.port)", "--cafile", certs.ca, "-u", "hall", "-P", "hall-secret",
                 "-t", topic, "-q", "1", "-m", "x",
@@ -224,9 +224,4 @@ import Testing
         #expect(!(try read("baton/gateways/hall/stats", as: ha).text.contains("hall-secret")))
         #expect(gateway.stop() == 0)
     }
-}
-
-extension String {
-    /// Zeros in front up to `width` characters (a device id's 12 hex digits).
-    func leftPadded(to width: Int) -> String { String(repeating: "0", count: max(0, width - count)) + self }
 }

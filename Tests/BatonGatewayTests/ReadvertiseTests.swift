@@ -9,7 +9,7 @@ import Foundation
 import Testing
 
 private let keys = try! GroupKeys.derive(secret: try! GroupSecret(text: "BATON-GROUP-V1:AAAQEAYEAUDAOCAJBIFQYDIOB4QL"))
-private let group = String(keys.groupHash, radix: 16).leftPadded(8)
+private let group = String(format: "%08x", keys.groupHash)
 /// Device 4 of the group (docs/security.md §3.1): its topic id.
 private let daveID = DeviceIdentity.id(groupHash: keys.groupHash, number: 4)
 
@@ -22,10 +22,6 @@ private func activity(seq: Int = 258, gateway: String = "hall", verified: Bool =
     "relayed":\(relayed),"psm":\(psm),"verified":\(verified),"identity":4,"room":"Hall","gateway":"\(gateway)",\
     "rssi":-61,"first_seen":"2026-11-23T09:14:03.512204Z","changed":"2026-11-23T09:20:41.004318Z"}
     """.utf8)
-}
-
-private extension String {
-    func leftPadded(_ n: Int) -> String { String(repeating: "0", count: max(0, n - count)) + self }
 }
 
 @Suite("Re-advertising other rooms' activities (docs/relay.md §9)")

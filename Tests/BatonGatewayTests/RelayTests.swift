@@ -567,7 +567,7 @@ let streamBroker = ["set_tcp_nodelay true"]
         for i in 0 ..< 20 { junk.append((true, id(), Array("ghost-\(i)".utf8))) }
         for _ in 0 ..< 20 { junk.append((true, id(), Array("hall".utf8))) }
         for _ in 0 ..< 20 { junk.append((true, id(), Array("office".utf8))) }
-        let lines = junk.map { "\($0.retain ? 1 : 0) \($0.id) \($0.payload.map { String(format: "%02x", $0) }.joined())" }
+        let lines = junk.map { "\($0.retain ? 1 : 0) \($0.id) \(hexString($0.payload))" }
         try (lines.joined(separator: "\n") + "\n").write(to: b.dir.appendingPathComponent("junk.txt"), atomically: true, encoding: .utf8)
         // MQTT 3.1.1 by hand (§3.1 CONNECT, §3.3 PUBLISH at QoS 0, §3.12 PINGREQ): the ping's
         // answer says the broker has read every publish before it.
@@ -673,7 +673,7 @@ let streamBroker = ["set_tcp_nodelay true"]
 
         func publish(_ topic: String, hex: String) throws {
             let file = b.dir.appendingPathComponent("frame.bin")
-            try Data(hex.split(separator: " ").map { UInt8($0, radix: 16)! }).write(to: file)
+            try Data(hx(hex)).write(to: file)
             #expect(try ChildProcess.run("/usr/bin/mosquitto_pub", ["-h", "127.0.0.1", "-p", "\(broker.port)", "-q", "1",
                                                                     "-t", topic, "-f", file.path]) == 0)
         }

@@ -137,7 +137,7 @@ private func finishedStats(_ broker: MosquittoBroker, _ gateway: GatewayProcess)
         #expect(drops["beacon-relayed"] == 1, "a relayed copy is for phones, not rooms: \(drops)")
         let security = try #require(o["security"] as? [String: Any])
         #expect(security["verified"] as? Int == 3 && security["unkeyed"] as? String == "ignore", "\(security)")
-        #expect(security["group"] as? String == String(anna.groupHash, radix: 16).leftPad(8))
+        #expect(security["group"] as? String == String(format: "%08x", anna.groupHash))
         #expect(!gateway.log.contains("BATON-BEACON-V1"), "the key reached the log")
         #expect(!String(decoding: try broker.retained("#").values.joined(), as: UTF8.self).contains("BATON-BEACON"),
                 "the key reached the broker")
@@ -329,8 +329,4 @@ private func finishedStats(_ broker: MosquittoBroker, _ gateway: GatewayProcess)
         #expect(status == 0 && printed.split(separator: "\n").contains { $0.hasPrefix("Hall ") && $0.hasSuffix(" Anna's iPhone") },
                 "\(printed)")
     }
-}
-
-private extension String {
-    func leftPad(_ n: Int) -> String { String(repeating: "0", count: max(0, n - count)) + self }
 }

@@ -9,6 +9,7 @@
 //   2001: New Index (hci0), System Note (index 65535), command, LE Extended Advertising Report,
 //         ACL RX
 import Testing
+import BatonTestSupport
 import BatonHCI
 import BatonWire
 
@@ -26,25 +27,25 @@ func buildFile(capacity: Int = 4096, _ body: (inout ByteWriter) throws -> Void) 
 @Suite struct BTSnoopTests {
     /// 2023-11-14T22:13:20Z.
     static let t0: Int64 = 1_700_000_000_000_000
-    static let command = HexVector.parse("0c2002 0100")                       // LE Set Scan Enable
+    static let command = hx("0c2002 0100")                       // LE Set Scan Enable
     static let event = HCIEventTests.legacyTwo                                // LE Advertising Report
-    static let acl = HexVector.parse("4020 0700 0300 0400 0a0100")            // ATT Read Request
+    static let acl = hx("4020 0700 0300 0400 0a0100")            // ATT Read Request
 
-    static let h4File = HexVector.parse("""
+    static let h4File = hx("""
         6274736e6f6f7000 00000001 000003ea
         00000006 00000006 00000002 00000000 00e2e7d7274dc000 01 0c20020100
         00000023 00000023 00000003 00000000 00e2e7d7274dc3e8 04 3e20020200015544332211c003020106c404001371da7d1a000706094261746f6eb5
         0000000c 0000000c 00000001 00000000 00e2e7d7274dc7d0 02 40200700030004000a0100
         """)
-    static let hciFile = HexVector.parse("""
+    static let hciFile = hx("""
         6274736e6f6f7000 00000001 000003e9
         00000005 00000005 00000002 00000000 00e2e7d7274dc000 0c20020100
         00000022 00000022 00000003 00000000 00e2e7d7274dc3e8 3e20020200015544332211c003020106c404001371da7d1a000706094261746f6eb5
         0000000b 0000000b 00000001 00000000 00e2e7d7274dc7d0 40200700030004000a0100
         """)
-    static let newIndex = HexVector.parse("00 01 665544332211") + Array("hci0\0\0\0\0".utf8)  // type, bus USB, addr, name[8]
+    static let newIndex = hx("00 01 665544332211") + Array("hci0\0\0\0\0".utf8)  // type, bus USB, addr, name[8]
     static let systemNote = Array("Bluetooth monitor ver 5.66\0".utf8)
-    static let monitorFile = HexVector.parse("""
+    static let monitorFile = hx("""
         6274736e6f6f7000 00000001 000007d1
         00000010 00000010 00000000 00000000 00e2e7d7274dc000 0001665544332211 6863693000000000
         0000001b 0000001b ffff000c 00000000 00e2e7d7274dc3e8 426c7565746f6f7468206d6f6e69746f722076657220352e363600

@@ -1,6 +1,7 @@
 // The format-sniffing capture reader (docs/captures.md), the LL advertising PDU → report
 // helper (Core 5.4, Vol 6, Part B, §2.3.1), and helpers the BTSnoop and PCAP suites share.
 import Testing
+import BatonTestSupport
 import BatonHCI
 import BatonWire
 
@@ -112,7 +113,7 @@ func llReport(_ pdu: [UInt8], rssi: Int8 = -70) -> Result<ReportCopy?, WireError
 
     @Test func unknownFormatNamesItsFirstBytes() {
         #expect(throws: WireError.unsupported(at: 0, value: 0x504B_0304)) {  // a zip file
-            try readCapture(HexVector.parse("504b0304 14000000"))
+            try readCapture(hx("504b0304 14000000"))
         }
     }
 
@@ -157,7 +158,7 @@ func llReport(_ pdu: [UInt8], rssi: Int8 = -70) -> Result<ReportCopy?, WireError
     // Core 5.4, Vol 6, Part B, §2.3.1: legacy advertising PDUs.
 
     @Test func advIndBecomesAReport() throws {
-        let pdu = HexVector.parse("40165544332211c002010606094261746f6e0516d2fc4000")
+        let pdu = hx("40165544332211c002010606094261746f6e0516d2fc4000")
         let r = try #require(try llReport(pdu).get())
         #expect(r.legacyEventType == 0x00 && r.eventType == 0x13)
         #expect(r.addressType == 1)  // TxAdd
@@ -179,7 +180,7 @@ func llReport(_ pdu: [UInt8], rssi: Int8 = -70) -> Result<ReportCopy?, WireError
     }
 
     @Test func advDirectIndCarriesTheTarget() throws {
-        let r = try #require(try llReport(HexVector.parse("810ca1a2a3a4a5a6b1b2b3b4b5f6")).get())
+        let r = try #require(try llReport(hx("810ca1a2a3a4a5a6b1b2b3b4b5f6")).get())
         #expect(r.legacyEventType == 0x01 && r.eventType == 0x15)
         #expect(r.address == 0xA6_A5_A4_A3_A2_A1 && r.addressType == 0)
         #expect(r.directAddress == 0xF6_B5_B4_B3_B2_B1 && r.directAddressType == 1)  // RxAdd

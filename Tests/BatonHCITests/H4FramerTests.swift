@@ -2,21 +2,8 @@
 // (packet headers). Framers are drip-fed byte by byte between guard bytes and fed in every
 // possible two- and three-way split (STYLE.md habit 8).
 import Testing
+import BatonTestSupport
 import BatonHCI
-
-/// Hex test vectors: "0c 20 02" → [0x0C, 0x20, 0x02]. Whitespace is ignored.
-enum HexVector {
-    static func parse(_ s: String) -> [UInt8] {
-        let digits = s.unicodeScalars.filter { !$0.properties.isWhitespace }
-        precondition(digits.count % 2 == 0, "odd number of hex digits")
-        var out: [UInt8] = []
-        var it = digits.makeIterator()
-        while let hi = it.next(), let lo = it.next() {
-            out.append(UInt8(String(hi), radix: 16)! << 4 | UInt8(String(lo), radix: 16)!)
-        }
-        return out
-    }
-}
 
 /// Feeds chunks to a framer and collects every frame (indicator included) it delivers.
 struct FramerRun {
@@ -44,19 +31,19 @@ struct FramerRun {
 
 @Suite struct H4FramerTests {
     // One packet of each kind (Vol 4, Part E, §5.4.1–§5.4.5).
-    static let command = HexVector.parse("01 0c20 02 0100")            // LE Set Scan Enable (0x200C)
-    static let acl = HexVector.parse("02 4020 0700 0300 0400 0a0100")  // handle 0x040, PB 2, ATT read req
-    static let sco = HexVector.parse("03 0100 03 aabbcc")
-    static let event = HexVector.parse("04 0e 04 01 0c20 00")          // Command Complete, LE Set Scan Enable, success
-    static let emptyEvent = HexVector.parse("04 ff 00")               // vendor event, no parameters
+    static let command = hx("01 0c20 02 0100")            // LE Set Scan Enable (0x200C)
+    static let acl = hx("02 4020 0700 0300 0400 0a0100")  // handle 0x040, PB 2, ATT read req
+    static let sco = hx("03 0100 03 aabbcc")
+    static let event = hx("04 0e 04 01 0c20 00")          // Command Complete, LE Set Scan Enable, success
+    static let emptyEvent = hx("04 ff 00")               // vendor event, no parameters
     // ISO: the length field's top two bits are RFU (§5.4.5): 0xC005 means 5 bytes.
-    static let iso = HexVector.parse("05 6000 05c0 0102030405")
+    static let iso = hx("05 6000 05c0 0102030405")
 
     static var all: [UInt8] { command + acl + sco + event + emptyEvent + iso }
     static let expected = [command, acl, sco, event, emptyEvent, iso]
     // Guard bytes: none is a valid indicator (0x01…0x05).
-    static let before = HexVector.parse("00 ff 06 80 7f")
-    static let after = HexVector.parse("00 ee")
+    static let before = hx("00 ff 06 80 7f")
+    static let after = hx("00 ee")
 
     @Test func eachPacketTypeInOneChunk() {
         let run = FramerRun(chunks: [Self.all])
@@ -143,12 +130,12 @@ struct FramerRun {
     }
 
     @Test func aclAtTheLimitIsDeliveredOnePastIsOversize() {
-        let atLimit = HexVector.parse("02 4020 0500 aabbccddee")
+        let atLimit = hx("02 4020 0500 aabbccddee")
         let run = FramerRun(maxDataPayload: 5, chunks: [atLimit])
         #expect(run.frames == [atLimit])
         #expect(run.stats.oversizePackets == 0)
         // None of the bytes after the indicator is 0x01…0x05, so the re-scan finds nothing.
-        let onePast = HexVector.parse("02 4020 0600 aabbccddeeff")
+        let onePast = hx("02 4020 0600 aabbccddeeff")
         let run2 = FramerRun(maxDataPayload: 5, chunks: [onePast + Self.event])
         #expect(run2.stats.oversizePackets == 1)
         #expect(run2.frames == [Self.event])
@@ -170,7 +157,7 @@ struct FramerRun {
 
     @Test func oversizeISOUsesFourteenBitLength() {
         // Length field 0xFFFF → 0x3FFF = 16383 > 1024: oversize, then the hunt resumes.
-        let stream = HexVector.parse("05 0000 ffff") + Self.command
+        let stream = hx("05 0000 ffff") + Self.command
         let run = FramerRun(chunks: [stream])
         #expect(run.stats.oversizePackets == 1)
         #expect(run.frames == [Self.command])

@@ -3,13 +3,9 @@
 // Part A, §2; status codes from Vol 1, Part F, §1.3.
 
 import Testing
+import BatonTestSupport
 import BatonWire
 @testable import BatonHCI
-
-/// "01 03 0C 00" → bytes.
-private func bytes(_ hex: String) -> [UInt8] {
-    hex.split(separator: " ").map { UInt8($0, radix: 16)! }
-}
 
 /// The H4 frame `command` encodes to, as "01 03 0C 00".
 private func encoded(_ command: HCICommand) throws -> String {
@@ -21,11 +17,11 @@ private func encoded(_ command: HCICommand) throws -> String {
     }
     #expect(n == command.encodedLength)
     #expect(storage[n] == 0xEE, "wrote past its length")
-    return storage[..<n].map { ($0 < 0x10 ? "0" : "") + String($0, radix: 16, uppercase: true) }.joined(separator: " ")
+    return spacedHex(storage[..<n])
 }
 
 private func parse(_ hex: String) throws -> HCICommandResponse? {
-    try bytes(hex).withUnsafeBytes { try HCICommandResponse.parse(event: $0) }
+    try hx(hex).withUnsafeBytes { try HCICommandResponse.parse(event: $0) }
 }
 
 private func parseError(_ hex: String) -> WireError? {
@@ -244,7 +240,7 @@ struct HCICommandTests {
 
     @Test("§7.4.1 return parameters: HCI 5.2, company 0x0002")
     func localVersion() throws {
-        let event = bytes("0E 0C 01 01 10 00 0B 00 01 0B 02 00 09 22")
+        let event = hx("0E 0C 01 01 10 00 0B 00 01 0B 02 00 09 22")
         let v = try event.withUnsafeBytes { raw in
             let r = try #require(try HCICommandResponse.parse(event: raw))
             #expect(r.opcode == .readLocalVersionInformation)
@@ -254,7 +250,7 @@ struct HCICommandTests {
                                      companyIdentifier: 0x0002, lmpSubversion: 0x2209))
         #expect(v.coreVersion == "5.2")
         // One byte short of the 8 parameters after Status.
-        let short = bytes("0B 00 01 0B 02 00 09")
+        let short = hx("0B 00 01 0B 02 00 09")
         #expect(throws: WireError.truncated(at: 0, need: 1)) {
             try short.withUnsafeBytes { try HCILocalVersion.parse($0) }
         }
@@ -263,7 +259,7 @@ struct HCICommandTests {
     @Test("Vol 6 Part B §4.6 LE features: bit 12 LE Extended Advertising")
     func leFeatures() throws {
         func features(_ hex: String) throws -> LEFeatures {
-            let event = bytes(hex)
+            let event = hx(hex)
             return try event.withUnsafeBytes { raw in
                 let r = try #require(try HCICommandResponse.parse(event: raw))
                 return try LEFeatures.parse(UnsafeRawBufferPointer(rebasing: raw[r.returnParameters]))
@@ -278,7 +274,7 @@ struct HCICommandTests {
         #expect(!fourTwo.contains(.extendedAdvertising))
         // Seven feature bytes instead of eight.
         #expect(throws: WireError.truncated(at: 0, need: 1)) {
-            try bytes("FF 19 00 00 00 00 00").withUnsafeBytes { try LEFeatures.parse($0) }
+            try hx("FF 19 00 00 00 00 00").withUnsafeBytes { try LEFeatures.parse($0) }
         }
     }
 }

@@ -5,6 +5,7 @@
 // extended report: type 0x0000 complete, random c1:22:33:44:55:66, PHY 1M/2M, SID 3, TX power
 // 127 (n/a), RSSI -64, 11 bytes of data.
 import Testing
+import BatonTestSupport
 import BatonHCI
 import BatonWire
 
@@ -61,7 +62,7 @@ extension Result {
     //   02 02          Subevent LE Advertising Report, Num_Reports 2
     //   00 01 554433 2211c0 03 020106 c4          ADV_IND, random, C0:11:22:33:44:55, flags, -60 dBm
     //   04 00 1371da 7d1a00 07 0609426174 6f6e b5 SCAN_RSP, public, 00:1A:7D:DA:71:13, "Baton", -75 dBm
-    static let legacyTwo = HexVector.parse(
+    static let legacyTwo = hx(
         "3e20 0202 00 01 554433 2211c0 03 020106 c4 04 00 1371da 7d1a00 07 0609426174 6f6e b5")
 
     // §7.7.65.13, one report:
@@ -71,7 +72,7 @@ extension Result {
     //   01 02 03 7f c0 0000          Primary 1M, Secondary 2M, SID 3, TX power n/a, RSSI -64, no periodic
     //   00 000000000000              Direct_Address_Type / Direct_Address
     //   0b 0201060716d2fc40004142    Data_Length 11, data
-    static let extendedOne = HexVector.parse(
+    static let extendedOne = hx(
         "3e 25 0d 01 0000 01 665544 3322c1 01 02 03 7f c0 0000 00 000000000000 0b 0201060716d2fc40004142")
 
     @Test func legacyReportWithTwoReports_7_7_65_2() throws {
@@ -115,7 +116,7 @@ extension Result {
         #expect(r.rssi == -64)
         #expect(r.periodicInterval == 0)
         #expect(r.directAddressType == 0 && r.directAddress == 0)
-        #expect(r.data == HexVector.parse("0201060716d2fc40004142"))
+        #expect(r.data == hx("0201060716d2fc40004142"))
     }
 
     @Test func extendedEventTypeBits() {
@@ -171,8 +172,8 @@ extension Result {
     }
 
     @Test func zeroReportsIsMalformed() {
-        #expect(advertisingReports(HexVector.parse("3e02 0200")).thrown == .malformed(at: 3, .advNoReports))
-        #expect(advertisingReports(HexVector.parse("3e02 0d00")).thrown == .malformed(at: 3, .advNoReports))
+        #expect(advertisingReports(hx("3e02 0200")).thrown == .malformed(at: 3, .advNoReports))
+        #expect(advertisingReports(hx("3e02 0d00")).thrown == .malformed(at: 3, .advNoReports))
     }
 
     @Test func legacyDataLength31IsTheMaximum() throws {
@@ -219,8 +220,8 @@ extension Result {
     @Test func lengthIsCheckedForEveryEventNotOnlyReports() {
         // A Command Complete whose Parameter_Total_Length disagrees with the packet is bad
         // bytes even though it carries no report.
-        #expect(advertisingReports(HexVector.parse("0e 04 01 0c20 00 ff")).thrown == .trailing(at: 6, count: 1))
-        #expect(advertisingReports(HexVector.parse("0e 04 01 0c20")).thrown == .truncated(at: 2, need: 1))
+        #expect(advertisingReports(hx("0e 04 01 0c20 00 ff")).thrown == .trailing(at: 6, count: 1))
+        #expect(advertisingReports(hx("0e 04 01 0c20")).thrown == .truncated(at: 2, need: 1))
     }
 
     @Test func reservedLegacyEventType() {
@@ -231,10 +232,10 @@ extension Result {
 
     @Test func otherEventsAndSubeventsYieldNothing() {
         // Command Complete (§7.7.14) and LE Connection Complete (§7.7.65.1).
-        #expect(advertisingReports(HexVector.parse("0e 04 01 0c20 00")).value?.isEmpty == true)
-        #expect(advertisingReports(HexVector.parse("3e 02 01 00")).value?.isEmpty == true)
+        #expect(advertisingReports(hx("0e 04 01 0c20 00")).value?.isEmpty == true)
+        #expect(advertisingReports(hx("3e 02 01 00")).value?.isEmpty == true)
         // LE Meta with no subevent byte is truncated, not silently ignored.
-        #expect(advertisingReports(HexVector.parse("3e 00")).thrown == .truncated(at: 2, need: 1))
+        #expect(advertisingReports(hx("3e 00")).thrown == .truncated(at: 2, need: 1))
     }
 
     @Test func threeReportsComeOutInOrder() throws {

@@ -6,6 +6,7 @@
 
 import Glibc
 import Testing
+import BatonTestSupport
 import CBlueZ
 import BatonWire
 @testable import BatonHCI
@@ -20,11 +21,11 @@ private func written(_ capacity: Int = 128,
         return w.count
     }
     #expect(storage[capacity] == 0xEE, "wrote past the writer's capacity")
-    return radioHex(storage[..<n])
+    return spacedHex(storage[..<n])
 }
 
 private func event(_ hex: String) throws -> ManagementEvent {
-    try radioBytes(hex).withUnsafeBytes { try ManagementEvent.parse($0) }
+    try hx(hex).withUnsafeBytes { try ManagementEvent.parse($0) }
 }
 
 private func eventError(_ hex: String) -> WireError? {
@@ -52,7 +53,7 @@ struct ManagementTests {
 
     @Test("Add Advertising: instance, flags (connectable), duration and timeout 0, the beacon as Adv_Data")
     func addAdvertisingAsBytes() throws {
-        let data = radioBytes(vector1)
+        let data = hx(vector1)
         let hex = try data.withUnsafeBytes { d in
             try written { w throws(WireError) in
                 try ManagementCommand.addAdvertising(index: 1, instance: 5, flags: .connectable, advertisingData: d, into: &w)
@@ -61,7 +62,7 @@ struct ManagementTests {
         // plen 42 = 11 fixed + 31 data, as btmon printed it for `baton device` in the VM.
         #expect(hex == "3E 00 01 00 2A 00 05 01 00 00 00 00 00 00 00 1F 00 " + vector1)
         // And with a scan response and the discoverable bit, the lengths and flags follow.
-        let scan = radioBytes("03 09 41 42")
+        let scan = hx("03 09 41 42")
         let both = try data.withUnsafeBytes { d in
             try scan.withUnsafeBytes { s in
                 try written { w throws(WireError) in
@@ -75,7 +76,7 @@ struct ManagementTests {
 
     @Test("A writer one byte short: noRoom, nothing written")
     func noRoom() throws {
-        let data = radioBytes(vector1)
+        let data = hx(vector1)
         for (need, encode) in [(6, { (w: inout ByteWriter) throws(WireError) in
                                     try ManagementCommand.readControllerInformation(index: 0, into: &w) }),
                                (7, { (w: inout ByteWriter) throws(WireError) in
@@ -151,7 +152,7 @@ struct ManagementTests {
     func controllerInformation() throws {
         // btvirt's hci1 (00:AA:01:01:00:01), Bluetooth 5.0, manufacturer 0x05F1 (The Linux
         // Foundation), supported and current settings; the class and names follow (ignored).
-        let params = radioBytes("01 00 01 01 AA 00 09 F1 05 FF FE 01 00 C1 02 00 00 00 00 00")
+        let params = hx("01 00 01 01 AA 00 09 F1 05 FF FE 01 00 C1 02 00 00 00 00 00")
         let info = try params.withUnsafeBytes { try ControllerInformation.parse($0) }
         #expect(info.address == 0x00AA_0101_0001)
         #expect(info.bluetoothVersion == 9)
@@ -161,21 +162,21 @@ struct ManagementTests {
         #expect(info.currentSettings.contains(.advertising) == false)
         #expect(info.usesStaticAddress == false)
         // No public address: the controller advertises from its static random address.
-        let none = try radioBytes("00 00 00 00 00 00 09 F1 05 FF FE 01 00 C1 06 00 00")
+        let none = try hx("00 00 00 00 00 00 09 F1 05 FF FE 01 00 C1 06 00 00")
             .withUnsafeBytes { try ControllerInformation.parse($0) }
         #expect(none.usesStaticAddress)
-        let forced = try radioBytes("01 00 01 01 AA 00 09 F1 05 FF FE 01 00 01 82 00 00")
+        let forced = try hx("01 00 01 01 AA 00 09 F1 05 FF FE 01 00 01 82 00 00")
             .withUnsafeBytes { try ControllerInformation.parse($0) }
         #expect(forced.usesStaticAddress)  // bit 15, Static Address
         #expect(throws: WireError.truncated(at: 13, need: 3)) {
-            try radioBytes("01 00 01 01 AA 00 09 F1 05 FF FE 01 00 C1").withUnsafeBytes { try ControllerInformation.parse($0) }
+            try hx("01 00 01 01 AA 00 09 F1 05 FF FE 01 00 C1").withUnsafeBytes { try ControllerInformation.parse($0) }
         }
     }
 
     @Test("Read Advertising Features: the highest free instance, none when all are taken")
     func advertisingFeatures() throws {
         func parse(_ hex: String) throws -> AdvertisingFeatures {
-            try radioBytes(hex).withUnsafeBytes { try AdvertisingFeatures.parse($0) }
+            try hx(hex).withUnsafeBytes { try AdvertisingFeatures.parse($0) }
         }
         // 5 instances, bluetoothd holds 1 and 3: 5 is free.
         let f = try parse("7F F0 00 00 1F 1F 05 02 01 03")

@@ -19,6 +19,7 @@
 //        with IDB 254 (if_tsresol 0x83 = 1/8 s, if_tsoffset 10 s) and one EPB at
 //        1700000010.5 s, which tshark confirmed with that block removed.
 import Testing
+import BatonTestSupport
 import BatonHCI
 import BatonWire
 
@@ -28,25 +29,25 @@ import BatonWire
     static let event = BTSnoopTests.event
     static let acl = BTSnoopTests.acl
     static let extEvent = HCIEventTests.extendedOne
-    static let advInd = HexVector.parse("40165544332211c002010606094261746f6e0516d2fc4000")
-    static let advNonconn = HexVector.parse("020d01020304050602010403ff4c00")
-    static let advDirect = HexVector.parse("810ca1a2a3a4a5a6b1b2b3b4b5f6")
+    static let advInd = hx("40165544332211c002010606094261746f6e0516d2fc4000")
+    static let advNonconn = hx("020d01020304050602010403ff4c00")
+    static let advDirect = hx("810ca1a2a3a4a5a6b1b2b3b4b5f6")
 
-    static let h4File = HexVector.parse("""
+    static let h4File = hx("""
         d4c3b2a1 0200 0400 00000000 00000000 ffff0000 bb000000
         00f15365 00000000 06000000 06000000 01 0c20020100
         00f15365 e8030000 23000000 23000000 04 3e20020200015544332211c003020106c404001371da7d1a000706094261746f6eb5
         00f15365 d0070000 0c000000 0c000000 02 40200700030004000a0100
         """)
     // Big-endian file; direction u32 (bit 0 = received) before each H4 packet.
-    static let h4WithPHDRFile = HexVector.parse("""
+    static let h4WithPHDRFile = hx("""
         a1b2c3d4 0002 0004 00000000 00000000 0000ffff 000000c9
         6553f100 00000000 0000000a 0000000a 00000000 01 0c20020100
         6553f100 000003e8 00000027 00000027 00000001 04 3e20020200015544332211c003020106c404001371da7d1a000706094261746f6eb5
         6553f100 000007d0 00000010 00000010 00000001 02 40200700030004000a0100
         """)
     // Nanosecond magic; adapter index and opcode big-endian before each payload.
-    static let monitorFile = HexVector.parse("""
+    static let monitorFile = hx("""
         4d3cb2a1 0200 0400 00000000 00000000 ffff0000 fe000000
         00f15365 07000000 14000000 14000000 0000 0000 0001665544332211 6863693000000000
         00f15365 47420f00 09000000 09000000 0000 0002 0c20020100
@@ -55,7 +56,7 @@ import BatonWire
     // RF channel 0 (= advertising channel 37), signal -60, noise -128, offenses 0,
     // reference AA 8e89bed6, flags 0x0013 (dewhitened, signal valid, reference AA valid),
     // then access address, PDU, CRC.
-    static let leLLFile = HexVector.parse("""
+    static let leLLFile = hx("""
         d4c3b2a1 0200 0400 00000000 00000000 ffff0000 00010000
         00f15365 00000000 29000000 29000000 00 c4 80 00 d6be898e 1300 d6be898e 40165544332211c002010606094261746f6e0516d2fc4000 757ed6
         01f15365 00000000 20000000 20000000 00 c4 80 00 d6be898e 1300 d6be898e 020d01020304050602010403ff4c00 844e0d
@@ -64,13 +65,13 @@ import BatonWire
         """)
     // board 00 | payload length 0x0029 | version 3 | counter 1 | id 02 (advertising) |
     // event: length 10, flags, channel, RSSI 60 (= -60 dBm), event counter 0, timestamp 123456 | LE packet
-    static let nordicFile = HexVector.parse("""
+    static let nordicFile = hx("""
         d4c3b2a1 0200 0400 00000000 00000000 ffff0000 10010000
         00f15365 00000000 30000000 30000000 00 2900 03 0100 02 0a 01 25 3c 0000 40e20100 d6be898e 40165544332211c002010606094261746f6e0516d2fc4000 757ed6
         00f15365 e8030000 30000000 30000000 00 2900 03 0100 02 0a 00 25 3c 0000 40e20100 d6be898e 40165544332211c002010606094261746f6e0516d2fc4000 747ed6
         00f15365 d0070000 30000000 30000000 00 2900 03 0100 02 0a 01 26 3c 0000 40e20100 d6be898e 40165544332211c002010606094261746f6e0516d2fc4000 757ed6
         """)
-    static let pcapngFile = HexVector.parse("""
+    static let pcapngFile = hx("""
         0a0d0d0a 20000000 4d3c2b1a 0100 0000 ffffffffffffffff 0000 0000 20000000
         01000000 20000000 bb00 0000 00000000 0900 0100 09000000 0000 0000 20000000
         01000000 14000000 0001 0000 00000000 14000000
@@ -192,7 +193,7 @@ import BatonWire
     /// A little-endian microsecond pcap file of `linkType` holding `packets` at t0, t0+1 s, …
     static func pcap(linkType: UInt32, _ packets: [[UInt8]]) -> [UInt8] {
         func le32(_ v: UInt32) -> [UInt8] { (0 ..< 4).map { UInt8(truncatingIfNeeded: v >> (8 * $0)) } }
-        var out = HexVector.parse("d4c3b2a1 0200 0400 00000000 00000000 ffff0000") + le32(linkType)
+        var out = hx("d4c3b2a1 0200 0400 00000000 00000000 ffff0000") + le32(linkType)
         for (i, p) in packets.enumerated() {
             out += le32(1_700_000_000 + UInt32(i)) + le32(0) + le32(UInt32(p.count)) + le32(UInt32(p.count)) + p
         }
@@ -358,7 +359,7 @@ import BatonWire
         let total = UInt32(12 + padded.count)
         return le32(type) + le32(total) + padded + le32(total)
     }
-    static let shb = block(0x0A0D_0D0A, HexVector.parse("4d3c2b1a 0100 0000 ffffffffffffffff"))
+    static let shb = block(0x0A0D_0D0A, hx("4d3c2b1a 0100 0000 ffffffffffffffff"))
     static func idb(_ linkType: UInt16, options: [UInt8] = []) -> [UInt8] {
         block(1, [UInt8(linkType & 0xFF), UInt8(linkType >> 8), 0, 0, 0, 0, 0, 0] + options)
     }
@@ -391,7 +392,7 @@ import BatonWire
     }
 
     @Test func pcapngOptionRunningPastItsBlock() throws {
-        let file = Self.shb + Self.idb(187, options: HexVector.parse("0900 4000 06000000"))
+        let file = Self.shb + Self.idb(187, options: hx("0900 4000 06000000"))
         #expect(try readCapture(file).error == .malformed(at: Self.shb.count + 16, .pcapngOption))
     }
 

@@ -8,6 +8,7 @@
 import BatonLibc
 import Glibc
 import Testing
+import BatonTestSupport
 import BatonWire
 @testable import BatonHCI
 
@@ -22,7 +23,7 @@ private func scan(_ radio: inout RadioBlueZ, _ ctl: RadioFakeController, now: In
     var frames: [String] = []
     while radio.state != .scanning, frames.count < 8 {
         let frame = try #require(ctl.nextCommand())
-        frames.append(radioHex(frame))
+        frames.append(spacedHex(frame))
         ctl.answer(frame, features: 0x003F)
         _ = try radio.poll(now: now) { _ in Issue.record("an event leaked out during init") }
     }
@@ -53,8 +54,8 @@ struct RadioBlueZRescanTests {
         let kernel = ["01 0C 20 02 00 00", "01 11 20 07 00 01 00 01 01 AA 00", "01 0B 20 07 00 60 00 30 00 00 01",
                       "01 0C 20 02 01 01", "01 0C 20 02 00 00"]
         let t1 = t0 + .milliseconds(100)
-        for command in kernel { ctl.send(radioBytes(command)) }
-        ctl.send(radioBytes("01 0D 20 19 60 00 60 00 00 00 01 00 01 01 AA 00 00 18 00 28 00 00 00 2A 00 00 00 00 00"))
+        for command in kernel { ctl.send(hx(command)) }
+        ctl.send(hx("01 0D 20 19 60 00 60 00 00 00 01 00 01 01 AA 00 00 18 00 28 00 00 00 2A 00 00 00 00 00"))
         _ = try radio.poll(now: t1) { _ in }
         #expect(radio.scanCommandsSeen == 4)  // the accept list and the connection change no scan
         #expect(radio.nextDeadline == t1 + RadioBlueZ.rescanAfter)
@@ -86,10 +87,10 @@ struct RadioBlueZRescanTests {
         var radio = RadioBlueZ(descriptor: a, adapter: "hci0", config: RadioConfig())
         try radio.start(now: t0)
         _ = try scan(&radio, ctl, now: t0)
-        ctl.send(radioBytes("01 0C 20 02 00 00"))
+        ctl.send(hx("01 0C 20 02 00 00"))
         _ = try radio.poll(now: t0) { _ in }
         let later = t0 + .milliseconds(400)
-        ctl.send(radioBytes("01 42 20 06 00 00 00 00 00 00"))  // the extended disable counts too
+        ctl.send(hx("01 42 20 06 00 00 00 00 00 00"))  // the extended disable counts too
         _ = try radio.poll(now: later) { _ in }
         #expect(radio.nextDeadline == later + RadioBlueZ.rescanAfter)
         _ = try radio.poll(now: t0 + RadioBlueZ.rescanAfter) { _ in }
@@ -107,7 +108,7 @@ struct RadioBlueZRescanTests {
         var radio = RadioBlueZ(descriptor: a, adapter: "hci0", config: RadioConfig())
         try radio.start(now: t0)
         let first = try #require(ctl.nextCommand())
-        ctl.send(radioBytes("01 0C 20 02 00 00"))  // bluetoothd's discovery stops, say
+        ctl.send(hx("01 0C 20 02 00 00"))  // bluetoothd's discovery stops, say
         _ = try radio.poll(now: t0) { _ in }
         ctl.answer(first, features: 0x003F)
         let late = t0 + .seconds(1)
@@ -115,10 +116,10 @@ struct RadioBlueZRescanTests {
         #expect(radio.state == .initialising)
         #expect(radio.rescans == 0)  // past rescanAfter, but Baton's init is still running
         // The init finishes, and at once (the kernel has been quiet long enough) runs again.
-        var frames = [radioHex(first)]
+        var frames = [spacedHex(first)]
         while frames.count < 12, !(radio.state == .scanning && radio.rescans == 1) {
             let frame = try #require(ctl.nextCommand())
-            frames.append(radioHex(frame))
+            frames.append(spacedHex(frame))
             ctl.answer(frame, features: 0x003F)
             _ = try radio.poll(now: late) { _ in }
         }
@@ -134,7 +135,7 @@ struct RadioBlueZRescanTests {
         var radio = RadioBlueZ(descriptor: a, adapter: "hci0", config: RadioConfig())
         try radio.start(now: t0)
         _ = try scan(&radio, ctl, now: t0)
-        ctl.send(radioBytes("01 0B 20 07 00 60 00 30 00 00 01"))
+        ctl.send(hx("01 0B 20 07 00 60 00 30 00 00 01"))
         _ = try radio.poll(now: t0) { _ in }
         #expect(radio.nextDeadline != nil)
         try radio.start(now: t0)
@@ -157,7 +158,7 @@ struct RadioBlueZRescanTests {
         try radio.start(now: t0)
         _ = try scan(&radio, ctl, now: t0)
         ctl.send([0x01, 0x0C])  // cut short: no opcode
-        ctl.send(radioBytes("01 03 0C 00"))  // someone's HCI_Reset
+        ctl.send(hx("01 03 0C 00"))  // someone's HCI_Reset
         _ = try radio.poll(now: t0) { _ in Issue.record("a command packet came out as an event") }
         #expect(radio.scanCommandsSeen == 0)
         #expect(radio.nonEventPackets == 0)

@@ -6,6 +6,7 @@
 import BatonLibc
 import Glibc
 import Testing
+import BatonTestSupport
 import CBlueZ
 import BatonWire
 @testable import BatonHCI
@@ -145,7 +146,7 @@ struct RadioBlueZTests {
         var radio = RadioBlueZ(descriptor: a, adapter: "hci0", config: RadioConfig())
         try radio.start(now: t0)
         let frames = try runInit(&radio, ctl, now: t0, features: 0x19FF)
-        #expect(frames.map(radioHex) == [
+        #expect(frames.map(spacedHex) == [
             "01 01 10 00",                       // §7.4.1 Read_Local_Version_Information
             "01 03 20 00",                       // §7.8.3 LE_Read_Local_Supported_Features
             "01 42 20 06 00 00 00 00 00 00",     // §7.8.65 disable whatever the kernel was scanning
@@ -174,7 +175,7 @@ struct RadioBlueZTests {
         while frames.count < 8 {
             do { let s = radio.state; if s != .initialising { break } }
             let frame = try #require(ctl.nextCommand())
-            frames.append(radioHex(frame))
+            frames.append(spacedHex(frame))
             if radioOpcode(frame) == 0x200C && frame[4] == 0x00 {
                 ctl.complete(0x200C, status: 0x0C)  // not scanning: Command Disallowed
             } else {
@@ -240,9 +241,9 @@ struct RadioBlueZTests {
         try Syscall.setNonBlocking(a)
         let ctl = RadioFakeController(fd: b)
         var radio = RadioBlueZ(descriptor: a, adapter: "hci0", config: RadioConfig())
-        ctl.send(radioBytes("04 3E 05 02 01"))     // declares 5 parameter bytes, has 2
-        ctl.send(radioBytes("04 3E"))              // no length at all
-        ctl.send(radioBytes("02 01 00 00 00"))     // an ACL packet, not an event
+        ctl.send(hx("04 3E 05 02 01"))     // declares 5 parameter bytes, has 2
+        ctl.send(hx("04 3E"))              // no length at all
+        ctl.send(hx("02 01 00 00 00"))     // an ACL packet, not an event
         ctl.send([0x04] + radioLegacyReport)
         var got: [[UInt8]] = []
         #expect(try radio.poll(now: t0) { got.append(Array($0)) } == 1)

@@ -2,6 +2,7 @@
 // controller would send, as fast as possible or at the capture's pace, driven by deadlines.
 import BatonLibc
 import Testing
+import BatonTestSupport
 import BatonSim
 import BatonWire
 @testable import BatonHCI
@@ -24,7 +25,7 @@ private func drain(_ radio: inout RadioCapture, now: Instant) throws -> [[UInt8]
         let events = try drain(&radio, now: t0)
         // ADV_IND from random C0:11:22:33:44:55 at -60 dBm, 16 bytes of AD, as the LE
         // Advertising Report a controller sends (Core 5.4, Vol 4, Part E, §7.7.65.2).
-        #expect(events.first == HexVector.parse("3E 1C 02 01 00 01 554433 2211C0 10 02010606094261746f6e0516d2fc4000 C4"))
+        #expect(events.first == hx("3E 1C 02 01 00 01 554433 2211C0 10 02010606094261746f6e0516d2fc4000 C4"))
         #expect(radio.malformedRecords == 1, "the last PDU's CRC is bad")
         #expect(radio.state == .finished)
         var decoder = AdvertisementDecoder()

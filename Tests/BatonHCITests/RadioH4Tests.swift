@@ -6,19 +6,11 @@ import BatonLibc
 import Glibc
 import CBlueZ  // its shim includes <sys/socket.h>: import it so SOCK_STREAM has one owner
 import Testing
+import BatonTestSupport
 import BatonWire
 @testable import BatonHCI
 
 // MARK: - Helpers shared with RadioBlueZTests
-
-/// "01 03 0C 00" → bytes.
-func radioBytes(_ hex: String) -> [UInt8] {
-    hex.split(separator: " ").map { UInt8($0, radix: 16)! }
-}
-
-func radioHex(_ b: some Sequence<UInt8>) -> String {
-    b.map { ($0 < 0x10 ? "0" : "") + String($0, radix: 16, uppercase: true) }.joined(separator: " ")
-}
 
 /// The controller's end of the connection: reads H4 command frames, writes H4 event frames.
 /// Works over a byte stream (H4) and over datagrams (the BlueZ raw socket stand-in) alike.
@@ -64,7 +56,7 @@ final class RadioFakeController {
         var waited: Int32 = 0
         while true {
             if pending.count >= 4 {
-                #expect(pending[0] == 0x01, "expected an H4 command indicator, got \(radioHex(pending.prefix(8)))")
+                #expect(pending[0] == 0x01, "expected an H4 command indicator, got \(spacedHex(pending.prefix(8)))")
                 let total = 4 + Int(pending[3])
                 if pending.count >= total {
                     let frame = Array(pending[..<total])
@@ -117,11 +109,11 @@ func radioOpcode(_ frame: [UInt8]) -> UInt16 { UInt16(frame[1]) | UInt16(frame[2
 
 /// An LE Advertising Report (§7.7.65.2): ADV_IND, public 11:22:33:44:55:66, flags + Apple
 /// manufacturer data, RSSI -59. Event bytes without the H4 indicator.
-let radioLegacyReport = radioBytes("3E 17 02 01 00 00 66 55 44 33 22 11 0B 02 01 06 07 FF 4C 00 10 02 0B 00 C5")
+let radioLegacyReport = hx("3E 17 02 01 00 00 66 55 44 33 22 11 0B 02 01 06 07 FF 4C 00 10 02 0B 00 C5")
 /// An LE Extended Advertising Report (§7.7.65.13): one legacy ADV_IND (event type 0x0013),
 /// random address, 1M/none PHYs, SID 0xFF, TX power 127, RSSI -60, no periodic interval,
 /// flags only.
-let radioExtendedReport = radioBytes(
+let radioExtendedReport = hx(
     "3E 1D 0D 01 13 00 01 66 55 44 33 22 C1 01 00 FF 7F C4 00 00 00 00 00 00 00 00 00 03 02 01 06")
 
 private func socketPair(_ type: Int32 = Int32(SOCK_STREAM.rawValue)) -> (Int32, Int32) {
@@ -166,7 +158,7 @@ struct RadioH4Tests {
         do { let v = radio.state; #expect(v == .initialising) }
         let frames = try runInit(&radio, ctl, now: t0, features: featuresExtended)
         #expect(frames.map(radioOpcode) == [0x0C03, 0x1001, 0x2003, 0x0C01, 0x2001, 0x2041, 0x2042])
-        #expect(frames.map(radioHex) == [
+        #expect(frames.map(spacedHex) == [
             "01 03 0C 00",                                // §7.3.2 Reset
             "01 01 10 00",                                // §7.4.1 Read_Local_Version_Information
             "01 03 20 00",                                // §7.8.3 LE_Read_Local_Supported_Features
@@ -200,7 +192,7 @@ struct RadioH4Tests {
         var radio = try RadioH4(fd: a)
         try radio.start(now: t0)
         let frames = try runInit(&radio, ctl, now: t0, features: featuresLegacy)
-        #expect(frames.map(radioHex) == [
+        #expect(frames.map(spacedHex) == [
             "01 03 0C 00",
             "01 01 10 00",
             "01 03 20 00",
@@ -221,7 +213,7 @@ struct RadioH4Tests {
         var radio = try RadioH4(fd: a, config: config)
         try radio.start(now: t0)
         let frames = try runInit(&radio, ctl, now: t0, features: featuresExtended)
-        #expect(frames.suffix(2).map(radioHex) == ["01 0B 20 07 01 20 00 20 00 00 00", "01 0C 20 02 01 00"])
+        #expect(frames.suffix(2).map(spacedHex) == ["01 0B 20 07 01 20 00 20 00 00 00", "01 0C 20 02 01 00"])
         do { let v = radio.usesExtendedScanning; #expect(!v) }
     }
 
@@ -287,7 +279,7 @@ struct RadioH4Tests {
         try radio.start(now: t0)
         #expect(radio.nextDeadline == t0 + .seconds(2))  // Reset's answer is due
         let reset = try #require(ctl.nextCommand())
-        #expect(radioHex(reset) == "01 03 0C 00")
+        #expect(spacedHex(reset) == "01 03 0C 00")
         ctl.complete(0x0C03, credits: 0)
         _ = try radio.poll(now: t1) { _ in }
         // Reset is answered but no credit was granted: nothing may be sent.
@@ -298,10 +290,10 @@ struct RadioH4Tests {
         _ = try radio.poll(now: t1 + .seconds(1)) { _ in }
         #expect(ctl.nextCommand(timeoutMs: 50) == nil)
         // The controller reopens flow control with a NOP (opcode 0x0000, 1 credit).
-        ctl.send(radioBytes("04 0E 03 01 00 00"))
+        ctl.send(hx("04 0E 03 01 00 00"))
         _ = try radio.poll(now: t1 + .seconds(1)) { _ in }
         let next = try #require(ctl.nextCommand())
-        #expect(radioHex(next) == "01 01 10 00")
+        #expect(spacedHex(next) == "01 01 10 00")
         do { let v = radio.nextDeadline; #expect(v == t1 + .seconds(3)) }
     }
 
@@ -350,7 +342,7 @@ struct RadioH4Tests {
         try radio.start(now: t1)
         do { let v = radio.nextDeadline; #expect(v == t1 + .seconds(2)) }
         let again = try #require(ctl.nextCommand())
-        #expect(radioHex(again) == "01 03 0C 00")
+        #expect(spacedHex(again) == "01 03 0C 00")
         ctl.answer(again, features: featuresExtended)
         _ = try radio.poll(now: t1) { _ in }
         let frames = try runInit(&radio, ctl, now: t1, features: featuresExtended)
@@ -414,7 +406,7 @@ struct RadioH4Tests {
         var received: [String] = []
         for _ in 0 ..< 4 {
             ctl.receive(timeoutMs: 200)
-            received.append(radioHex(ctl.buffered))
+            received.append(spacedHex(ctl.buffered))
             _ = try radio.poll(now: t0) { _ in }
         }
         #expect(received == ["01", "01 03", "01 03 0C", "01 03 0C 00"])
@@ -426,7 +418,7 @@ struct RadioH4Tests {
         do { let v = radio.wantsWrite; #expect(v) }
         for _ in 0 ..< 3 { _ = try radio.poll(now: t0) { _ in } }
         do { let v = radio.wantsWrite; #expect(!v) }
-        #expect(radioHex(try #require(ctl.nextCommand())) == "01 01 10 00")
+        #expect(spacedHex(try #require(ctl.nextCommand())) == "01 01 10 00")
     }
 
     @Test("EAGAIN on write: the command waits for POLLOUT and then goes out whole")
@@ -452,7 +444,7 @@ struct RadioH4Tests {
         #expect(Glibc.poll(&p, 1, 1000) == 1)
         _ = try radio.poll(now: t0) { _ in }
         do { let v = radio.wantsWrite; #expect(!v) }
-        #expect(radioHex(try #require(ctl.nextCommand())) == "01 03 0C 00")
+        #expect(spacedHex(try #require(ctl.nextCommand())) == "01 03 0C 00")
     }
 
     @Test("Hardware Error event (§7.7.16) while scanning stops the source")
@@ -477,7 +469,7 @@ struct RadioH4Tests {
         var radio = try RadioH4(fd: a)
         try radio.start(now: t0)
         _ = try #require(ctl.nextCommand())
-        ctl.send(radioBytes("04 0E 03 01 03 0C"))  // no Status
+        ctl.send(hx("04 0E 03 01 03 0C"))  // no Status
         #expect(throws: RadioError.wire(.malformed(at: 5, .commandCompleteWithoutStatus))) {
             try radio.poll(now: t0) { _ in }
         }
@@ -503,7 +495,7 @@ struct RadioH4Tests {
         let ctl = RadioFakeController(fd: b)
         var radio = try RadioH4(fd: a)
         // §5.4.2 ACL: handle 0x0001, length 3.
-        ctl.send(radioBytes("02 01 00 03 00 AA BB CC") + [0x04] + radioLegacyReport)
+        ctl.send(hx("02 01 00 03 00 AA BB CC") + [0x04] + radioLegacyReport)
         var got: [[UInt8]] = []
         #expect(try radio.poll(now: t0) { got.append(Array($0)) } == 1)
         #expect(got == [radioLegacyReport])
@@ -529,7 +521,7 @@ struct RadioH4Tests {
         #expect(frames.count == 7)
         do { let v = radio.state; #expect(v == .scanning) }
         // Raw mode: bytes a line discipline would mangle (0x0D, 0x03, 0x11) pass untouched.
-        let report = radioBytes("3E 0C 02 01 00 00 0D 03 11 13 0A 7F 00 C5")
+        let report = hx("3E 0C 02 01 00 00 0D 03 11 13 0A 7F 00 C5")
         ctl.send([0x04] + report)
         var got: [[UInt8]] = []
         var p = pollfd(fd: radio.fd, events: Int16(POLLIN), revents: 0)

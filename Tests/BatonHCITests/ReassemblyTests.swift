@@ -9,14 +9,15 @@
 //   1B FF FF FF 01 03 02 01 …         the activity beacon of protocol.md §2.5 vector 1
 // The controller cuts it after "Hall": the name's AD structure spans both reports.
 import Testing
+import BatonTestSupport
 import BatonHCI
 import BatonWire
 
 /// One report of LE Extended Advertising Report (§7.7.65.13), fields in order.
 private func extendedEvent(type: String, addressType: String, address: String, sid: String, rssi: String,
                            data: String) -> [UInt8] {
-    let payload = HexVector.parse(data)
-    let report = HexVector.parse(type + addressType + address + "01 02" + sid + "7f" + rssi + "0000 00 000000000000")
+    let payload = hx(data)
+    let report = hx(type + addressType + address + "01 02" + sid + "7f" + rssi + "0000 00 000000000000")
         + [UInt8(payload.count)] + payload
     return [0x3E, UInt8(2 + report.count), 0x0D, 0x01] + report
 }
@@ -117,7 +118,7 @@ private let vector1 = ActivityBeacon(flags: [.supportsStreams, .hasWebURL], sequ
         #expect(feed.drops == ["ext-adv-truncated": 1], "not ad-overlong: \(feed.drops)")
         let a = try #require(feed.heard.last)
         // Flags and the name are whole; the beacon's structure is cut: it and what follows are not decoded.
-        #expect(a.data == HexVector.parse("020106 0a09 48616c6c206c616d70"))
+        #expect(a.data == hx("020106 0a09 48616c6c206c616d70"))
         #expect(a.name == "Hall lamp" && a.beacon == nil)
         #expect(feed.decoder.tally.assembled == 1)
     }
@@ -194,7 +195,7 @@ private let vector1 = ActivityBeacon(flags: [.supportsStreams, .hasWebURL], sequ
     }
 
     @Test func wholePrefixStopsBeforeTheCutStructure() {
-        func prefix(_ hex: String) -> Int { HexVector.parse(hex).withUnsafeBytes { AdvertisementReassembly.wholePrefix($0) } }
+        func prefix(_ hex: String) -> Int { hx(hex).withUnsafeBytes { AdvertisementReassembly.wholePrefix($0) } }
         #expect(prefix("") == 0)
         #expect(prefix("020106") == 3)
         #expect(prefix("020106 0309") == 3)

@@ -19,13 +19,6 @@ import BatonWire
 import BatonTestSupport
 import BatonRelay
 
-private func bytes(_ hex: String) -> [UInt8] {
-    let digits = Array(hex.filter { !$0.isWhitespace })
-    return stride(from: 0, to: digits.count, by: 2).map { UInt8(String(digits[$0 ... $0 + 1]), radix: 16)! }
-}
-
-private func hexText(_ bytes: [UInt8]) -> String { bytes.map { String(format: "%02x", $0) }.joined() }
-
 /// Dave's phone's activity, as the owner publishes it: `7cec72260004`.
 private let device: UInt64 = 0x7CEC_7226_0004
 
@@ -169,7 +162,7 @@ private final class Rig {
 
     func waitPhone(_ phone: Int, _ count: Int, sourceLocation: SourceLocation = #_sourceLocation) throws {
         try #require(run { received[phone].count >= count },
-                     "the phone got \(received[phone].map(hexText)), not \(count) message(s)", sourceLocation: sourceLocation)
+                     "the phone got \(received[phone].map(hexString)), not \(count) message(s)", sourceLocation: sourceLocation)
     }
 
     func drops(_ reason: String) -> Int { links.drops.sorted.first { $0.reason == reason }?.count ?? 0 }
@@ -180,12 +173,12 @@ struct ContinuingLinksTests {
     @Test("§9: the phone's fetch(seq) becomes a request to the owner, routed both ways and saying it continues here; the owner's payload reaches the phone as payload(seq, bytes)")
     func fetchThroughTheBroker() throws {
         let rig = try Rig()
-        let payload = bytes("A3 01 01 02 78 1A") + Array("com.example.notes.edit".utf8)  // any bytes: relayed as they are
+        let payload = hx("A3 01 01 02 78 1A") + Array("com.example.notes.edit".utf8)  // any bytes: relayed as they are
         rig.answer = { _ in ("ok", 0x0103, payload) }
         let phone = try rig.connectPhone()
-        try rig.phoneSends(phone.index, bytes("01 0201"))  // fetch, seq 0x0102
+        try rig.phoneSends(phone.index, hx("01 0201"))  // fetch, seq 0x0102
         try rig.waitPhone(phone.index, 1)
-        #expect(rig.received[phone.index] == [bytes("02 0301") + payload], "payload, the owner's seq 0x0103, the bytes")
+        #expect(rig.received[phone.index] == [hx("02 0301") + payload], "payload, the owner's seq 0x0103, the bytes")
 
         let request = try #require(rig.requests.first)
         #expect(request.topic == "baton/fetch/7cec72260004")
@@ -196,12 +189,12 @@ struct ContinuingLinksTests {
         #expect(correlation.count == 8)
         let body = try #require(JSONSerialization.jsonObject(with: Data(request.payload)) as? [String: String])
         // The v3.1.1 route too, and the room without the characters the body may not escape.
-        #expect(body == ["response_topic": topic, "correlation": hexText(correlation),
+        #expect(body == ["response_topic": topic, "correlation": hexString(correlation),
                          "format": "cbor", "continue": "Dave's office"])
         #expect(rig.links.counters.fetches == 1 && rig.links.counters.payloads == 1)
 
         // The same link fetches again: a new correlation, the same response topic.
-        try rig.phoneSends(phone.index, bytes("01 0301"))
+        try rig.phoneSends(phone.index, hx("01 0301"))
         try rig.waitPhone(phone.index, 2)
         #expect(rig.requests.count == 2)
         #expect(rig.requests[1].properties.correlationData != correlation)
@@ -209,7 +202,7 @@ struct ContinuingLinksTests {
         // A second phone has a topic of its own: the owner must not take it for a retry of the
         // first phone's request and answer that one `cancelled` (docs/relay.md §4).
         let other = try rig.connectPhone()
-        try rig.phoneSends(other.index, bytes("01 0201"))
+        try rig.phoneSends(other.index, hx("01 0201"))
         try rig.waitPhone(other.index, 1)
         #expect(rig.requests[2].properties.responseTopic != topic)
     }
@@ -222,11 +215,11 @@ struct ContinuingLinksTests {
         rig.answer = { _ in defer { next += 1 }; return (statuses[next], nil, []) }
         let phone = try rig.connectPhone()
         for (i, _) in statuses.enumerated() {
-            try rig.phoneSends(phone.index, bytes("01 0201"))
+            try rig.phoneSends(phone.index, hx("01 0201"))
             try rig.waitPhone(phone.index, i + 1)
         }
-        #expect(rig.received[phone.index] == [bytes("03 0201 01"), bytes("03 0201 02"), bytes("03 0201 03"),
-                                               bytes("03 0201 03"), bytes("03 0201 03"), bytes("03 0201 03")])
+        #expect(rig.received[phone.index] == [hx("03 0201 01"), hx("03 0201 02"), hx("03 0201 03"),
+                                               hx("03 0201 03"), hx("03 0201 03"), hx("03 0201 03")])
         #expect(rig.links.counters.refusals == 6)
     }
 
@@ -235,9 +228,9 @@ struct ContinuingLinksTests {
         let rig = try Rig()
         rig.answer = { _ in ("ok", 0x0102, [UInt8](repeating: 0xAB, count: 200)) }
         let phone = try rig.connectPhone(mtu: 100)
-        try rig.phoneSends(phone.index, bytes("01 0201"))
+        try rig.phoneSends(phone.index, hx("01 0201"))
         try rig.waitPhone(phone.index, 1)
-        #expect(rig.received[phone.index] == [bytes("03 0201 02")])
+        #expect(rig.received[phone.index] == [hx("03 0201 02")])
     }
 
     @Test("§9: a phone that does not read: the answer the link has no room for waits and goes when it reads (POLLOUT); a newer answer replaces it; none is called too large")
@@ -250,7 +243,7 @@ struct ContinuingLinksTests {
         let phone = try rig.connectPhone(sendBuffer: 4_096)
         rig.paused = true
         for i in 1...8 {
-            try rig.phoneSends(phone.index, bytes("01 0201"))
+            try rig.phoneSends(phone.index, hx("01 0201"))
             try #require(rig.run { rig.links.counters.payloads == i }, "answer \(i) was not taken")
         }
         #expect(rig.links.counters.refusals == 0)
@@ -266,14 +259,14 @@ struct ContinuingLinksTests {
     func noAnswer() throws {
         let rig = try Rig(RelayConfig(fetchTimeout: .seconds(2)))
         let phone = try rig.connectPhone()
-        try rig.phoneSends(phone.index, bytes("01 0201"))
+        try rig.phoneSends(phone.index, hx("01 0201"))
         try #require(rig.run { rig.requests.count == 1 })
         rig.advance(.milliseconds(2_900))
         rig.run(limit: .milliseconds(300)) { false }
         #expect(rig.received[phone.index].isEmpty, "nothing before the deadline")
         rig.advance(.milliseconds(200))
         try rig.waitPhone(phone.index, 1)
-        #expect(rig.received[phone.index] == [bytes("03 0201 03")])
+        #expect(rig.received[phone.index] == [hx("03 0201 03")])
         #expect(rig.drops("continuing-timeout") == 1)
         // The owner answers after all: not the phone's any more.
         let request = rig.requests[0]
@@ -293,11 +286,11 @@ struct ContinuingLinksTests {
         let bad = try rig.connectPhone()
         let malformed = try rig.connectPhone()
         let good = try rig.connectPhone()
-        try rig.phoneSends(bad.index, bytes("02 0201 A0"))
-        try rig.phoneSends(malformed.index, bytes("01 02"))
-        try rig.phoneSends(good.index, bytes("01 0201"))
+        try rig.phoneSends(bad.index, hx("02 0201 A0"))
+        try rig.phoneSends(malformed.index, hx("01 02"))
+        try rig.phoneSends(good.index, hx("01 0201"))
         try #require(rig.run { rig.hungUp[bad.index] && rig.hungUp[malformed.index] && rig.received[good.index].count == 1 })
-        #expect(rig.received[good.index] == [bytes("02 0201 A0")])
+        #expect(rig.received[good.index] == [hx("02 0201 A0")])
         #expect(rig.drops("continuing-unexpected") == 1)
         #expect(rig.drops("truncated") == 1)
         #expect(rig.links.openLinks == 1)
@@ -307,22 +300,22 @@ struct ContinuingLinksTests {
     func streamLink() throws {
         let rig = try Rig()
         let phone = try rig.connectPhone()
-        try rig.phoneSends(phone.index, bytes("10 0800 0004"))  // open: window 8, max data 1024
+        try rig.phoneSends(phone.index, hx("10 0800 0004"))  // open: window 8, max data 1024
         try #require(rig.run { rig.opens.count == 1 }, "no stream open reached the owner")
         let open = rig.opens[0]
         let levels = open.topic.split(separator: "/").map(String.init)
         #expect(levels.count == 4 && levels[1] == "stream" && levels[2] == "7cec72260004")
         #expect(levels[3].count == 16 && levels[3].allSatisfy(\.isHexDigit), "a stream id of 16 hex digits: \(levels[3])")
-        #expect(open.payload == bytes("10 0800 0004"))
+        #expect(open.payload == hx("10 0800 0004"))
         #expect(rig.links.counters.streams == 1)
         #expect(rig.links.openLinks == 0, "the link is the stream relay's now")
         #expect(rig.streams.openCount == 1)
 
         let fetchFirst = try rig.connectPhone()
         rig.answer = { _ in ("ok", 0x0102, [0xA0]) }
-        try rig.phoneSends(fetchFirst.index, bytes("01 0201"))
+        try rig.phoneSends(fetchFirst.index, hx("01 0201"))
         try rig.waitPhone(fetchFirst.index, 1)
-        try rig.phoneSends(fetchFirst.index, bytes("10 0800 0004"))
+        try rig.phoneSends(fetchFirst.index, hx("10 0800 0004"))
         try #require(rig.run { rig.hungUp[fetchFirst.index] })
         #expect(rig.drops("continuing-unexpected") == 1)
         #expect(rig.opens.count == 1)
@@ -332,7 +325,7 @@ struct ContinuingLinksTests {
     func openAndGone() throws {
         let rig = try Rig()
         let phone = try rig.connectPhone()
-        try rig.phoneSends(phone.index, bytes("10 0800 0004"))
+        try rig.phoneSends(phone.index, hx("10 0800 0004"))
         shutdown(rig.phones[phone.index], Int32(SHUT_RDWR))
         try #require(rig.run { rig.links.openLinks == 0 })
         rig.run(limit: .milliseconds(300)) { false }

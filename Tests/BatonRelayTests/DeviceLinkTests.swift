@@ -10,18 +10,11 @@ import BatonLibc
 import Glibc
 import CBlueZ  // its shim includes <sys/socket.h>: import it so SOCK_SEQPACKET has one owner
 import Testing
+import BatonTestSupport
 import BatonHCI
 @testable import BatonRelay
 
 // MARK: - Helpers
-
-private func bytes(_ hex: String) -> [UInt8] {
-    hex.split(separator: " ").map { UInt8($0, radix: 16)! }
-}
-
-private func hexText(_ b: some Sequence<UInt8>) -> String {
-    b.map { ($0 < 0x10 ? "0" : "") + String($0, radix: 16, uppercase: true) }.joined(separator: " ")
-}
 
 /// Waits up to `timeoutMs` for `events` on `fd`; the revents, or 0 on timeout.
 private func waitFor(_ fd: Int32, _ events: Int32, timeoutMs: Int32 = 2000) -> Int16 {
@@ -108,7 +101,7 @@ private final class FakeSimulator {
     func answer(expected: [UInt8]? = nil, status: UInt8) throws -> Int32 {
         let fd = try accept()
         let message = try #require(receive(fd), "no connect message")
-        if let expected { #expect(hexText(message) == hexText(expected)) }
+        if let expected { #expect(spacedHex(message) == spacedHex(expected)) }
         try send(fd, [status])
         return fd
     }
@@ -186,7 +179,7 @@ struct DeviceLinkTests {
         var channel = try SimulatedLink(path: sim.path).connect(to: device)
         #expect(channel.state == .connecting)
         #expect(channel.fd >= 0)
-        _ = try sim.answer(expected: bytes(expected), status: 0x00)
+        _ = try sim.answer(expected: hx(expected), status: 0x00)
         try #require(turn(&channel, buffer))
         #expect(channel.state == .open)
         #expect(channel.wantsWrite == false)
@@ -201,17 +194,17 @@ struct DeviceLinkTests {
         let peer = try sim.answer(status: 0x00)
         // The status and three SDUs are all waiting before the gateway's first turn: one turn
         // opens the channel and hands over every SDU, in order, each whole (§5.1 messages).
-        let sent = [bytes("02 02 01 A1 A2 A3"), bytes("03 02 01 01"), bytes("15 03 6F 6B")]
+        let sent = [hx("02 02 01 A1 A2 A3"), hx("03 02 01 01"), hx("15 03 6F 6B")]
         for sdu in sent { try sim.send(peer, sdu) }
         var received: [[UInt8]] = []
         try #require(turn(&channel, buffer) { received.append(Array($0)) })
         #expect(channel.state == .open)
-        #expect(received.map(hexText) == sent.map(hexText))
+        #expect(received.map(spacedHex) == sent.map(spacedHex))
 
         // Gateway → device: each send is one record on the far side.
-        let out = [bytes("01 02 01"), bytes("04 02 01 6F 66 66 69 63 65"), bytes("10 08 00 F4 01")]
+        let out = [hx("01 02 01"), hx("04 02 01 6F 66 66 69 63 65"), hx("10 08 00 F4 01")]
         for sdu in out { #expect(try send(&channel, sdu)) }
-        for sdu in out { #expect(sim.receive(peer).map(hexText) == hexText(sdu)) }
+        for sdu in out { #expect(sim.receive(peer).map(spacedHex) == spacedHex(sdu)) }
 
         // Nothing more is waiting: another turn finds nothing and leaves the channel open.
         #expect(!turn(&channel, buffer, timeoutMs: 50))
@@ -401,11 +394,11 @@ struct L2CAPLinkTests {
         try #require(turn(&channel, buffer))
         #expect(channel.state == .open)
         #expect(channel.sendMTU == 100)
-        #expect(try send(&channel, bytes("01 02 01")))
+        #expect(try send(&channel, hx("01 02 01")))
         var got = [UInt8](repeating: 0, count: 16)
         let n = got.withUnsafeMutableBytes { recv(device, $0.baseAddress, $0.count, 0) }
-        #expect(hexText(got[..<max(n, 0)]) == "01 02 01")
-        let answer = bytes("03 02 01 01")
+        #expect(spacedHex(got[..<max(n, 0)]) == "01 02 01")
+        let answer = hx("03 02 01 01")
         _ = answer.withUnsafeBytes { Glibc.send(device, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
         var received: [[UInt8]] = []
         try #require(turn(&channel, buffer) { received.append(Array($0)) })
@@ -423,14 +416,14 @@ struct L2CAPLinkTests {
             var channel = LinkChannel(fd: pair[0], handshake: .none, sendMTU: 100)
             try #require(turn(&channel, buffer))
             // The gateway's frame, which the device never reads: closing leaves ECONNRESET here.
-            #expect(try send(&channel, bytes("13 00 00 00 00")))
-            let error = bytes("02 02 62 61 64")  // error protocol "bad"
+            #expect(try send(&channel, hx("13 00 00 00 00")))
+            let error = hx("02 02 62 61 64")  // error protocol "bad"
             _ = error.withUnsafeBytes { Glibc.send(device, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
             shutdown(device, Int32(SHUT_RDWR))
             close(device)
             if sendAfter {
                 // The peer is gone: the send fails, and the channel still holds what it said.
-                #expect(throws: LinkError.self) { try send(&channel, bytes("12 00 00 00 00 08 00")) }
+                #expect(throws: LinkError.self) { try send(&channel, hx("12 00 00 00 00 08 00")) }
                 #expect(channel.state == .open, "closed on EPIPE: the device's error would be thrown away")
             }
             var received: [[UInt8]] = []
@@ -486,12 +479,12 @@ struct L2CAPLinkTests {
         let random = L2CAPLink.remoteAddress(randomDevice, random: true)
         #expect(random.l2_family == sa_family_t(AF_BLUETOOTH))
         #expect(withUnsafeBytes(of: random.l2_psm) { Array($0) } == [0x80, 0x00])
-        #expect(withUnsafeBytes(of: random.l2_bdaddr) { Array($0) } == bytes("FF EE DD CC BB AA"))
+        #expect(withUnsafeBytes(of: random.l2_bdaddr) { Array($0) } == hx("FF EE DD CC BB AA"))
         #expect(random.l2_bdaddr_type == 2)
         #expect(random.l2_cid == 0)
         let pub = L2CAPLink.remoteAddress(publicDevice, random: false)
         #expect(withUnsafeBytes(of: pub.l2_psm) { Array($0) } == [0xC1, 0x00])
-        #expect(withUnsafeBytes(of: pub.l2_bdaddr) { Array($0) } == bytes("55 44 33 22 11 00"))
+        #expect(withUnsafeBytes(of: pub.l2_bdaddr) { Array($0) } == hx("55 44 33 22 11 00"))
         #expect(pub.l2_bdaddr_type == 1)
         // The C layout the kernel copies (min(alen, sizeof(struct sockaddr_l2)) = 14 bytes).
         #expect(MemoryLayout<sockaddr_l2>.stride == 14)

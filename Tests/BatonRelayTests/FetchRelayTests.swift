@@ -157,8 +157,6 @@ private final class Rig {
 
 // MARK: - Reading answers as a requester does (docs/relay.md §3)
 
-private func hexText(_ bytes: [UInt8]) -> String { bytes.map { String(format: "%02x", $0) }.joined() }
-
 /// The answer's JSON body as an object.
 private func json(_ m: MQTTMessage, sourceLocation: SourceLocation = #_sourceLocation) throws -> [String: Any] {
     let object = try JSONSerialization.jsonObject(with: Data(m.payload))
@@ -203,7 +201,7 @@ private func expectError(_ m: MQTTMessage, _ route: FetchRoute, _ expected: Stri
         #expect(m.properties.contentType == "application/json", sourceLocation: sourceLocation)
         #expect(body["correlation"] == nil, "v5: the correlation is in properties", sourceLocation: sourceLocation)
     } else {
-        #expect(body["correlation"] as? String == hexText(route.correlation), sourceLocation: sourceLocation)
+        #expect(body["correlation"] as? String == hexString(route.correlation), sourceLocation: sourceLocation)
         #expect(body.count == 5, "status, device, gateway, correlation, detail: \(body.keys.sorted())",
                 sourceLocation: sourceLocation)
     }

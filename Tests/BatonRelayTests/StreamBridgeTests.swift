@@ -28,27 +28,17 @@ import BatonRelay
 
 // MARK: - Frames as the spec writes them
 
-/// The bytes of a frame written in hex as docs/protocol.md §5.1 writes them ("11 01000000 62":
-/// data, frame 1, the byte 0x62); spaces are for the reader.
-private func frame(_ hex: String) -> [UInt8] {
-    let digits = Array(hex.filter { !$0.isWhitespace })
-    precondition(digits.count % 2 == 0, "an odd number of hex digits: \(hex)")
-    return stride(from: 0, to: digits.count, by: 2).map { UInt8(String(digits[$0 ... $0 + 1]), radix: 16)! }
-}
-
 private func utf8(_ text: String) -> [UInt8] { Array(text.utf8) }
-
-private func hexText(_ bytes: [UInt8]) -> String { bytes.map { String(format: "%02x", $0) }.joined() }
 
 /// An error frame (§5.1 `15`): reason `reason` (§5.4), then a detail of at most 100 bytes of
 /// UTF-8 that says `text`.
 private func expectError(_ f: [UInt8]?, _ reason: StreamReason, saying text: String,
                          sourceLocation: SourceLocation = #_sourceLocation) {
     guard let f, f.count >= 2 else {
-        Issue.record("expected error \(reason.name), got \(f.map(hexText) ?? "nothing")", sourceLocation: sourceLocation)
+        Issue.record("expected error \(reason.name), got \(f.map(hexString) ?? "nothing")", sourceLocation: sourceLocation)
         return
     }
-    #expect(Array(f.prefix(2)) == [0x15, reason.rawValue], "error \(reason.name): \(hexText(f))", sourceLocation: sourceLocation)
+    #expect(Array(f.prefix(2)) == [0x15, reason.rawValue], "error \(reason.name): \(hexString(f))", sourceLocation: sourceLocation)
     let detail = String(decoding: f.dropFirst(2), as: UTF8.self)
     #expect(f.count - 2 <= 100, "a detail of at most 100 bytes (§5.1)", sourceLocation: sourceLocation)
     #expect(detail.contains(text), "detail: \(detail)", sourceLocation: sourceLocation)
@@ -258,13 +248,13 @@ private final class Rig {
 
     func waitUp(_ id: String, _ count: Int, sourceLocation: SourceLocation = #_sourceLocation) throws {
         try #require(run { up(id).count >= count },
-                     "the carrier got \(up(id).count) frame(s) on \(topics(id).up), not \(count): \(up(id).map(hexText))",
+                     "the carrier got \(up(id).count) frame(s) on \(topics(id).up), not \(count): \(up(id).map(hexString))",
                      sourceLocation: sourceLocation)
     }
 
     func waitPhone(_ phone: LinkAddress, _ count: Int, sourceLocation: SourceLocation = #_sourceLocation) throws {
         try #require(run { toPhone(phone).count >= count },
-                     "the phone got \(toPhone(phone).count) link message(s), not \(count): \(toPhone(phone).map(hexText))",
+                     "the phone got \(toPhone(phone).count) link message(s), not \(count): \(toPhone(phone).map(hexString))",
                      sourceLocation: sourceLocation)
     }
 
@@ -280,7 +270,7 @@ private final class Rig {
     /// docs/relay.md §7.5: the phone's open goes out on the open topic; the carrier answers
     /// `carrierOpen` on `…/S/down`, which reaches the phone.
     func openBridge(_ id: String, _ phone: LinkAddress, window: UInt16 = 8, maxData: UInt16 = 1024,
-                    carrierOpen: [UInt8] = frame("10 0800 0004"), sourceLocation: SourceLocation = #_sourceLocation) throws {
+                    carrierOpen: [UInt8] = hx("10 0800 0004"), sourceLocation: SourceLocation = #_sourceLocation) throws {
         let (asked, told) = (opens(id).count, toPhone(phone).count)
         try phoneOpens(phone, id, window: window, maxData: maxData)
         try waitOpens(id, asked + 1, sourceLocation: sourceLocation)
@@ -303,7 +293,7 @@ struct StreamBridgeTests {
         try rig.phoneOpens(pixel, "s1", window: 8, maxData: 1024)
         try rig.waitOpens("s1", 1)
         rig.settle()
-        #expect(rig.opens("s1") == [frame("10 0400 0002")], "window 4, max data 512")
+        #expect(rig.opens("s1") == [hx("10 0400 0002")], "window 4, max data 512")
         #expect(rig.carrierGot.allSatisfy { $0.qos == 1 && !$0.retained }, "§7.1: QoS 1, not retained")
         #expect(rig.relay.nextDeadline == rig.now + .milliseconds(200), "the open's next repeat")
 
@@ -312,16 +302,16 @@ struct StreamBridgeTests {
         rig.advance(.milliseconds(200))
         try rig.waitOpens("s1", 3)
         rig.settle()
-        #expect(rig.opens("s1") == Array(repeating: frame("10 0400 0002"), count: 3))
+        #expect(rig.opens("s1") == Array(repeating: hx("10 0400 0002"), count: 3))
         #expect(rig.toPhone(pixel).isEmpty, "the phone hears nothing until a carrier answers")
 
         // The carrier offers window 16 and max data 2048; the gateway keeps 4 of 512.
-        try rig.down("s1", frame("10 1000 0008"))
+        try rig.down("s1", hx("10 1000 0008"))
         try rig.waitPhone(pixel, 1)
         #expect(rig.relay.nextDeadline == rig.now + .seconds(60), "now only relay.stream-idle")
         rig.advance(.milliseconds(400))
         rig.settle()
-        #expect(rig.toPhone(pixel) == [frame("10 0400 0002")])
+        #expect(rig.toPhone(pixel) == [hx("10 0400 0002")])
         #expect(rig.opens("s1").count == 3, "answered: not asked again")
         #expect(rig.up("s1").isEmpty)
         #expect(try rig.broker.retained("baton/streams/+/gateway").isEmpty, "…/S/gateway is the carrier's to say")
@@ -333,11 +323,11 @@ struct StreamBridgeTests {
     @Test("§7.5: the carrier's open said again (its answer to a repeated open) changes nothing")
     func carrierOpenAgain() throws {
         let rig = try Rig()
-        try rig.openBridge("s1", pixel, carrierOpen: frame("10 0400 0002"))
-        try rig.down("s1", frame("10 0800 0004"))
+        try rig.openBridge("s1", pixel, carrierOpen: hx("10 0400 0002"))
+        try rig.down("s1", hx("10 0800 0004"))
         try rig.lateProbe()
         rig.settle()
-        #expect(rig.toPhone(pixel) == [frame("10 0400 0002")])
+        #expect(rig.toPhone(pixel) == [hx("10 0400 0002")])
         #expect(rig.relay.drops.total == 0)
         // The window the phone was told holds: frame 4 is beyond it.
         try rig.fromPhone(pixel, data(0, [1]), data(1, [2]), data(2, [3]), data(3, [4]))
@@ -352,9 +342,9 @@ struct StreamBridgeTests {
     @Test("§7.5 phone → broker: every frame kept until acknowledged; no ack for relay.stream-retry: go-back-N; acks reach the phone with their window capped")
     func phoneFramesKeptAndResent() throws {
         let rig = try Rig(RelayConfig(streamWindow: 4, streamRetry: .milliseconds(200)))
-        try rig.openBridge("s1", pixel, carrierOpen: frame("10 0800 0004"))
-        #expect(rig.toPhone(pixel) == [frame("10 0400 0004")], "window 8 offered, 4 told")
-        let d0 = frame("11 00000000 41"), d1 = frame("11 01000000 4242"), d2 = frame("11 02000000 434343")
+        try rig.openBridge("s1", pixel, carrierOpen: hx("10 0800 0004"))
+        #expect(rig.toPhone(pixel) == [hx("10 0400 0004")], "window 8 offered, 4 told")
+        let d0 = hx("11 00000000 41"), d1 = hx("11 01000000 4242"), d2 = hx("11 02000000 434343")
         try rig.fromPhone(pixel, d0, d1, d2)
         try rig.waitUp("s1", 3)
         rig.settle()
@@ -367,9 +357,9 @@ struct StreamBridgeTests {
         #expect(rig.relay.counters.resent == 3)
 
         // The device has frame 0: the ack reaches the phone; the next retry starts at 1.
-        try rig.down("s1", frame("12 01000000 0800"))
+        try rig.down("s1", hx("12 01000000 0800"))
         try rig.waitPhone(pixel, 2)
-        #expect(rig.toPhone(pixel).last == frame("12 01000000 0400"), "window 8 from the device, 4 told")
+        #expect(rig.toPhone(pixel).last == hx("12 01000000 0400"), "window 8 from the device, 4 told")
         rig.advance(.milliseconds(200))
         try rig.waitUp("s1", 8)
         rig.settle()
@@ -377,7 +367,7 @@ struct StreamBridgeTests {
         #expect(rig.relay.counters.resent == 5)
 
         // Everything acknowledged: nothing more is resent.
-        try rig.down("s1", frame("12 03000000 0800"))
+        try rig.down("s1", hx("12 03000000 0800"))
         try rig.waitPhone(pixel, 3)
         rig.advance(.seconds(1))
         rig.settle()
@@ -391,30 +381,30 @@ struct StreamBridgeTests {
     func carrierFramesInOrderOnly() throws {
         let rig = try Rig()
         try rig.openBridge("s1", pixel)
-        try rig.down("s1", frame("11 00000000 61"), frame("11 01000000 62"))
+        try rig.down("s1", hx("11 00000000 61"), hx("11 01000000 62"))
         try rig.waitPhone(pixel, 3)
-        #expect(rig.toPhone(pixel) == [frame("10 0800 0004"), frame("11 00000000 61"), frame("11 01000000 62")])
-        try rig.fromPhone(pixel, frame("12 02000000 4000"))  // ack 2, window 64
+        #expect(rig.toPhone(pixel) == [hx("10 0800 0004"), hx("11 00000000 61"), hx("11 01000000 62")])
+        try rig.fromPhone(pixel, hx("12 02000000 4000"))  // ack 2, window 64
         try rig.waitUp("s1", 1)
-        #expect(rig.up("s1") == [frame("12 02000000 1000")], "the phone's ack, window capped at Wg = 16")
+        #expect(rig.up("s1") == [hx("12 02000000 1000")], "the phone's ack, window capped at Wg = 16")
 
-        try rig.down("s1", frame("11 00000000 61"))  // a resend
+        try rig.down("s1", hx("11 00000000 61"))  // a resend
         try rig.waitUp("s1", 2)
         rig.settle()
-        #expect(rig.up("s1") == [frame("12 02000000 1000"), frame("12 02000000 1000")])
+        #expect(rig.up("s1") == [hx("12 02000000 1000"), hx("12 02000000 1000")])
         #expect(rig.toPhone(pixel).count == 3, "the duplicate does not reach the phone")
         #expect(rig.drops("stream-duplicate") == 1)
 
-        try rig.down("s1", frame("11 03000000 64"))  // 2 was lost with the broker
+        try rig.down("s1", hx("11 03000000 64"))  // 2 was lost with the broker
         try #require(rig.run { rig.drops("stream-gap") == 1 })
         rig.settle()
         #expect(rig.toPhone(pixel).count == 3)
         #expect(rig.up("s1").count == 2, "nothing said: the carrier resends from the gap")
 
-        try rig.down("s1", frame("11 02000000 63"), frame("11 03000000 64"))
+        try rig.down("s1", hx("11 02000000 63"), hx("11 03000000 64"))
         try rig.waitPhone(pixel, 5)
         rig.settle()
-        #expect(Array(rig.toPhone(pixel).dropFirst(3)) == [frame("11 02000000 63"), frame("11 03000000 64")])
+        #expect(Array(rig.toPhone(pixel).dropFirst(3)) == [hx("11 02000000 63"), hx("11 03000000 64")])
         #expect(rig.relay.counters.framesDown == 6, "towards the phone: down, the duplicate and the gap included")
         #expect(rig.relay.drops.total == 2)
     }
@@ -423,9 +413,9 @@ struct StreamBridgeTests {
     func phoneNotReading() throws {
         let rig = try Rig(RelayConfig(streamWindow: 32))
         rig.phones.sendBuffer = 4096
-        try rig.openBridge("s1", pixel, window: 32, maxData: 1024, carrierOpen: frame("10 2000 0004"))
-        #expect(rig.opens("s1") == [frame("10 2000 0004")], "the carrier is told the window the queue holds")
-        try rig.fromPhone(pixel, frame("11 00000000 70"))
+        try rig.openBridge("s1", pixel, window: 32, maxData: 1024, carrierOpen: hx("10 2000 0004"))
+        #expect(rig.opens("s1") == [hx("10 2000 0004")], "the carrier is told the window the queue holds")
+        try rig.fromPhone(pixel, hx("11 00000000 70"))
         try rig.waitUp("s1", 1)
         rig.phones.paused = true
         var sent: [[UInt8]] = []
@@ -434,8 +424,8 @@ struct StreamBridgeTests {
             sent.append(f)
             try rig.down("s1", f)
         }
-        try rig.down("s1", frame("13 20000000"))
-        try rig.down("s1", frame("12 01000000 2000"))  // the device has the phone's frame 0
+        try rig.down("s1", hx("13 20000000"))
+        try rig.down("s1", hx("12 01000000 2000"))  // the device has the phone's frame 0
         try #require(rig.run { rig.gatewayGotDown("s1") == 1 + 32 + 2 }, "the gateway got the carrier's frames")
         rig.settle()
         #expect(rig.relay.counters.framesQueued > 0, "the link never refused a frame: the test shows nothing")
@@ -446,8 +436,8 @@ struct StreamBridgeTests {
         rig.settle()
         let got = Array(rig.toPhone(pixel).dropFirst())
         #expect(got.filter { $0.first == 0x11 } == sent, "all 32, in order, once each")
-        #expect(got.filter { $0.first == 0x12 } == [frame("12 01000000 2000")], "the ack, once")
-        #expect(got.last == frame("13 20000000"), "the close after every frame")
+        #expect(got.filter { $0.first == 0x12 } == [hx("12 01000000 2000")], "the ack, once")
+        #expect(got.last == hx("13 20000000"), "the close after every frame")
         #expect(got.count == 34)
         #expect(rig.relay.drops.total == 0)
     }
@@ -458,21 +448,21 @@ struct StreamBridgeTests {
     func cleanEnd() throws {
         let rig = try Rig()
         try rig.openBridge("s1", pixel)
-        try rig.fromPhone(pixel, frame("11 00000000 71"), frame("13 01000000"))
+        try rig.fromPhone(pixel, hx("11 00000000 71"), hx("13 01000000"))
         try rig.waitUp("s1", 2)
-        #expect(rig.up("s1") == [frame("11 00000000 71"), frame("13 01000000")])
+        #expect(rig.up("s1") == [hx("11 00000000 71"), hx("13 01000000")])
 
-        try rig.down("s1", frame("12 01000000 0800"), frame("11 00000000 72"), frame("13 01000000"))
+        try rig.down("s1", hx("12 01000000 0800"), hx("11 00000000 72"), hx("13 01000000"))
         try rig.waitPhone(pixel, 4)
-        #expect(Array(rig.toPhone(pixel).dropFirst()) == [frame("12 01000000 0800"), frame("11 00000000 72"),
-                                                           frame("13 01000000")])
+        #expect(Array(rig.toPhone(pixel).dropFirst()) == [hx("12 01000000 0800"), hx("11 00000000 72"),
+                                                           hx("13 01000000")])
         #expect(rig.relay.openCount == 1, "the phone has not acknowledged the device's frame and close yet")
 
-        try rig.fromPhone(pixel, frame("12 01000000 0800"))
+        try rig.fromPhone(pixel, hx("12 01000000 0800"))
         try rig.waitPhoneClosed(pixel)
         try rig.waitUp("s1", 3)
         rig.settle()
-        #expect(rig.up("s1").last == frame("12 01000000 0800"), "the phone's last ack reaches the carrier")
+        #expect(rig.up("s1").last == hx("12 01000000 0800"), "the phone's last ack reaches the carrier")
         #expect(rig.up("s1").count == 3)
         #expect(rig.toPhone(pixel).count == 4)
         #expect(rig.relay.counters.finished == 1)
@@ -483,7 +473,7 @@ struct StreamBridgeTests {
 
         // A late resend of the carrier's no longer reaches this gateway.
         let got = rig.gatewayGotDown("s1")
-        try rig.down("s1", frame("13 01000000"))
+        try rig.down("s1", hx("13 01000000"))
         try rig.lateProbe()
         #expect(rig.gatewayGotDown("s1") == got, "…/S/down is unsubscribed")
         #expect(rig.drops("stream-unknown") == 0)
@@ -495,11 +485,11 @@ struct StreamBridgeTests {
         let rig = try Rig(RelayConfig(streamRetry: .milliseconds(200)))
         try rig.phoneOpens(pixel, "s1")
         try rig.waitOpens("s1", 1)
-        try rig.down("s1", frame(refusal))
+        try rig.down("s1", hx(refusal))
         try rig.waitPhoneClosed(pixel)
         rig.advance(.seconds(1))
         rig.settle()
-        #expect(rig.toPhone(pixel) == [frame(refusal)])
+        #expect(rig.toPhone(pixel) == [hx(refusal)])
         #expect(rig.opens("s1").count == 1, "not asked again")
         #expect(rig.up("s1").isEmpty)
         #expect(rig.relay.counters.aborted == 1)
@@ -527,7 +517,7 @@ struct StreamBridgeTests {
         rig.settle()
         #expect(rig.toPhone(pixel).count == 1)
         expectError(rig.toPhone(pixel).first, .unreachable, saying: "no gateway answered the stream open")
-        #expect(rig.up("s1") == [frame("14 01")])
+        #expect(rig.up("s1") == [hx("14 01")])
         #expect(rig.opens("s1").count == 5)
         #expect(rig.relay.counters.unanswered == 1)
         #expect(rig.relay.counters.aborted == 1)
@@ -538,7 +528,7 @@ struct StreamBridgeTests {
     func phoneHangsUp() throws {
         let rig = try Rig()
         try rig.openBridge("s1", pixel)
-        try rig.fromPhone(pixel, frame("11 00000000 61"))
+        try rig.fromPhone(pixel, hx("11 00000000 61"))
         try rig.waitUp("s1", 1)
         try rig.phones.hangUp(pixel)
         try rig.waitUp("s1", 2)
@@ -553,11 +543,11 @@ struct StreamBridgeTests {
     func phoneResets() throws {
         let rig = try Rig()
         try rig.openBridge("s1", pixel)
-        try rig.fromPhone(pixel, frame("14 01"))
+        try rig.fromPhone(pixel, hx("14 01"))
         try rig.waitUp("s1", 1)
         try rig.waitPhoneClosed(pixel)
         rig.settle()
-        #expect(rig.up("s1") == [frame("14 01")])
+        #expect(rig.up("s1") == [hx("14 01")])
         #expect(rig.relay.openCount == 0)
     }
 
@@ -572,7 +562,7 @@ struct StreamBridgeTests {
             try rig.phoneOpens(pixel, "s1")
             try rig.waitOpens("s1", 1)
         }
-        for f in frames { try rig.fromPhone(pixel, frame(f)) }
+        for f in frames { try rig.fromPhone(pixel, hx(f)) }
         try rig.waitPhoneClosed(pixel)
         try rig.waitUp("s1", 1)
         rig.settle()
@@ -620,7 +610,7 @@ struct StreamBridgeTests {
                                      mqtt: &rig.gateway)
         try rig.waitPhoneClosed(pixel)
         rig.settle()
-        #expect(rig.toPhone(pixel).last == frame("15 06") + utf8("gateway hall went offline"))
+        #expect(rig.toPhone(pixel).last == hx("15 06") + utf8("gateway hall went offline"))
         #expect(rig.relay.counters.goneForOthers == 1)
         #expect(rig.relay.openCount == 0)
     }
@@ -630,14 +620,14 @@ struct StreamBridgeTests {
     @Test("Capacity: relay.streams + 1, carried and bridged together: a phone is told busy and hung up, an endpoint too; a freed slot takes the next")
     func streamsPlusOne() throws {
         let rig = try Rig(RelayConfig(streams: 2))
-        rig.relay.open(id: "k1", topics: topics("k1"), frame: frame("10 0800 0004"), target: reader, refusal: nil,
+        rig.relay.open(id: "k1", topics: topics("k1"), frame: hx("10 0800 0004"), target: reader, refusal: nil,
                        now: rig.now, mqtt: &rig.gateway)
         try rig.openBridge("s1", pixel)
         #expect(rig.relay.openCount == 2)
 
         try rig.phoneOpens(galaxy, "s2")
         try rig.waitPhoneClosed(galaxy)
-        rig.relay.open(id: "k2", topics: topics("k2"), frame: frame("10 0800 0004"), target: reader, refusal: nil,
+        rig.relay.open(id: "k2", topics: topics("k2"), frame: hx("10 0800 0004"), target: reader, refusal: nil,
                        now: rig.now, mqtt: &rig.gateway)
         try #require(rig.run { rig.downSeen("k2").count == 1 })
         rig.settle()
@@ -649,10 +639,10 @@ struct StreamBridgeTests {
         #expect(rig.relay.counters.bridged == 1)
         #expect(rig.relay.openCount == 2)
 
-        try rig.down("s1", frame("14 01"))  // the bridged stream ends
+        try rig.down("s1", hx("14 01"))  // the bridged stream ends
         try rig.waitPhoneClosed(pixel)
         try rig.openBridge("s3", fairphone)
-        #expect(rig.toPhone(fairphone) == [frame("10 0800 0004")])
+        #expect(rig.toPhone(fairphone) == [hx("10 0800 0004")])
         #expect(rig.relay.counters.bridged == 2)
         #expect(rig.relay.openCount == 2)
     }
@@ -661,27 +651,27 @@ struct StreamBridgeTests {
     func rolesKeepTheirTopics() throws {
         let rig = try Rig()
         try rig.openBridge("b1", pixel)
-        rig.relay.open(id: "c1", topics: topics("c1"), frame: frame("10 0800 0004"), target: reader, refusal: nil,
+        rig.relay.open(id: "c1", topics: topics("c1"), frame: hx("10 0800 0004"), target: reader, refusal: nil,
                        now: rig.now, mqtt: &rig.gateway)
         try #require(rig.run { rig.devices.received(reader).count == 1 }, "the carried stream's open reached the device")
 
-        #expect(!rig.relay.fromBroker(id: "b1", leaf: "up", frame("11 00000000 61"), now: rig.now, mqtt: &rig.gateway))
-        #expect(!rig.relay.fromEndpoint(id: "b1", frame("11 00000000 61"), now: rig.now, mqtt: &rig.gateway))
-        #expect(!rig.relay.fromBroker(id: "c1", leaf: "down", frame("11 00000000 61"), now: rig.now, mqtt: &rig.gateway))
-        #expect(!rig.relay.fromBroker(id: "b1", leaf: "gateway", frame("11 00000000 61"), now: rig.now, mqtt: &rig.gateway))
+        #expect(!rig.relay.fromBroker(id: "b1", leaf: "up", hx("11 00000000 61"), now: rig.now, mqtt: &rig.gateway))
+        #expect(!rig.relay.fromEndpoint(id: "b1", hx("11 00000000 61"), now: rig.now, mqtt: &rig.gateway))
+        #expect(!rig.relay.fromBroker(id: "c1", leaf: "down", hx("11 00000000 61"), now: rig.now, mqtt: &rig.gateway))
+        #expect(!rig.relay.fromBroker(id: "b1", leaf: "gateway", hx("11 00000000 61"), now: rig.now, mqtt: &rig.gateway))
 
         // One id in both roles, as an ownership flip could make it.
         try rig.openBridge("s1", galaxy)
-        rig.relay.open(id: "s1", topics: topics("s1"), frame: frame("10 0800 0004"), target: reader, refusal: nil,
+        rig.relay.open(id: "s1", topics: topics("s1"), frame: hx("10 0800 0004"), target: reader, refusal: nil,
                        now: rig.now, mqtt: &rig.gateway)
         try #require(rig.run { rig.devices.received(reader).count == 2 }, "the second carried stream's open reached the device")
-        #expect(rig.relay.fromBroker(id: "s1", leaf: "up", frame("11 00000000 75"), now: rig.now, mqtt: &rig.gateway))
-        #expect(rig.relay.fromBroker(id: "s1", leaf: "down", frame("11 00000000 64"), now: rig.now, mqtt: &rig.gateway))
+        #expect(rig.relay.fromBroker(id: "s1", leaf: "up", hx("11 00000000 75"), now: rig.now, mqtt: &rig.gateway))
+        #expect(rig.relay.fromBroker(id: "s1", leaf: "down", hx("11 00000000 64"), now: rig.now, mqtt: &rig.gateway))
         try #require(rig.run { rig.devices.received(reader).count == 3 && rig.toPhone(galaxy).count == 2 })
         rig.settle()
-        #expect(rig.devices.received(reader).last == frame("11 00000000 75"), "up: to the carried stream's device")
-        #expect(rig.toPhone(galaxy).last == frame("11 00000000 64"), "down: to the bridged stream's phone")
-        #expect(rig.toPhone(pixel) == [frame("10 0800 0004")], "b1's phone got nothing")
+        #expect(rig.devices.received(reader).last == hx("11 00000000 75"), "up: to the carried stream's device")
+        #expect(rig.toPhone(galaxy).last == hx("11 00000000 64"), "down: to the bridged stream's phone")
+        #expect(rig.toPhone(pixel) == [hx("10 0800 0004")], "b1's phone got nothing")
         #expect(rig.relay.openCount == 4)
     }
 
@@ -694,12 +684,12 @@ struct StreamBridgeTests {
         try rig.waitOpens("s1", 1)
 
         try rig.openBridge("s2", galaxy)
-        let p0 = frame("11 00000000 50"), p1 = frame("11 01000000 51")
+        let p0 = hx("11 00000000 50"), p1 = hx("11 01000000 51")
         try rig.fromPhone(galaxy, p0, p1)
         try rig.waitUp("s2", 2)
-        try rig.down("s2", frame("12 01000000 0800"), frame("11 00000000 43"))  // the device has p0; its frame 0
+        try rig.down("s2", hx("12 01000000 0800"), hx("11 00000000 43"))  // the device has p0; its frame 0
         try rig.waitPhone(galaxy, 3)
-        try rig.fromPhone(galaxy, frame("12 01000000 0800"))
+        try rig.fromPhone(galaxy, hx("12 01000000 0800"))
         try rig.waitUp("s2", 3)
 
         try rig.broker.restart()
@@ -710,17 +700,17 @@ struct StreamBridgeTests {
         try rig.waitOpens("s1", asked1 + 1)
         try rig.waitUp("s2", ups + 2)
         rig.settle()
-        #expect(rig.opens("s1").last == frame("10 0800 0004"))
+        #expect(rig.opens("s1").last == hx("10 0800 0004"))
         #expect(rig.opens("s2").count == asked2, "s2 was answered: not asked again")
-        #expect(Array(rig.up("s2").dropFirst(ups)) == [frame("12 01000000 0800"), p1])
+        #expect(Array(rig.up("s2").dropFirst(ups)) == [hx("12 01000000 0800"), p1])
         #expect(rig.relay.counters.resent == 1)
 
         // …/S/down is subscribed again: the carrier's answer and frames get through.
-        try rig.down("s1", frame("10 0800 0004"))
+        try rig.down("s1", hx("10 0800 0004"))
         try rig.waitPhone(pixel, 1)
-        try rig.down("s2", frame("11 01000000 44"))
+        try rig.down("s2", hx("11 01000000 44"))
         try rig.waitPhone(galaxy, 4)
-        #expect(rig.toPhone(galaxy).last == frame("11 01000000 44"))
+        #expect(rig.toPhone(galaxy).last == hx("11 01000000 44"))
     }
 
     // MARK: end to end
@@ -732,7 +722,7 @@ struct StreamBridgeTests {
         let deviceBytes = (0 ..< 65_536).map { UInt8(truncatingIfNeeded: ($0 >> 8) ^ ($0 &* 13)) }
         // The phone takes 16 frames of 700 bytes; the device 6 of 1000.
         let phone = Peer(rooms.phones, pixel, answer: nil, window: 16, outgoing: phoneBytes)
-        let device = Peer(rooms.devices, reader, answer: frame("10 0600 e803"), window: 6, outgoing: deviceBytes)
+        let device = Peer(rooms.devices, reader, answer: hx("10 0600 e803"), window: 6, outgoing: deviceBytes)
         try rooms.phoneOpens(window: 16, maxData: 700)
         try #require(try rooms.run(phone: phone, device: device) {
             phone.incoming.count == deviceBytes.count && device.incoming.count == phoneBytes.count
@@ -744,8 +734,8 @@ struct StreamBridgeTests {
         #expect(phone.incoming == deviceBytes)
         #expect(device.incoming == phoneBytes)
         // Clamped on the way: the study keeps 16 frames of 512 bytes, the hall 8 of 1024.
-        #expect(device.told == frame("10 0800 0002"), "the phone's open (16, 700), as the study and the hall clamped it")
-        #expect(phone.told == frame("10 0600 0002"), "the device's open (6, 1000), as the hall and the study clamped it")
+        #expect(device.told == hx("10 0800 0002"), "the phone's open (16, 700), as the study and the hall clamped it")
+        #expect(phone.told == hx("10 0600 0002"), "the device's open (6, 1000), as the hall and the study clamped it")
         #expect(phone.closeAcknowledged && device.closeAcknowledged)
         #expect(rooms.study.counters.framesQueued > 0, "the phone never fell behind: the test shows nothing")
         #expect(rooms.study.counters.framesUp == phone.framesSent)
@@ -820,7 +810,7 @@ private final class Peer {
             case 0x13 where m.count == 5:
                 break
             default:
-                fault = fault ?? "unexpected \(hexText(m))"
+                fault = fault ?? "unexpected \(hexString(m))"
             }
         }
         if expected != ackSaid {

@@ -29,27 +29,17 @@ import BatonRelay
 
 // MARK: - Frames as the spec writes them
 
-/// The bytes of a frame written in hex as docs/protocol.md §5.1 writes them ("11 01000000 62":
-/// data, frame 1, the byte 0x62); spaces are for the reader.
-private func frame(_ hex: String) -> [UInt8] {
-    let digits = Array(hex.filter { !$0.isWhitespace })
-    precondition(digits.count % 2 == 0, "an odd number of hex digits: \(hex)")
-    return stride(from: 0, to: digits.count, by: 2).map { UInt8(String(digits[$0 ... $0 + 1]), radix: 16)! }
-}
-
 private func utf8(_ text: String) -> [UInt8] { Array(text.utf8) }
-
-private func hexText(_ bytes: [UInt8]) -> String { bytes.map { String(format: "%02x", $0) }.joined() }
 
 /// An error frame (§5.1 `15`): reason `reason` (§5.4), then a detail of at most 100 bytes of
 /// UTF-8 that says `text`.
 private func expectError(_ f: [UInt8]?, _ reason: StreamReason, saying text: String,
                          sourceLocation: SourceLocation = #_sourceLocation) {
     guard let f, f.count >= 2 else {
-        Issue.record("expected error \(reason.name), got \(f.map(hexText) ?? "nothing")", sourceLocation: sourceLocation)
+        Issue.record("expected error \(reason.name), got \(f.map(hexString) ?? "nothing")", sourceLocation: sourceLocation)
         return
     }
-    #expect(Array(f.prefix(2)) == [0x15, reason.rawValue], "error \(reason.name): \(hexText(f))", sourceLocation: sourceLocation)
+    #expect(Array(f.prefix(2)) == [0x15, reason.rawValue], "error \(reason.name): \(hexString(f))", sourceLocation: sourceLocation)
     let detail = String(decoding: f.dropFirst(2), as: UTF8.self)
     #expect(f.count - 2 <= 100, "a detail of at most 100 bytes (§5.1)", sourceLocation: sourceLocation)
     #expect(detail.contains(text), "detail: \(detail)", sourceLocation: sourceLocation)
@@ -252,13 +242,13 @@ private final class Rig {
 
     func waitDown(_ id: String, _ count: Int, sourceLocation: SourceLocation = #_sourceLocation) throws {
         try #require(run { down(id).count >= count },
-                     "the endpoint got \(down(id).count) frame(s) on \(topics(id).down), not \(count): \(down(id).map(hexText))",
+                     "the endpoint got \(down(id).count) frame(s) on \(topics(id).down), not \(count): \(down(id).map(hexString))",
                      sourceLocation: sourceLocation)
     }
 
     func waitDevice(_ d: Device, _ count: Int, sourceLocation: SourceLocation = #_sourceLocation) throws {
         try #require(run { toDevice(d).count >= count },
-                     "the device got \(toDevice(d).count) link message(s), not \(count): \(toDevice(d).map(hexText))",
+                     "the device got \(toDevice(d).count) link message(s), not \(count): \(toDevice(d).map(hexString))",
                      sourceLocation: sourceLocation)
     }
 
@@ -284,8 +274,8 @@ private final class Rig {
     /// docs/relay.md §7.2: the endpoint's open reaches the device as `toDevice`; the device
     /// answers `deviceOpen`, which reaches the endpoint. Afterwards the endpoint's `…/S/up` is
     /// subscribed (the open on `…/S/down` was published after the subscription).
-    func openStream(_ id: String, _ device: Device, endpointOpen: [UInt8] = frame("10 0800 0004"),
-                    deviceOpen: [UInt8] = frame("10 0800 0004"), sourceLocation: SourceLocation = #_sourceLocation) throws {
+    func openStream(_ id: String, _ device: Device, endpointOpen: [UInt8] = hx("10 0800 0004"),
+                    deviceOpen: [UInt8] = hx("10 0800 0004"), sourceLocation: SourceLocation = #_sourceLocation) throws {
         let (sent, told) = (toDevice(device).count, down(id).count)
         try open(id, device, endpointOpen)
         try waitDevice(device, sent + 1, sourceLocation: sourceLocation)
@@ -310,16 +300,16 @@ struct StreamRelayTests {
                       ("10 0200 0008", "10 0200 0002")])  // max data 2048: the gateway keeps 512
     func open(deviceOpen: String, endpointSees: String) throws {
         let rig = try Rig(RelayConfig(streamWindow: 4, streamMaxData: 512))
-        try rig.open("s1", reader, frame("10 0800 0004"))  // window 8, max data 1024
+        try rig.open("s1", reader, hx("10 0800 0004"))  // window 8, max data 1024
         try rig.waitDevice(reader, 1)
-        #expect(rig.toDevice(reader) == [frame("10 0400 0002")], "open: window 4, max data 512")
+        #expect(rig.toDevice(reader) == [hx("10 0400 0002")], "open: window 4, max data 512")
         #expect(rig.devices.links(reader.link) == 1)
         #expect(try rig.retainedCarriers() == ["baton/streams/s1/gateway": "hall"])
 
-        try rig.fromDevice(reader, frame(deviceOpen))
+        try rig.fromDevice(reader, hx(deviceOpen))
         try rig.waitDown("s1", 1)
         rig.settle()
-        #expect(rig.down("s1") == [frame(endpointSees)])
+        #expect(rig.down("s1") == [hx(endpointSees)])
         #expect(rig.downMessages.allSatisfy { $0.qos == 1 && !$0.retained }, "§7.1: QoS 1, not retained")
         #expect(rig.carriers["s1"] == ["hall"])
         #expect(rig.toDevice(reader).count == 1)
@@ -333,33 +323,33 @@ struct StreamRelayTests {
     func upInOrderOnly() throws {
         let rig = try Rig()
         try rig.openStream("s1", reader)
-        try rig.up("s1", frame("11 00000000 61"), frame("11 01000000 62"))
+        try rig.up("s1", hx("11 00000000 61"), hx("11 01000000 62"))
         try rig.waitDevice(reader, 3)
-        #expect(rig.toDevice(reader) == [frame("10 0800 0004"), frame("11 00000000 61"), frame("11 01000000 62")])
-        try rig.fromDevice(reader, frame("12 02000000 0800"))  // ack: frames 0 and 1 consumed, window 8
+        #expect(rig.toDevice(reader) == [hx("10 0800 0004"), hx("11 00000000 61"), hx("11 01000000 62")])
+        try rig.fromDevice(reader, hx("12 02000000 0800"))  // ack: frames 0 and 1 consumed, window 8
         try rig.waitDown("s1", 2)
-        #expect(rig.down("s1") == [frame("10 0800 0004"), frame("12 02000000 0800")], "the device's ack, as it is")
+        #expect(rig.down("s1") == [hx("10 0800 0004"), hx("12 02000000 0800")], "the device's ack, as it is")
 
         // A resend of frame 0 (the endpoint did not see the ack in time).
-        try rig.up("s1", frame("11 00000000 61"))
+        try rig.up("s1", hx("11 00000000 61"))
         try rig.waitDown("s1", 3)
         rig.settle()
-        #expect(rig.down("s1") == [frame("10 0800 0004"), frame("12 02000000 0800"), frame("12 02000000 0800")])
+        #expect(rig.down("s1") == [hx("10 0800 0004"), hx("12 02000000 0800"), hx("12 02000000 0800")])
         #expect(rig.toDevice(reader).count == 3, "the duplicate does not reach the device")
         #expect(rig.drops("stream-duplicate") == 1)
 
         // Frame 3 while 2 is expected (2 was lost with the broker).
-        try rig.up("s1", frame("11 03000000 64"))
+        try rig.up("s1", hx("11 03000000 64"))
         try #require(rig.run { rig.drops("stream-gap") == 1 })
         rig.settle()
         #expect(rig.toDevice(reader).count == 3, "dropped: not on the link")
         #expect(rig.down("s1").count == 3, "and nothing said to the endpoint: it resends from the gap")
 
         // The endpoint goes back to 2: both arrive, in order.
-        try rig.up("s1", frame("11 02000000 63"), frame("11 03000000 64"))
+        try rig.up("s1", hx("11 02000000 63"), hx("11 03000000 64"))
         try rig.waitDevice(reader, 5)
         rig.settle()
-        #expect(Array(rig.toDevice(reader).dropFirst(3)) == [frame("11 02000000 63"), frame("11 03000000 64")])
+        #expect(Array(rig.toDevice(reader).dropFirst(3)) == [hx("11 02000000 63"), hx("11 03000000 64")])
         #expect(rig.relay.openCount == 1)
         #expect(rig.relay.drops.total == 2)
     }
@@ -367,13 +357,13 @@ struct StreamRelayTests {
     @Test("§7.2, §7.3: the device's open and its acks reach the endpoint with their window capped at Wg")
     func theEndpointsWindowStaysWithinTheQueue() throws {
         let rig = try Rig(RelayConfig(streamWindow: 4))
-        try rig.openStream("s1", reader, endpointOpen: frame("10 4000 0004"), deviceOpen: frame("10 4000 0004"))
-        #expect(rig.down("s1").last == frame("10 0400 0004"), "open: window 64 offered, 4 told")
-        try rig.up("s1", frame("11 00000000 61"))
+        try rig.openStream("s1", reader, endpointOpen: hx("10 4000 0004"), deviceOpen: hx("10 4000 0004"))
+        #expect(rig.down("s1").last == hx("10 0400 0004"), "open: window 64 offered, 4 told")
+        try rig.up("s1", hx("11 00000000 61"))
         try rig.waitDevice(reader, 2)
-        try rig.fromDevice(reader, frame("12 01000000 4000"))  // ack 1, window 64
+        try rig.fromDevice(reader, hx("12 01000000 4000"))  // ack 1, window 64
         try rig.waitDown("s1", 2)
-        #expect(rig.down("s1").last == frame("12 01000000 0400"), "ack: window 64 from the device, 4 told")
+        #expect(rig.down("s1").last == hx("12 01000000 0400"), "ack: window 64 from the device, 4 told")
     }
 
     @Test("§7.3 endpoint → device: frames the link has no room for wait in the stream's queue and go in order on POLLOUT, close last; none is dropped, none waits for a resend")
@@ -381,8 +371,8 @@ struct StreamRelayTests {
         let rig = try Rig(RelayConfig(streamWindow: 32))
         rig.devices.sendBuffer = 4096
         // Window 32, max data 1024, both ways: the endpoint may have 32 frames in flight.
-        try rig.openStream("s1", reader, endpointOpen: frame("10 2000 0004"), deviceOpen: frame("10 2000 0004"))
-        #expect(rig.down("s1").last == frame("10 2000 0004"), "the endpoint is told the window the queue holds")
+        try rig.openStream("s1", reader, endpointOpen: hx("10 2000 0004"), deviceOpen: hx("10 2000 0004"))
+        #expect(rig.down("s1").last == hx("10 2000 0004"), "the endpoint is told the window the queue holds")
         rig.devices.paused = true
         var sent: [[UInt8]] = []
         for n in 0..<32 {
@@ -391,7 +381,7 @@ struct StreamRelayTests {
             sent.append(f)
             try rig.up("s1", f)
         }
-        try rig.up("s1", frame("13 20000000"))  // close at 32
+        try rig.up("s1", hx("13 20000000"))  // close at 32
         // Every frame is taken: what the link refused waits in the queue.
         try #require(rig.run { rig.relay.counters.framesUp == 32 }, "the relay took \(rig.relay.counters.framesUp) frames")
         rig.settle()
@@ -401,7 +391,7 @@ struct StreamRelayTests {
         rig.devices.paused = false
         try rig.waitDevice(reader, 1 + 32 + 1)
         rig.settle()
-        #expect(Array(rig.toDevice(reader).dropFirst()) == sent + [frame("13 20000000")])
+        #expect(Array(rig.toDevice(reader).dropFirst()) == sent + [hx("13 20000000")])
         #expect(rig.relay.drops.total == 0)
     }
 
@@ -409,8 +399,8 @@ struct StreamRelayTests {
     func downKeptAndResent() throws {
         let rig = try Rig(RelayConfig(streamRetry: .milliseconds(200)))
         try rig.openStream("s1", reader)
-        let open = frame("10 0800 0004")
-        let d0 = frame("11 00000000 41"), d1 = frame("11 01000000 4242"), d2 = frame("11 02000000 434343")
+        let open = hx("10 0800 0004")
+        let d0 = hx("11 00000000 41"), d1 = hx("11 01000000 4242"), d2 = hx("11 02000000 434343")
         try rig.fromDevice(reader, d0, d1, d2)
         try rig.waitDown("s1", 4)
         rig.settle()
@@ -423,9 +413,9 @@ struct StreamRelayTests {
         #expect(rig.relay.counters.resent == 3)
 
         // The endpoint has frame 0: the ack goes on to the device; the next retry starts at 1.
-        try rig.up("s1", frame("12 01000000 0800"))
+        try rig.up("s1", hx("12 01000000 0800"))
         try rig.waitDevice(reader, 2)
-        #expect(rig.toDevice(reader) == [open, frame("12 01000000 0800")])
+        #expect(rig.toDevice(reader) == [open, hx("12 01000000 0800")])
         rig.advance(.milliseconds(200))
         try rig.waitDown("s1", 9)
         rig.settle()
@@ -433,9 +423,9 @@ struct StreamRelayTests {
         #expect(rig.relay.counters.resent == 5)
 
         // Everything acknowledged: nothing more is resent, however long the endpoint is quiet.
-        try rig.up("s1", frame("12 03000000 0800"))
+        try rig.up("s1", hx("12 03000000 0800"))
         try rig.waitDevice(reader, 3)
-        #expect(rig.toDevice(reader).last == frame("12 03000000 0800"))
+        #expect(rig.toDevice(reader).last == hx("12 03000000 0800"))
         rig.advance(.seconds(1))
         rig.settle()
         #expect(rig.down("s1").count == 9)
@@ -446,13 +436,13 @@ struct StreamRelayTests {
     @Test("§5.3: the device keeps the endpoint's window; one frame beyond it is error protocol to both ends, and the stream ends")
     func deviceBeyondWindow() throws {
         let rig = try Rig()
-        try rig.openStream("s1", reader, endpointOpen: frame("10 0200 0004"))  // window 2
-        #expect(rig.toDevice(reader) == [frame("10 0200 0004")])
-        let d = (0 ..< 5).map { frame("11 0\($0)000000 7\($0)") }
+        try rig.openStream("s1", reader, endpointOpen: hx("10 0200 0004"))  // window 2
+        #expect(rig.toDevice(reader) == [hx("10 0200 0004")])
+        let d = (0 ..< 5).map { hx("11 0\($0)000000 7\($0)") }
         try rig.fromDevice(reader, d[0], d[1])
         try rig.waitDown("s1", 3)
         // The endpoint consumed both: the window slides by two.
-        try rig.up("s1", frame("12 02000000 0200"))
+        try rig.up("s1", hx("12 02000000 0200"))
         try rig.waitDevice(reader, 2)
         try rig.fromDevice(reader, d[2], d[3], d[4])
         try rig.waitDown("s1", 6)
@@ -460,11 +450,11 @@ struct StreamRelayTests {
         rig.settle()
 
         let down = rig.down("s1")
-        #expect(Array(down.prefix(5)) == [frame("10 0800 0004"), d[0], d[1], d[2], d[3]])
+        #expect(Array(down.prefix(5)) == [hx("10 0800 0004"), d[0], d[1], d[2], d[3]])
         #expect(down.count == 6)
         expectError(down.last, .protocolError, saying: "frame 4 outside the window")
         let toDevice = rig.toDevice(reader)
-        #expect(Array(toDevice.prefix(2)) == [frame("10 0200 0004"), frame("12 02000000 0200")])
+        #expect(Array(toDevice.prefix(2)) == [hx("10 0200 0004"), hx("12 02000000 0200")])
         #expect(toDevice.count == 3)
         expectError(toDevice.last, .protocolError, saying: "frame 4 outside the window")
         #expect(rig.relay.openCount == 0)
@@ -480,7 +470,7 @@ struct StreamRelayTests {
     func deviceBreaksProtocol(frames: [String], detail: String) throws {
         let rig = try Rig()
         try rig.openStream("s1", reader)
-        for f in frames { try rig.fromDevice(reader, frame(f)) }
+        for f in frames { try rig.fromDevice(reader, hx(f)) }
         try rig.waitLinkClosed(reader)
         rig.settle()
         let down = rig.down("s1")
@@ -501,9 +491,9 @@ struct StreamRelayTests {
     func endpointBreaksProtocol(frames: [String], detail: String) throws {
         let rig = try Rig()
         try rig.openStream("s1", reader)
-        try rig.up("s1", frame("11 00000000 61"))
+        try rig.up("s1", hx("11 00000000 61"))
         try rig.waitDevice(reader, 2)
-        for f in frames { try rig.up("s1", frame(f)) }
+        for f in frames { try rig.up("s1", hx(f)) }
         try rig.waitLinkClosed(reader)
         try rig.waitDown("s1", 2)
         rig.settle()
@@ -517,19 +507,19 @@ struct StreamRelayTests {
     @Test("relay.stream-max-data 1: the device's acks and an error with 100 bytes of detail still reach the endpoint")
     func smallestMaxData() throws {
         let rig = try Rig(RelayConfig(streamMaxData: 1))
-        try rig.openStream("s1", reader, endpointOpen: frame("10 0800 0004"), deviceOpen: frame("10 0800 0100"))
-        #expect(rig.toDevice(reader) == [frame("10 0800 0100")], "max data 1")
-        try rig.up("s1", frame("11 00000000 61"))
+        try rig.openStream("s1", reader, endpointOpen: hx("10 0800 0004"), deviceOpen: hx("10 0800 0100"))
+        #expect(rig.toDevice(reader) == [hx("10 0800 0100")], "max data 1")
+        try rig.up("s1", hx("11 00000000 61"))
         try rig.waitDevice(reader, 2)
-        try rig.fromDevice(reader, frame("12 01000000 0800"))
+        try rig.fromDevice(reader, hx("12 01000000 0800"))
         try rig.waitDown("s1", 2)
-        #expect(rig.down("s1").last == frame("12 01000000 0800"))
-        let error = frame("15 06") + utf8(String(repeating: "x", count: 100))
+        #expect(rig.down("s1").last == hx("12 01000000 0800"))
+        let error = hx("15 06") + utf8(String(repeating: "x", count: 100))
         try rig.fromDevice(reader, error)
         try rig.waitDown("s1", 3)
         try rig.waitLinkClosed(reader)
         rig.settle()
-        #expect(rig.down("s1") == [frame("10 0800 0100"), frame("12 01000000 0800"), error])
+        #expect(rig.down("s1") == [hx("10 0800 0100"), hx("12 01000000 0800"), error])
     }
 
     // MARK: §7.3 ending
@@ -538,20 +528,20 @@ struct StreamRelayTests {
     func cleanEnd() throws {
         let rig = try Rig()
         try rig.openStream("s1", reader)
-        try rig.up("s1", frame("11 00000000 71"), frame("13 01000000"))  // data 0, close at 1
+        try rig.up("s1", hx("11 00000000 71"), hx("13 01000000"))  // data 0, close at 1
         try rig.waitDevice(reader, 3)
-        #expect(rig.toDevice(reader) == [frame("10 0800 0004"), frame("11 00000000 71"), frame("13 01000000")])
+        #expect(rig.toDevice(reader) == [hx("10 0800 0004"), hx("11 00000000 71"), hx("13 01000000")])
 
-        try rig.fromDevice(reader, frame("12 01000000 0800"), frame("11 00000000 72"), frame("13 01000000"))
+        try rig.fromDevice(reader, hx("12 01000000 0800"), hx("11 00000000 72"), hx("13 01000000"))
         try rig.waitDown("s1", 4)
-        #expect(rig.down("s1") == [frame("10 0800 0004"), frame("12 01000000 0800"), frame("11 00000000 72"),
-                                   frame("13 01000000")])
+        #expect(rig.down("s1") == [hx("10 0800 0004"), hx("12 01000000 0800"), hx("11 00000000 72"),
+                                   hx("13 01000000")])
         #expect(rig.relay.openCount == 1, "the endpoint has not acknowledged the device's frame and close yet")
 
-        try rig.up("s1", frame("12 01000000 0800"))
+        try rig.up("s1", hx("12 01000000 0800"))
         try rig.waitLinkClosed(reader)
         rig.settle()
-        #expect(rig.toDevice(reader).last == frame("12 01000000 0800"), "the endpoint's ack reaches the device before the hang-up")
+        #expect(rig.toDevice(reader).last == hx("12 01000000 0800"), "the endpoint's ack reaches the device before the hang-up")
         #expect(rig.toDevice(reader).count == 4)
         #expect(rig.down("s1").count == 4)
         #expect(rig.relay.counters.finished == 1)
@@ -566,20 +556,20 @@ struct StreamRelayTests {
     func cleanEndOnDeviceAck() throws {
         let rig = try Rig()
         try rig.openStream("s1", reader)
-        try rig.fromDevice(reader, frame("11 00000000 72"), frame("13 01000000"))
+        try rig.fromDevice(reader, hx("11 00000000 72"), hx("13 01000000"))
         try rig.waitDown("s1", 3)
-        try rig.up("s1", frame("12 01000000 0800"), frame("11 00000000 71"), frame("13 01000000"))
+        try rig.up("s1", hx("12 01000000 0800"), hx("11 00000000 71"), hx("13 01000000"))
         try rig.waitDevice(reader, 4)
-        #expect(rig.toDevice(reader) == [frame("10 0800 0004"), frame("12 01000000 0800"), frame("11 00000000 71"),
-                                         frame("13 01000000")])
+        #expect(rig.toDevice(reader) == [hx("10 0800 0004"), hx("12 01000000 0800"), hx("11 00000000 71"),
+                                         hx("13 01000000")])
         #expect(rig.relay.openCount == 1, "the device has not acknowledged the endpoint's frame and close yet")
 
-        try rig.fromDevice(reader, frame("12 01000000 0800"))
+        try rig.fromDevice(reader, hx("12 01000000 0800"))
         try rig.waitDown("s1", 4)
         try rig.waitLinkClosed(reader)
         rig.settle()
-        #expect(rig.down("s1") == [frame("10 0800 0004"), frame("11 00000000 72"), frame("13 01000000"),
-                                   frame("12 01000000 0800")])
+        #expect(rig.down("s1") == [hx("10 0800 0004"), hx("11 00000000 72"), hx("13 01000000"),
+                                   hx("12 01000000 0800")])
         #expect(rig.toDevice(reader).count == 4)
         #expect(rig.relay.counters.finished == 1)
         #expect(rig.relay.counters.aborted == 0)
@@ -591,11 +581,11 @@ struct StreamRelayTests {
     func deviceHangsUpAfterBothCloses() throws {
         let rig = try Rig(RelayConfig(streamRetry: .milliseconds(200)))
         try rig.openStream("s1", reader)
-        try rig.up("s1", frame("13 00000000"))  // the endpoint sends nothing: close at 0
+        try rig.up("s1", hx("13 00000000"))  // the endpoint sends nothing: close at 0
         try rig.waitDevice(reader, 2)
-        #expect(rig.toDevice(reader).last == frame("13 00000000"))
+        #expect(rig.toDevice(reader).last == hx("13 00000000"))
         try rig.waitDown("s1", 2)  // ack 0, said for a device that acknowledged nothing (closeAckRule)
-        try rig.fromDevice(reader, frame("11 00000000 72"), frame("13 01000000"))
+        try rig.fromDevice(reader, hx("11 00000000 72"), hx("13 01000000"))
         try rig.waitDown("s1", 4)
         try rig.devices.hangUp(reader.link)
         try #require(rig.run { rig.relayLinks == 0 }, "the relay saw the hang-up")
@@ -605,8 +595,8 @@ struct StreamRelayTests {
 
         rig.advance(.milliseconds(200))
         try rig.waitDown("s1", 6)
-        #expect(Array(rig.down("s1").suffix(2)) == [frame("11 00000000 72"), frame("13 01000000")], "resent, close included")
-        try rig.up("s1", frame("12 01000000 0800"))
+        #expect(Array(rig.down("s1").suffix(2)) == [hx("11 00000000 72"), hx("13 01000000")], "resent, close included")
+        try rig.up("s1", hx("12 01000000 0800"))
         try #require(rig.run { rig.relay.openCount == 0 })
         rig.settle()
         #expect(rig.down("s1").count == 6)
@@ -619,32 +609,32 @@ struct StreamRelayTests {
     func closeAckRule() throws {
         let rig = try Rig()
         try rig.openStream("s1", reader)
-        try rig.up("s1", frame("11 00000000 61"), frame("11 01000000 62"))
+        try rig.up("s1", hx("11 00000000 61"), hx("11 01000000 62"))
         try rig.waitDevice(reader, 3)
-        try rig.fromDevice(reader, frame("12 02000000 0800"))
+        try rig.fromDevice(reader, hx("12 02000000 0800"))
         try rig.waitDown("s1", 2)
-        try rig.up("s1", frame("13 02000000"))
+        try rig.up("s1", hx("13 02000000"))
         try rig.waitDevice(reader, 4)
         try rig.waitDown("s1", 3)
         rig.settle()
-        #expect(rig.toDevice(reader).last == frame("13 02000000"))
-        #expect(rig.down("s1") == [frame("10 0800 0004"), frame("12 02000000 0800"), frame("12 02000000 0800")],
+        #expect(rig.toDevice(reader).last == hx("13 02000000"))
+        #expect(rig.down("s1") == [hx("10 0800 0004"), hx("12 02000000 0800"), hx("12 02000000 0800")],
                 "the ack after the close tells the endpoint its close arrived")
         // The endpoint resends its close (it missed that ack): said again, the link sees one close.
-        try rig.up("s1", frame("13 02000000"))
+        try rig.up("s1", hx("13 02000000"))
         try rig.waitDown("s1", 4)
         rig.settle()
-        #expect(rig.down("s1").last == frame("12 02000000 0800"))
+        #expect(rig.down("s1").last == hx("12 02000000 0800"))
         #expect(rig.toDevice(reader).count == 4)
 
         // An empty direction: the endpoint closes at 0 before the device acknowledged anything.
-        try rig.openStream("s2", tablet, deviceOpen: frame("10 0300 0004"))
-        try rig.up("s2", frame("13 00000000"))
+        try rig.openStream("s2", tablet, deviceOpen: hx("10 0300 0004"))
+        try rig.up("s2", hx("13 00000000"))
         try rig.waitDevice(tablet, 2)
         try rig.waitDown("s2", 2)
         rig.settle()
-        #expect(rig.toDevice(tablet) == [frame("10 0800 0004"), frame("13 00000000")])
-        #expect(rig.down("s2") == [frame("10 0300 0004"), frame("12 00000000 0300")], "ack 0 with the device's window")
+        #expect(rig.toDevice(tablet) == [hx("10 0800 0004"), hx("13 00000000")])
+        #expect(rig.down("s2") == [hx("10 0300 0004"), hx("12 00000000 0300")], "ack 0 with the device's window")
     }
 
     // MARK: §7.3 aborting
@@ -653,12 +643,12 @@ struct StreamRelayTests {
     func endpointReset() throws {
         let rig = try Rig()
         try rig.openStream("s1", reader)
-        try rig.up("s1", frame("14 01"))  // reset: cancelled
+        try rig.up("s1", hx("14 01"))  // reset: cancelled
         try rig.waitDevice(reader, 2)
         try rig.waitLinkClosed(reader)
         rig.settle()
-        #expect(rig.toDevice(reader) == [frame("10 0800 0004"), frame("14 01")])
-        #expect(rig.down("s1") == [frame("10 0800 0004")])
+        #expect(rig.toDevice(reader) == [hx("10 0800 0004"), hx("14 01")])
+        #expect(rig.down("s1") == [hx("10 0800 0004")])
         #expect(rig.relay.counters.aborted == 1)
         #expect(rig.relay.openCount == 0)
         #expect(try rig.retainedCarriers().isEmpty)
@@ -668,13 +658,13 @@ struct StreamRelayTests {
     func deviceError() throws {
         let rig = try Rig()
         try rig.openStream("s1", reader)
-        let error = frame("15 06") + utf8("the article was closed")
+        let error = hx("15 06") + utf8("the article was closed")
         try rig.fromDevice(reader, error)
         try rig.waitDown("s1", 2)
         try rig.waitLinkClosed(reader)
         rig.settle()
-        #expect(rig.down("s1") == [frame("10 0800 0004"), error])
-        #expect(rig.toDevice(reader) == [frame("10 0800 0004")])
+        #expect(rig.down("s1") == [hx("10 0800 0004"), error])
+        #expect(rig.toDevice(reader) == [hx("10 0800 0004")])
         #expect(rig.relay.counters.aborted == 1)
         #expect(rig.relay.openCount == 0)
         #expect(try rig.retainedCarriers().isEmpty)
@@ -684,7 +674,7 @@ struct StreamRelayTests {
     func linkDrops() throws {
         let rig = try Rig()
         try rig.openStream("s1", reader)
-        try rig.up("s1", frame("11 00000000 61"))
+        try rig.up("s1", hx("11 00000000 61"))
         try rig.waitDevice(reader, 2)
         try rig.devices.hangUp(reader.link)
         try rig.waitDown("s1", 2)
@@ -702,7 +692,7 @@ struct StreamRelayTests {
         let rig = try Rig(RelayConfig(streamIdle: .milliseconds(300)))
         try rig.openStream("s1", reader)
         rig.advance(.milliseconds(200))
-        try rig.up("s1", frame("11 00000000 61"))  // something moves at 200 ms
+        try rig.up("s1", hx("11 00000000 61"))  // something moves at 200 ms
         try rig.waitDevice(reader, 2)
         rig.advance(.milliseconds(200))            // 400 ms: 200 ms after the last frame
         rig.settle()
@@ -745,7 +735,7 @@ struct StreamRelayTests {
         let rig = try Rig(RelayConfig(streams: 2))
         try rig.openStream("s1", reader)
         try rig.openStream("s2", tablet)
-        try rig.open("s3", badge, frame("10 0800 0004"))
+        try rig.open("s3", badge, hx("10 0800 0004"))
         try rig.waitDown("s3", 1)
         rig.settle()
         #expect(rig.down("s3").count == 1)
@@ -755,11 +745,11 @@ struct StreamRelayTests {
         #expect(rig.relay.openCount == 2)
         #expect(try rig.retainedCarriers() == ["baton/streams/s1/gateway": "hall", "baton/streams/s2/gateway": "hall"])
 
-        try rig.up("s1", frame("14 01"))
+        try rig.up("s1", hx("14 01"))
         try rig.waitLinkClosed(reader)
         try rig.openStream("s3", badge)
-        #expect(rig.toDevice(badge) == [frame("10 0800 0004")])
-        #expect(rig.down("s3").last == frame("10 0800 0004"))
+        #expect(rig.toDevice(badge) == [hx("10 0800 0004")])
+        #expect(rig.down("s3").last == hx("10 0800 0004"))
         #expect(rig.relay.openCount == 2)
     }
 
@@ -767,10 +757,10 @@ struct StreamRelayTests {
     func refusal() throws {
         let rig = try Rig()
         rig.refusal = "the activity does not offer continuation streams"
-        try rig.open("s1", reader, frame("10 0800 0004"))
+        try rig.open("s1", reader, hx("10 0800 0004"))
         try rig.waitDown("s1", 1)
         rig.settle()
-        #expect(rig.down("s1") == [frame("15 03") + utf8("the activity does not offer continuation streams")])
+        #expect(rig.down("s1") == [hx("15 03") + utf8("the activity does not offer continuation streams")])
         #expect(rig.devices.links(reader.link) == 0)
         #expect(refused(rig.relay, .unreachable) == 1)
         #expect(rig.relay.openCount == 0)
@@ -783,7 +773,7 @@ struct StreamRelayTests {
                       ("10 0000 0004", "link-window", "malformed")])         // window 0
     func malformedOpen(open: String, drop: String, detail: String) throws {
         let rig = try Rig()
-        try rig.open("s1", reader, frame(open))
+        try rig.open("s1", reader, hx(open))
         try rig.waitDown("s1", 1)
         rig.settle()
         #expect(rig.down("s1").count == 1)
@@ -797,13 +787,13 @@ struct StreamRelayTests {
     @Test("§7.2: an open the endpoint repeats gets the device's open again, on the same link")
     func repeatedOpen() throws {
         let rig = try Rig()
-        try rig.openStream("s1", reader, deviceOpen: frame("10 0400 0001"))
-        try rig.open("s1", reader, frame("10 0800 0004"))
+        try rig.openStream("s1", reader, deviceOpen: hx("10 0400 0001"))
+        try rig.open("s1", reader, hx("10 0800 0004"))
         try rig.waitDown("s1", 2)
         rig.settle()
-        #expect(rig.down("s1") == [frame("10 0400 0001"), frame("10 0400 0001")])
+        #expect(rig.down("s1") == [hx("10 0400 0001"), hx("10 0400 0001")])
         #expect(rig.devices.links(reader.link) == 1, "no second link")
-        #expect(rig.toDevice(reader) == [frame("10 0800 0004")], "the device is not asked again")
+        #expect(rig.toDevice(reader) == [hx("10 0800 0004")], "the device is not asked again")
         #expect(rig.relay.counters.opened == 1)
         #expect(rig.relay.openCount == 1)
     }
@@ -814,11 +804,11 @@ struct StreamRelayTests {
     func reconnect() throws {
         let rig = try Rig()
         try rig.openStream("s1", reader)
-        try rig.up("s1", frame("11 00000000 61"))
+        try rig.up("s1", hx("11 00000000 61"))
         try rig.waitDevice(reader, 2)
-        try rig.fromDevice(reader, frame("12 01000000 0800"), frame("11 00000000 41"), frame("11 01000000 42"))
+        try rig.fromDevice(reader, hx("12 01000000 0800"), hx("11 00000000 41"), hx("11 01000000 42"))
         try rig.waitDown("s1", 4)
-        try rig.up("s1", frame("12 01000000 0800"))  // the endpoint has frame 0, not yet 1
+        try rig.up("s1", hx("12 01000000 0800"))  // the endpoint has frame 0, not yet 1
         try rig.waitDevice(reader, 3)
 
         // mosquitto restarts without persistence: no session, nothing retained.
@@ -832,15 +822,15 @@ struct StreamRelayTests {
         rig.relay.reconnected(now: rig.now, mqtt: &rig.gateway)
         try rig.waitDown("s1", before + 3)
         rig.settle()
-        #expect(Array(rig.down("s1").dropFirst(before)) == [frame("10 0800 0004"), frame("12 01000000 0800"),
-                                                             frame("11 01000000 42")])
+        #expect(Array(rig.down("s1").dropFirst(before)) == [hx("10 0800 0004"), hx("12 01000000 0800"),
+                                                             hx("11 01000000 42")])
         #expect(try rig.retainedCarriers() == ["baton/streams/s1/gateway": "hall"])
         #expect(rig.relay.counters.resent == 1)
 
         // …/S/up is subscribed again: the stream goes on.
-        try rig.up("s1", frame("11 01000000 62"))
+        try rig.up("s1", hx("11 01000000 62"))
         try rig.waitDevice(reader, 4)
-        #expect(rig.toDevice(reader).last == frame("11 01000000 62"))
+        #expect(rig.toDevice(reader).last == hx("11 01000000 62"))
     }
 
     // MARK: §7.3 a gateway that dies
@@ -870,14 +860,14 @@ struct StreamRelayTests {
         try rig.waitDown("k2", 1)
         rig.settle()
         for id in ["k1", "k2"] {
-            #expect(rig.down(id) == [frame("15 06") + utf8("gateway kitchen went offline")])
+            #expect(rig.down(id) == [hx("15 06") + utf8("gateway kitchen went offline")])
         }
         // The retained junk stays on the broker, untaken.
         #expect(try rig.retainedCarriers() == ["baton/streams/h1/gateway": "hall", "baton/streams/j2/gateway": "ghost"])
         #expect(rig.relay.counters.goneForOthers == 2)
         #expect(rig.relay.directory["k1"] == nil && rig.relay.directory["k2"] == nil)
         // h1 goes on.
-        #expect(rig.down("h1") == [frame("10 0800 0004")])
+        #expect(rig.down("h1") == [hx("10 0800 0004")])
         #expect(rig.relay.openCount == 1)
         #expect(!rig.devices.isClosed(reader.link))
     }

@@ -1,23 +1,46 @@
-// Test vectors are written in hex, as the specs print them; whitespace is for reading. Shared
-// by every test target that writes bytes (Wire, Keys, Core, Relay…).
+// Test vectors are written in hex, as the specs print them; whitespace is for reading. The one
+// hex helper of the tests: every test target that writes bytes (Wire, HCI, Keys, Core, Relay,
+// Gateway, CLI…) and the broker helper here read and write hex through these four functions.
 
-/// Bytes from hex digits, e.g. `hx("02 01 06")`.
-public func hx(_ s: String) -> [UInt8] {
-    let digits = s.filter { !$0.isWhitespace }
-    var out: [UInt8] = []
-    var i = digits.startIndex
-    while i < digits.endIndex {
-        let j = digits.index(i, offsetBy: 2)
-        out.append(UInt8(digits[i..<j], radix: 16)!)
-        i = j
-    }
-    return out
+/// Bytes from hex digits, e.g. `hx("02 01 06")` or a multi-line vector; spaces and newlines are
+/// for reading. Stops the test on an odd number of digits or a character that is not one.
+public func hx(_ s: some StringProtocol) -> [UInt8] {
+    guard let bytes = hexBytes(s) else { preconditionFailure("not hex bytes: \(s)") }
+    return bytes
 }
 
-/// Lower-case hex of `b`, no separators.
-public func hexString(_ b: [UInt8]) -> String {
-    let d = Array("0123456789abcdef")
-    return String(b.flatMap { [d[Int($0 >> 4)], d[Int($0 & 0xF)]] })
+/// Bytes from hex digits (whitespace ignored, either case), or nil where `s` is not whole hex
+/// bytes: for text a test did not write itself, such as mosquitto_sub's `%x` output.
+public func hexBytes(_ s: some StringProtocol) -> [UInt8]? {
+    var out: [UInt8] = []
+    var high: UInt8? = nil
+    for c in s.unicodeScalars where !c.properties.isWhitespace {
+        guard let v = hexValue(c) else { return nil }
+        if let h = high { out.append(h << 4 | v); high = nil } else { high = v }
+    }
+    return high == nil ? out : nil
+}
+
+/// Lower-case hex of `b`, no separators: "0c2002", as topics, JSON and the CBOR specs write it.
+public func hexString(_ b: some Sequence<UInt8>) -> String {
+    String(b.flatMap { [lowerDigits[Int($0 >> 4)], lowerDigits[Int($0 & 0xF)]] })
+}
+
+/// Upper-case hex of `b`, a space between bytes: "0C 20 02", as the Core spec and btmon print them.
+public func spacedHex(_ b: some Sequence<UInt8>) -> String {
+    b.map { String([upperDigits[Int($0 >> 4)], upperDigits[Int($0 & 0xF)]]) }.joined(separator: " ")
+}
+
+private let lowerDigits = Array("0123456789abcdef")
+private let upperDigits = Array("0123456789ABCDEF")
+
+private func hexValue(_ c: Unicode.Scalar) -> UInt8? {
+    switch c {
+    case "0"..."9": UInt8(c.value - 0x30)
+    case "a"..."f": UInt8(c.value - 0x61 + 10)
+    case "A"..."F": UInt8(c.value - 0x41 + 10)
+    default: nil
+    }
 }
 
 /// A small deterministic generator for churn tests (SplitMix64), so a failure replays.

@@ -169,7 +169,7 @@ public final class MosquittoBroker: @unchecked Sendable {
             guard let space = line.firstIndex(of: " ") else { continue }
             let hex = line[..<space]
             let topic = String(line[line.index(after: space)...])
-            guard topic != sentinel, let bytes = Self.bytes(hex: hex) else { continue }
+            guard topic != sentinel, let bytes = hexBytes(hex) else { continue }
             result[topic] = bytes
         }
         return result
@@ -377,20 +377,6 @@ public final class MosquittoBroker: @unchecked Sendable {
             if n < 0, errno == EINTR { continue }
             guard n > 0 else { throw BrokerError("recv(): \(n == 0 ? "closed by the broker" : String(cString: strerror(errno)))") }
             got += n
-        }
-        return out
-    }
-
-    private static func bytes(hex: Substring) -> [UInt8]? {
-        guard hex.count % 2 == 0 else { return nil }
-        var out: [UInt8] = []
-        out.reserveCapacity(hex.count / 2)
-        var i = hex.startIndex
-        while i < hex.endIndex {
-            let j = hex.index(i, offsetBy: 2)
-            guard let byte = UInt8(hex[i..<j], radix: 16) else { return nil }
-            out.append(byte)
-            i = j
         }
         return out
     }
