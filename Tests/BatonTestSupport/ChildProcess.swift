@@ -7,6 +7,15 @@
 // for a gateway under test. POSIX_SPAWN_SETSIGMASK with an empty set gives the child the mask
 // it would have had from a shell. The child is reaped with waitpid on its own pid, so
 // Foundation's own bookkeeping of the processes it started is untouched.
+//
+// No child outlives the tests (issue 20). Each one leads a process group of its own, so a
+// SIGKILL, and the deinit, take what it started with it (a `sh -c 'a | b'` pipeline). And each
+// one is started through util-linux's `setpriv --pdeathsig SIGKILL`, which sets
+// PR_SET_PDEATHSIG and execs the program (same pid): if the test process dies without running
+// a deinit (a crash, a timeout, an object never released), the kernel kills the child.
+// The parent-death signal follows the *thread* that started the child, and the test runner's
+// worker threads come and go, so every child is started from one thread that lives as long as
+// the process (`Spawner`).
 import Foundation
 import Glibc
 
@@ -30,16 +39,22 @@ public final class ChildProcess: @unchecked Sendable {
         var empty = sigset_t()
         sigemptyset(&empty)
         posix_spawnattr_setsigmask(&attributes, &empty)
-        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK))
+        // Process group 0: the child's own, numbered by its pid.
+        posix_spawnattr_setpgroup(&attributes, 0)
+        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETPGROUP))
 
-        let argv: [UnsafeMutablePointer<CChar>?] = ([path] + arguments).map { strdup($0) } + [nil]
-        defer { for a in argv { free(a) } }
-        var child: pid_t = 0
-        let rc = posix_spawn(&child, path, &actions, &attributes, argv, environ)
-        guard rc == 0 else {
-            throw BrokerError("could not start \(path): \(String(cString: strerror(rc)))")
+        // setpriv execs the program only after it started, so a missing one is told here.
+        guard access(path, X_OK) == 0 else {
+            throw BrokerError("could not start \(path): \(String(cString: strerror(errno)))")
         }
-        pid = child
+        let wrapped = Self.setpriv.map { [$0, "--pdeathsig", "SIGKILL", "--", path] } ?? [path]
+        let argv: [UnsafeMutablePointer<CChar>?] = (wrapped + arguments).map { strdup($0) } + [nil]
+        defer { for a in argv { free(a) } }
+        let rc = Spawner.shared.spawn(wrapped[0], actions: &actions, attributes: &attributes, argv: argv)
+        guard rc.error == 0 else {
+            throw BrokerError("could not start \(path): \(String(cString: strerror(rc.error)))")
+        }
+        pid = rc.pid
     }
 
     deinit {
@@ -47,7 +62,12 @@ public final class ChildProcess: @unchecked Sendable {
             Glibc.kill(pid, SIGKILL)
             _ = wait(timeout: .seconds(5))
         }
+        // Whatever it started and left behind (its process group outlives it).
+        Glibc.kill(-pid, SIGKILL)
     }
+
+    /// util-linux's setpriv (`--pdeathsig` since 2.33); without it children start directly.
+    static let setpriv: String? = FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv") ? "/usr/bin/setpriv" : nil
 
     /// True until the child has exited (and been reaped here).
     public var isRunning: Bool {
@@ -61,8 +81,9 @@ public final class ChildProcess: @unchecked Sendable {
         return r == 0
     }
 
+    /// Sends `number` to the child; SIGKILL goes to its whole process group (what it started).
     public func signal(_ number: Int32) {
-        if isRunning { Glibc.kill(pid, number) }
+        if isRunning { Glibc.kill(number == SIGKILL ? -pid : pid, number) }
     }
 
     /// Waits up to `timeout` for the child to exit; its raw wait status, or nil if it still runs.
@@ -88,5 +109,51 @@ public final class ChildProcess: @unchecked Sendable {
         }
         // WIFEXITED / WEXITSTATUS (sys/wait.h macros, not imported into Swift).
         return status & 0x7F == 0 ? (status >> 8) & 0xFF : -1
+    }
+}
+
+/// The one thread every child is started from: it lives as long as the test process, so a
+/// child's parent-death signal fires when the process dies, not when a worker thread retires.
+private final class Spawner: @unchecked Sendable {
+    static let shared = Spawner()
+
+    private let condition = NSCondition()
+    private var jobs: [() -> Void] = []
+
+    private init() {
+        let thread = Thread { [self] in
+            while true {
+                condition.lock()
+                while jobs.isEmpty { condition.wait() }
+                let job = jobs.removeFirst()
+                condition.unlock()
+                job()
+            }
+        }
+        thread.name = "ChildProcess spawner"
+        thread.start()
+    }
+
+    /// posix_spawn on the spawner thread; the caller waits for it.
+    func spawn(_ path: String, actions: inout posix_spawn_file_actions_t, attributes: inout posix_spawnattr_t,
+               argv: [UnsafeMutablePointer<CChar>?]) -> (pid: pid_t, error: Int32) {
+        final class Result: @unchecked Sendable { var pid: pid_t = 0; var error: Int32 = 0 }
+        let result = Result()
+        let done = DispatchSemaphore(value: 0)
+        withUnsafeMutablePointer(to: &actions) { actions in
+            withUnsafeMutablePointer(to: &attributes) { attributes in
+                condition.lock()
+                jobs.append {
+                    var child: pid_t = 0
+                    result.error = posix_spawn(&child, path, actions, attributes, argv, environ)
+                    result.pid = child
+                    done.signal()
+                }
+                condition.signal()
+                condition.unlock()
+                done.wait()
+            }
+        }
+        return (result.pid, result.error)
     }
 }
