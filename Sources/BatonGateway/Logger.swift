@@ -22,7 +22,18 @@ public struct Logger: Sendable {
             }
         }
 
-        var rank: Int { Self.allCases.firstIndex(of: self) ?? 0 }
+        /// Most verbose first; a switch, not `allCases`, whose array every log call would build.
+        var rank: Int {
+            switch self {
+            case .trace: 0
+            case .debug: 1
+            case .info: 2
+            case .notice: 3
+            case .warning: 4
+            case .error: 5
+            case .critical: 6
+            }
+        }
         public static func < (a: Level, b: Level) -> Bool { a.rank < b.rank }
     }
 

@@ -17,20 +17,45 @@ import Foundation
 import Glibc
 import Testing
 
-private let secret = "BATON-GROUP-V1:AAAQEAYEAUDAOCAJBIFQYDIOB4QL"
-private let group = try! GroupKeys.derive(secret: try! GroupSecret(text: secret))
-private let device = DeviceIdentity.id(groupHash: group.groupHash, number: 4)
-private let deviceText = ActivityBeacon.deviceIDText(device)
+/// The building both re-advertising tests play (this file's and ManagementLateTests): a keyed
+/// group, its device 4 owned by the hall, and the office gateway that re-advertises it.
+enum HallsDevice {
+    static let secret = "BATON-GROUP-V1:AAAQEAYEAUDAOCAJBIFQYDIOB4QL"
+    static let group = try! GroupKeys.derive(secret: try! GroupSecret(text: secret))
+    static let device = DeviceIdentity.id(groupHash: group.groupHash, number: 4)
+    static let deviceText = ActivityBeacon.deviceIDText(device)
 
-/// The hall's activity message for device 4 (docs/mqtt.md §2).
-private func activity(seq: Int) -> [UInt8] {
-    Array("""
-    {"device":"\(deviceText)","state":"current","change":"saved","seq":\(seq),"type_hash":"be9b4bb7",\
-    "group":"\(String(format: "%08x", group.groupHash))","supports_streams":true,"has_web_url":false,"relayed":false,\
-    "psm":128,"verified":true,"identity":4,"room":"Hall","gateway":"hall","rssi":-61,\
-    "first_seen":"2026-11-23T09:14:03.512204Z","changed":"2026-11-23T09:20:41.004318Z"}
-    """.utf8)
+    /// The hall's activity message for device 4 (docs/mqtt.md §2).
+    static func activity(seq: Int) -> [UInt8] {
+        Array("""
+        {"device":"\(deviceText)","state":"current","change":"saved","seq":\(seq),"type_hash":"be9b4bb7",\
+        "group":"\(String(format: "%08x", group.groupHash))","supports_streams":true,"has_web_url":false,"relayed":false,\
+        "psm":128,"verified":true,"identity":4,"room":"Hall","gateway":"hall","rssi":-61,\
+        "first_seen":"2026-11-23T09:14:03.512204Z","changed":"2026-11-23T09:20:41.004318Z"}
+        """.utf8)
+    }
+
+    /// The office gateway: two re-advertising slots, the group's beacon key, no device link.
+    static func officeConfig(broker: MosquittoBroker, radio: String) throws -> GatewayConfig {
+        var config = GatewayConfig.defaults(hostName: "office")
+        try config.apply(GatewayOverrides(broker: "mqtt://127.0.0.1:\(broker.port)", radio: radio, room: "Office", id: "office"))
+        config.readvertise = 2
+        config.security.beaconKey = group.beaconKey
+        config.relayLink = .none
+        return config
+    }
+
+    /// The hall is online and has published device 4's activity before the office starts.
+    static func hallPublishes(seq: Int, on broker: MosquittoBroker) throws {
+        try broker.publish(topic: "baton/gateways/hall/status", payload: Array("online".utf8), retain: true)
+        try broker.publish(topic: "baton/activities/\(deviceText)", payload: activity(seq: seq), retain: true)
+    }
 }
+
+private let group = HallsDevice.group
+private let device = HallsDevice.device
+private let deviceText = HallsDevice.deviceText
+private func activity(seq: Int) -> [UInt8] { HallsDevice.activity(seq: seq) }
 
 /// The controller the office gateway re-advertises through, played by the test.
 private final class TestController: AdvertisingController {
@@ -118,15 +143,8 @@ private let emptyCapture: [UInt8] = Array("btsnoop\0".utf8) + [0, 0, 0, 1, 0, 0,
     @Test("§9 through the loop: the hall's retained activity goes on the office's air, a save follows live, a phone's fetch is answered by the hall, a removed slot is put back, a refused one retried, an offline owner's and a cleared activity taken off, and a clean stop leaves nothing on the air")
     func throughTheLoop() throws {
         let broker = try MosquittoBroker()
-        var config = GatewayConfig.defaults(hostName: "office")
-        try config.apply(GatewayOverrides(broker: "mqtt://127.0.0.1:\(broker.port)", radio: "capture:empty.btsnoop",
-                                          room: "Office", id: "office"))
-        config.readvertise = 2
-        config.security.beaconKey = group.beaconKey
-        config.relayLink = .none
-        // The hall is online and has published device 4's activity before the office starts.
-        try broker.publish(topic: "baton/gateways/hall/status", payload: Array("online".utf8), retain: true)
-        try broker.publish(topic: "baton/activities/\(deviceText)", payload: activity(seq: 258), retain: true)
+        let config = try HallsDevice.officeConfig(broker: broker, radio: "capture:empty.btsnoop")
+        try HallsDevice.hallPublishes(seq: 258, on: broker)
 
         let controller = TestController()
         var radio = try RadioCapture(file: emptyCapture, pace: .asFastAsPossible)

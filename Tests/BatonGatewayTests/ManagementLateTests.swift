@@ -17,19 +17,9 @@ import Glibc
 
 import Testing
 
-private let secret = "BATON-GROUP-V1:AAAQEAYEAUDAOCAJBIFQYDIOB4QL"
-private let group = try! GroupKeys.derive(secret: try! GroupSecret(text: secret))
-private let deviceText = ActivityBeacon.deviceIDText(DeviceIdentity.id(groupHash: group.groupHash, number: 4))
-
-/// The hall's activity message for device 4 (docs/mqtt.md §2), as GatewayReadvertiseTests has it.
-private func activity(seq: Int) -> [UInt8] {
-    Array("""
-    {"device":"\(deviceText)","state":"current","change":"saved","seq":\(seq),"type_hash":"be9b4bb7",\
-    "group":"\(String(format: "%08x", group.groupHash))","supports_streams":true,"has_web_url":false,"relayed":false,\
-    "psm":128,"verified":true,"identity":4,"room":"Hall","gateway":"hall","rssi":-61,\
-    "first_seen":"2026-11-23T09:14:03.512204Z","changed":"2026-11-23T09:20:41.004318Z"}
-    """.utf8)
-}
+private let group = HallsDevice.group
+private let deviceText = HallsDevice.deviceText
+private func activity(seq: Int) -> [UInt8] { HallsDevice.activity(seq: seq) }
 
 /// The kernel's end of the mgmt socket, played by the test (mgmt-api.txt "Packet Structures").
 private struct ScriptedKernel {
@@ -66,14 +56,8 @@ private struct ScriptedKernel {
     @Test("issue 19: the kernel answers Add Advertising 1.5 s late, then not at all; advertisements keep flowing through the loop, no turn waits for it, a late answer is taken, a missing one fails at its 2 s deadline and frees the slot")
     func lateAnswersDoNotStallTheLoop() throws {
         let broker = try MosquittoBroker()
-        var config = GatewayConfig.defaults(hostName: "office")
-        try config.apply(GatewayOverrides(broker: "mqtt://127.0.0.1:\(broker.port)", radio: "sim:/run/baton/office.sock",
-                                          room: "Office", id: "office"))
-        config.readvertise = 2
-        config.security.beaconKey = group.beaconKey
-        config.relayLink = .none
-        try broker.publish(topic: "baton/gateways/hall/status", payload: Array("online".utf8), retain: true)
-        try broker.publish(topic: "baton/activities/\(deviceText)", payload: activity(seq: 258), retain: true)
+        let config = try HallsDevice.officeConfig(broker: broker, radio: "sim:/run/baton/office.sock")
+        try HallsDevice.hallPublishes(seq: 258, on: broker)
 
         // The kernel's socket. Read Advertising Features is answered before it is asked: the
         // gateway's start waits for it (before the loop runs): flags, 31/31 bytes, 5 instances, none used.
