@@ -1,0 +1,124 @@
+// The loop driver (docs/architecture.md "The loop"). Every part of the gateway has the same
+// shape: descriptors to poll, a next deadline, work to do when one of them is ready or the
+// deadline has passed. The driver owns what they share: one pollfd array, reserved once, split
+// into one range per part; the timeout, the nearest of every part's deadline; and, after
+// poll(2), which parts are due. The parts' work stays theirs: the caller dispatches on
+// `due(_:)`, with each part's own arguments.
+public import CLibc
+
+/// One part of the loop: what it polls and when it next has work without a descriptor.
+public protocol LoopPart: ~Copyable {
+    /// Appends this turn's descriptors: at most the count it was given when the loop was
+    /// sized, so the array never grows.
+    mutating func pollDescriptors(into fds: inout [pollfd])
+    /// When it next has work even if no descriptor becomes ready; nil for none.
+    var nextDeadline: Instant? { get }
+}
+
+/// A part's place in one turn: its descriptors and its deadline. Handed out by `add` in
+/// the order the parts are added, which is the same every turn.
+public struct LoopSlot: Sendable, Equatable {
+    @usableFromInline let index: Int
+}
+
+public struct PollLoop: ~Copyable {
+    /// This turn's descriptors, every part's range in `add` order.
+    public private(set) var fds: [pollfd]
+    @usableFromInline var ranges: [Range<Int>]
+    @usableFromInline var deadlines: [Instant?]
+    /// The longest a turn waits: what libmosquitto's housekeeping wants at least.
+    public let longestWait: Duration
+    public private(set) var now: Instant
+    /// Turns taken, for the stats topic.
+    public private(set) var turns = 0
+
+    /// `parts` and `descriptors` bound one turn: both arrays are reserved here and only
+    /// emptied afterwards, so a turn allocates nothing.
+    public init(parts: Int, descriptors: Int, longestWait: Duration = .seconds(1), now: Instant = .now) {
+        fds = []
+        fds.reserveCapacity(descriptors)
+        ranges = []
+        ranges.reserveCapacity(parts)
+        deadlines = []
+        deadlines.reserveCapacity(parts)
+        self.longestWait = longestWait
+        self.now = now
+    }
+
+    /// Starts a turn: forgets the last turn's parts.
+    public mutating func begin(now: Instant) {
+        self.now = now
+        fds.removeAll(keepingCapacity: true)
+        ranges.removeAll(keepingCapacity: true)
+        deadlines.removeAll(keepingCapacity: true)
+    }
+
+    /// Adds a part: its descriptors and deadline.
+    @discardableResult
+    public mutating func add<Part: LoopPart & ~Copyable>(_ part: inout Part) -> LoopSlot {
+        let start = fds.count
+        part.pollDescriptors(into: &fds)
+        return record(start, part.nextDeadline)
+    }
+
+    /// Adds a part of one descriptor (negative: not polled this turn, as poll(2) reads it)
+    /// and a deadline.
+    @discardableResult
+    public mutating func add(fd: Int32, events: Int16 = Int16(POLLIN), deadline: Instant? = nil) -> LoopSlot {
+        let start = fds.count
+        fds.append(pollfd(fd: fd, events: events, revents: 0))
+        return record(start, deadline)
+    }
+
+    /// Adds a part that only has a deadline (a timer).
+    @discardableResult
+    public mutating func add(deadline: Instant?) -> LoopSlot {
+        record(fds.count, deadline)
+    }
+
+    @usableFromInline
+    mutating func record(_ start: Int, _ deadline: Instant?) -> LoopSlot {
+        ranges.append(start..<fds.count)
+        deadlines.append(deadline)
+        return LoopSlot(index: ranges.count - 1)
+    }
+
+    /// Milliseconds to the nearest deadline, at most `longestWait`, rounded up: waking a hair
+    /// early would spin a turn for nothing.
+    public var timeout: Int32 {
+        var next = now + longestWait
+        for case let d? in deadlines where d < next { next = d }
+        guard next > now else { return 0 }
+        let (s, atto) = (next - now).components
+        return Int32(s * 1000 + (atto + 999_999_999_999_999) / 1_000_000_000_000_000)
+    }
+
+    /// Waits in poll(2) until a descriptor is ready or the nearest deadline, and reads the
+    /// clock again. EINTR (a signal) is just an early turn.
+    @discardableResult
+    public mutating func wait() -> Instant {
+        let timeout = self.timeout
+        _ = fds.withUnsafeMutableBufferPointer { CLibc.poll($0.baseAddress, nfds_t($0.count), timeout) }
+        now = .now
+        turns &+= 1
+        return now
+    }
+
+    /// What poll(2) said of a part's descriptors, in the order the part appended them.
+    public func ready(_ slot: LoopSlot) -> ArraySlice<pollfd> { fds[ranges[slot.index]] }
+
+    /// Whether any of the part's descriptors is ready.
+    public func isReady(_ slot: LoopSlot) -> Bool {
+        for fd in fds[ranges[slot.index]] where fd.revents != 0 { return true }
+        return false
+    }
+
+    /// Whether the part's deadline has passed.
+    public func isDue(_ slot: LoopSlot) -> Bool {
+        guard let d = deadlines[slot.index] else { return false }
+        return d <= now
+    }
+
+    /// Ready or due: the part has work this turn.
+    public func hasWork(_ slot: LoopSlot) -> Bool { isReady(slot) || isDue(slot) }
+}
