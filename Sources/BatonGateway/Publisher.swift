@@ -50,7 +50,6 @@ extension Topics {
 }
 
 public struct Publisher: ~Copyable {
-    public var mqtt: MQTTClient
     public let topics: Topics
     public let origin: Payloads.Origin
     public let clock: WallClock
@@ -98,9 +97,8 @@ public struct Publisher: ~Copyable {
     /// (RoomOwnership.yield), so they do not publish over each other for long.
     public static let correctAfter: Duration = .milliseconds(250)
 
-    public init(mqtt: consuming MQTTClient, topics: Topics, origin: Payloads.Origin, clock: WallClock, version: String,
+    public init(topics: Topics, origin: Payloads.Origin, clock: WallClock, version: String,
                 discovery: Bool, appleAddresses: Bool, orphanGrace: Duration, ownedCapacity: Int, log: Logger) {
-        self.mqtt = mqtt
         self.topics = topics
         self.origin = origin
         self.clock = clock
@@ -139,7 +137,7 @@ public struct Publisher: ~Copyable {
 
     /// A change in this room's table. Only the device's owner publishes it (docs/rooms.md §1):
     /// another room hears the same beacons and its owner says the same thing.
-    public mutating func activityChanged(_ change: ActivityChange, owned: Bool) {
+    public mutating func activityChanged(_ mqtt: inout MQTTClient, _ change: ActivityChange, owned: Bool) {
         let a = change.activity
         if change.kind == .expired || change.kind == .evicted { names.forget(a.deviceID) }
         guard owned else { return }
@@ -147,28 +145,28 @@ public struct Publisher: ~Copyable {
         case .becameCurrent, .saved:
             names.changed(a, kind: change.kind, readable: readable(a))
             guard mqtt.isConnected else { counters.changesWhileAway &+= 1; return }
-            publishActivity(a)
-            if change.kind == .becameCurrent { publishDeviceDiscovery(a.deviceID) }
+            publishActivity(&mqtt, a)
+            if change.kind == .becameCurrent { publishDeviceDiscovery(&mqtt, a.deviceID) }
         case .invalidated:
             // The device is still here; its activity ended. Its Home Assistant entities stay
             // and read "unknown" until it becomes current again or expires.
-            clear(.activity(a.deviceID), removeDiscovery: false)
+            clear(&mqtt, .activity(a.deviceID), removeDiscovery: false)
         case .expired, .evicted:
-            clear(.activity(a.deviceID), removeDiscovery: true)
+            clear(&mqtt, .activity(a.deviceID), removeDiscovery: true)
         }
     }
 
     /// `owned`: false for a named device another room owns (docs/security.md §10).
-    public mutating func appleChanged(_ change: AppleChange, owned: Bool = true) {
+    public mutating func appleChanged(_ mqtt: inout MQTTClient, _ change: AppleChange, owned: Bool = true) {
         guard owned else { return }
         switch change.kind {
         case .appeared, .handoffChanged, .kindsChanged:
             guard mqtt.isConnected else { counters.changesWhileAway &+= 1; return }
-            publishApple(change.device)
-            if change.kind == .appeared { publishPersonDiscovery(change.device) }
+            publishApple(&mqtt, change.device)
+            if change.kind == .appeared { publishPersonDiscovery(&mqtt, change.device) }
         case .expired, .evicted:
             // A named device's Home Assistant entity goes with it (an unnamed one has none).
-            clear(.apple(change.device.id), removeDiscovery: change.device.identity != nil)
+            clear(&mqtt, .apple(change.device.id), removeDiscovery: change.device.identity != nil)
         }
     }
 
@@ -176,24 +174,24 @@ public struct Publisher: ~Copyable {
 
     /// This gateway became the device's owner: what it holds goes out now, with discovery
     /// configs whose availability follows this gateway's status.
-    public mutating func tookOver(_ a: TrackedActivity) {
+    public mutating func tookOver(_ mqtt: inout MQTTClient, _ a: TrackedActivity) {
         if a.state == .current { names.tookOver(a, readable: readable(a), now: clock.unixMicroseconds(Instant.now)) }
         guard mqtt.isConnected else { counters.changesWhileAway &+= 1; return }
-        publishDeviceDiscovery(a.deviceID)
-        if a.state == .current { publishActivity(a) }
+        publishDeviceDiscovery(&mqtt, a.deviceID)
+        if a.state == .current { publishActivity(&mqtt, a) }
     }
 
     /// This gateway's room took over a named Apple device: its entry goes out from here now.
-    public mutating func tookOver(_ d: AppleDevice) {
+    public mutating func tookOver(_ mqtt: inout MQTTClient, _ d: AppleDevice) {
         guard mqtt.isConnected else { counters.changesWhileAway &+= 1; return }
-        publishPersonDiscovery(d)
-        publishApple(d)
+        publishPersonDiscovery(&mqtt, d)
+        publishApple(&mqtt, d)
     }
 
     /// The Room sensor and the tracker of a named device, the sensor's availability following
     /// this gateway's status (Discovery.personRoom), and the room on the tracker's topic.
     /// Nothing for an unnamed device.
-    private mutating func publishPersonDiscovery(_ d: AppleDevice) {
+    private mutating func publishPersonDiscovery(_ mqtt: inout MQTTClient, _ d: AppleDevice) {
         guard let name = appleName(d) else { return }
         if discovery {
             var w = JSONWriter(scratch)
@@ -202,16 +200,16 @@ public struct Publisher: ~Copyable {
             } catch {
                 return log.error("discovery JSON did not fit 8 KiB (our bug): \(error)")
             }
-            _ = publish(topics.personRoomConfig(d.id), w.written)
+            _ = publish(&mqtt, topics.personRoomConfig(d.id), w.written)
             w = JSONWriter(scratch)
             do throws(WireError) {
                 try Discovery.tracker(deviceID: nil, appleID: d.id, name: name, topics: topics, version: version, into: &w)
             } catch {
                 return log.error("discovery JSON did not fit 8 KiB (our bug): \(error)")
             }
-            _ = publish(topics.personTrackerConfig(d.id), w.written)
+            _ = publish(&mqtt, topics.personTrackerConfig(d.id), w.written)
         }
-        publish(topics.tracker(apple: d.id), text: origin.room)
+        publish(&mqtt, topics.tracker(apple: d.id), text: origin.room)
     }
 
     /// Whether the gateway can read the activity's payload: it offers a link, and it is not of
@@ -221,9 +219,9 @@ public struct Publisher: ~Copyable {
     }
 
     /// A fetch for the title answered (docs/relay.md §4.1): the activity goes out again, saying it.
-    public mutating func described(_ a: TrackedActivity) {
+    public mutating func described(_ mqtt: inout MQTTClient, _ a: TrackedActivity) {
         guard mqtt.isConnected, a.state == .current else { return }
-        publishActivity(a)
+        publishActivity(&mqtt, a)
     }
 
     /// Another gateway's message about a device this room holds and does not own: what it
@@ -238,8 +236,8 @@ public struct Publisher: ~Copyable {
 
     /// Clears a named Apple device's entry: it left this room's table, or nobody hears it and
     /// its owner is offline.
-    public mutating func clearApple(_ id: UInt32, forOthers: Bool) {
-        clear(.apple(id), removeDiscovery: true)
+    public mutating func clearApple(_ mqtt: inout MQTTClient, _ id: UInt32, forOthers: Bool) {
+        clear(&mqtt, .apple(id), removeDiscovery: true)
         if forOthers { counters.clearedForOthers &+= 1 }
     }
 
@@ -250,14 +248,14 @@ public struct Publisher: ~Copyable {
 
     /// Clears a device's activity and its Home Assistant configs: it ended while owned here,
     /// or nobody hears it and its owner is gone (docs/rooms.md §4).
-    public mutating func clearActivity(_ deviceID: UInt64, forOthers: Bool) {
-        clear(.activity(deviceID), removeDiscovery: true)
+    public mutating func clearActivity(_ mqtt: inout MQTTClient, _ deviceID: UInt64, forOthers: Bool) {
+        clear(&mqtt, .activity(deviceID), removeDiscovery: true)
         if forOthers { counters.clearedForOthers &+= 1 }
     }
 
     /// One sighting, QoS 0 and not retained: it is news, not state, and the next heartbeat
     /// replaces a lost one (docs/rooms.md §2).
-    public mutating func publishSighting(device: UInt64, _ sighting: Sighting) {
+    public mutating func publishSighting(_ mqtt: inout MQTTClient, device: UInt64, _ sighting: Sighting) {
         guard mqtt.isConnected else { return }
         var w = JSONWriter(scratch)
         do throws(WireError) {
@@ -275,7 +273,7 @@ public struct Publisher: ~Copyable {
     }
 
     /// `qos` 0 only for orphans (clearOrphans says why).
-    private mutating func clear(_ topic: OwnedTopic, removeDiscovery: Bool, qos: Int32 = 1) {
+    private mutating func clear(_ mqtt: inout MQTTClient, _ topic: OwnedTopic, removeDiscovery: Bool, qos: Int32 = 1) {
         if case .activity(let id) = topic { stoppedOwning(id) }
         var sent = mqtt.isConnected
         if sent {
@@ -285,18 +283,18 @@ public struct Publisher: ~Copyable {
             case .activity(let id):
                 if removeDiscovery {
                     if discovery {
-                        sent = publish(topics.deviceRoomConfig(id), empty: true, qos: qos) && sent
-                        sent = publish(topics.deviceActivityConfig(id), empty: true, qos: qos) && sent
+                        sent = publish(&mqtt, topics.deviceRoomConfig(id), empty: true, qos: qos) && sent
+                        sent = publish(&mqtt, topics.deviceActivityConfig(id), empty: true, qos: qos) && sent
                     }
-                    sent = publish(topics.tracker(id), text: "not_home", qos: qos) && sent
+                    sent = publish(&mqtt, topics.tracker(id), text: "not_home", qos: qos) && sent
                 }
-                sent = publish(topics.activity(id), empty: true, qos: qos) && sent
+                sent = publish(&mqtt, topics.activity(id), empty: true, qos: qos) && sent
             case .apple(let id):
                 if removeDiscovery {
-                    if discovery { sent = publish(topics.personRoomConfig(id), empty: true, qos: qos) && sent }
-                    sent = publish(topics.tracker(apple: id), text: "not_home", qos: qos) && sent
+                    if discovery { sent = publish(&mqtt, topics.personRoomConfig(id), empty: true, qos: qos) && sent }
+                    sent = publish(&mqtt, topics.tracker(apple: id), text: "not_home", qos: qos) && sent
                 }
-                sent = publish(topics.apple(id), empty: true, qos: qos) && sent
+                sent = publish(&mqtt, topics.apple(id), empty: true, qos: qos) && sent
             }
         }
         if sent {
@@ -319,14 +317,14 @@ public struct Publisher: ~Copyable {
 
     // MARK: publishing
 
-    private mutating func publishActivity(_ a: TrackedActivity) {
+    private mutating func publishActivity(_ mqtt: inout MQTTClient, _ a: TrackedActivity) {
         var w = JSONWriter(scratch)
         do throws(WireError) {
             try Payloads.activity(a, origin: origin, clock: clock, keyedGroup: keyedGroup, extras: names.extras(a), into: &w)
         } catch {
             return log.error("activity JSON did not fit 4 KiB (our bug): \(error)")
         }
-        if publish(topics.activity(a.deviceID), w.written) {
+        if publish(&mqtt, topics.activity(a.deviceID), w.written) {
             counters.changesPublished &+= 1
             if published[a.deviceID] != nil || published.count < pendingCapacity {
                 published[a.deviceID] = Self.digest(w.written)
@@ -335,7 +333,7 @@ public struct Publisher: ~Copyable {
         }
     }
 
-    private mutating func publishApple(_ d: AppleDevice) {
+    private mutating func publishApple(_ mqtt: inout MQTTClient, _ d: AppleDevice) {
         var w = JSONWriter(scratch)
         do throws(WireError) {
             try Payloads.apple(d, origin: origin, clock: clock, withAddress: appleAddresses,
@@ -343,11 +341,11 @@ public struct Publisher: ~Copyable {
         } catch {
             return log.error("Apple entry JSON did not fit 4 KiB (our bug): \(error)")
         }
-        if publish(topics.apple(d.id), w.written) { counters.changesPublished &+= 1 }
+        if publish(&mqtt, topics.apple(d.id), w.written) { counters.changesPublished &+= 1 }
     }
 
     /// The device's Home Assistant entities, and its room on the tracker's topic.
-    private mutating func publishDeviceDiscovery(_ deviceID: UInt64) {
+    private mutating func publishDeviceDiscovery(_ mqtt: inout MQTTClient, _ deviceID: UInt64) {
         if discovery {
             for entity in [Discovery.DeviceEntity.room, .activity] {
                 var w = JSONWriter(scratch)
@@ -357,7 +355,7 @@ public struct Publisher: ~Copyable {
                     return log.error("discovery JSON did not fit 8 KiB (our bug): \(error)")
                 }
                 let topic = entity == .room ? topics.deviceRoomConfig(deviceID) : topics.deviceActivityConfig(deviceID)
-                _ = publish(topic, w.written)
+                _ = publish(&mqtt, topic, w.written)
             }
             var w = JSONWriter(scratch)
             do throws(WireError) {
@@ -365,16 +363,16 @@ public struct Publisher: ~Copyable {
             } catch {
                 return log.error("discovery JSON did not fit 8 KiB (our bug): \(error)")
             }
-            _ = publish(topics.deviceTrackerConfig(deviceID), w.written)
+            _ = publish(&mqtt, topics.deviceTrackerConfig(deviceID), w.written)
         }
-        publish(topics.tracker(deviceID), text: origin.room)
+        publish(&mqtt, topics.tracker(deviceID), text: origin.room)
     }
 
     /// Retained, QoS 1: a subscriber that comes later must see it, and the broker must have it.
     /// JSON documents say so in MQTT v5's content type (MQTT 5.0 §3.3.2.3.9); the status text
     /// and clears carry nothing.
     @discardableResult
-    private mutating func publish(_ topic: String, _ payload: UnsafeRawBufferPointer, qos: Int32 = 1) -> Bool {
+    private mutating func publish(_ mqtt: inout MQTTClient, _ topic: String, _ payload: UnsafeRawBufferPointer, qos: Int32 = 1) -> Bool {
         let isJSON = payload.first == UInt8(ascii: "{")
         do throws(MQTTError) {
             try mqtt.publish(topic: topic, payload: payload, qos: qos, retain: true,
@@ -393,26 +391,26 @@ public struct Publisher: ~Copyable {
 
     private var loggedPublishError = false
 
-    private mutating func publish(_ topic: String, empty: Bool, qos: Int32 = 1) -> Bool {
-        publish(topic, UnsafeRawBufferPointer(start: nil, count: 0), qos: qos)
+    private mutating func publish(_ mqtt: inout MQTTClient, _ topic: String, empty: Bool, qos: Int32 = 1) -> Bool {
+        publish(&mqtt, topic, UnsafeRawBufferPointer(start: nil, count: 0), qos: qos)
     }
 
     @discardableResult
-    public mutating func publish(_ topic: String, text: String, qos: Int32 = 1) -> Bool {
+    public mutating func publish(_ mqtt: inout MQTTClient, _ topic: String, text: String, qos: Int32 = 1) -> Bool {
         var t = text
-        return t.withUTF8 { publish(topic, UnsafeRawBufferPointer($0), qos: qos) }
+        return t.withUTF8 { publish(&mqtt, topic, UnsafeRawBufferPointer($0), qos: qos) }
     }
 
     /// The stats JSON beside the status (docs/mqtt.md §1), rendered by the caller.
-    public mutating func publishStats(_ json: UnsafeRawBufferPointer) {
+    public mutating func publishStats(_ mqtt: inout MQTTClient, _ json: UnsafeRawBufferPointer) {
         guard mqtt.isConnected else { return }
-        publish(topics.stats, json)
+        publish(&mqtt, topics.stats, json)
     }
 
     // MARK: (re)connect
 
     /// Birth, then everything owned: the broker may have restarted with nothing retained.
-    public mutating func connected(table: borrowing ActivityTable, apple: borrowing AppleDeviceTable,
+    public mutating func connected(_ mqtt: inout MQTTClient, table: borrowing ActivityTable, apple: borrowing AppleDeviceTable,
                                    ownership: borrowing RoomOwnership, now: Instant) {
         counters.connects &+= 1
         loggedPublishError = false
@@ -434,19 +432,19 @@ public struct Publisher: ~Copyable {
         } catch {
             log.warning("subscribing to the building's statuses, sightings, fetches and streams failed: \(error)")
         }
-        publish(topics.status, text: "online")
+        publish(&mqtt, topics.status, text: "online")
         if discovery {
             var w = JSONWriter(scratch)
             do throws(WireError) {
                 try Discovery.gatewayConnectivity(topics: topics, room: origin.room, version: version, into: &w)
-                publish(topics.gatewayConnectivityConfig, w.written)
+                publish(&mqtt, topics.gatewayConnectivityConfig, w.written)
             } catch {
                 log.error("discovery JSON did not fit 4 KiB (our bug): \(error)")
             }
         }
         let owed = pending
         pending.removeAll(keepingCapacity: true)
-        for owedClear in owed { clear(owedClear.topic, removeDiscovery: owedClear.removeDiscovery) }
+        for owedClear in owed { clear(&mqtt, owedClear.topic, removeDiscovery: owedClear.removeDiscovery) }
         table.forEach { a in
             // A device this gateway only stands in for waits for the rejoin window: its room
             // may come back in it (the wills a broker sends as it shuts down make every
@@ -454,16 +452,16 @@ public struct Publisher: ~Copyable {
             // (Gateway.republishStandIns, docs/rooms.md §7).
             guard ownership.owns(a.deviceID), !ownership.standsIn(for: a.deviceID) else { return }
             // An invalidated device keeps its Home Assistant entities (docs/mqtt.md §4).
-            publishDeviceDiscovery(a.deviceID)
-            if a.state == .current { publishActivity(a) }
+            publishDeviceDiscovery(&mqtt, a.deviceID)
+            if a.state == .current { publishActivity(&mqtt, a) }
         }
         apple.forEach { d in
             // A named device only from the room that owns it (docs/security.md §10).
             // A stand-in waits for the rejoin window, as an activity does (above).
             guard d.identity == nil || ownership.owns(AppleDevice.roomsID(d.id)) && !ownership.standsIn(for: AppleDevice.roomsID(d.id))
             else { return }
-            publishPersonDiscovery(d)
-            publishApple(d)
+            publishPersonDiscovery(&mqtt, d)
+            publishApple(&mqtt, d)
         }
         // Retained entries naming this gateway that it no longer holds (a restart of the
         // gateway, or clears lost while away) arrive as retained messages and become orphans.
@@ -479,7 +477,7 @@ public struct Publisher: ~Copyable {
     }
 
     /// Before a clean stop: nothing more is wanted from the broker.
-    public mutating func stopListening() {
+    public mutating func stopListening(_ mqtt: inout MQTTClient) {
         var patterns = [topics.statusPattern, topics.sightingPattern, topics.fetchPattern, topics.streamOpenPattern,
                         topics.streamCarrierPattern, topics.activityPattern]
         if retainedScanEnds != nil { patterns.append(topics.applePattern) }
@@ -494,7 +492,7 @@ public struct Publisher: ~Copyable {
     public static var retainedScan: Duration { .seconds(5) }
     public private(set) var retainedScanEnds: Instant?
 
-    public mutating func endRetainedScan() {
+    public mutating func endRetainedScan(_ mqtt: inout MQTTClient) {
         retainedScanEnds = nil
         do throws(MQTTError) {
             try mqtt.unsubscribe(topics.applePattern)
@@ -506,7 +504,7 @@ public struct Publisher: ~Copyable {
 
     /// A message on the retained-scan patterns, on the topic of `owned`. Only retained ones
     /// matter: those are the broker's memory; live ones are changes coming by.
-    public mutating func received(_ message: MQTTMessage, on owned: OwnedTopic, table: borrowing ActivityTable,
+    public mutating func received(_ mqtt: inout MQTTClient, _ message: MQTTMessage, on owned: OwnedTopic, table: borrowing ActivityTable,
                                   apple: borrowing AppleDeviceTable, ownership: borrowing RoomOwnership,
                                   now: Instant) {
         guard message.retained, !message.payload.isEmpty else { return }
@@ -569,7 +567,7 @@ public struct Publisher: ~Copyable {
     /// this one's, is published over at once; another gateway's claim is returned, for the
     /// rule to say which of the two keeps the device (RoomOwnership.yield, then `republish`).
     /// A stand-in inside the rejoin window waits for the window (docs/rooms.md §7 rule 1).
-    public mutating func correct(table: borrowing ActivityTable, ownership: borrowing RoomOwnership,
+    public mutating func correct(_ mqtt: inout MQTTClient, table: borrowing ActivityTable, ownership: borrowing RoomOwnership,
                                  now: Instant) -> [(device: UInt64, claimedBy: String)] {
         let due = disputes.filter { $0.value.since + Self.correctAfter <= now }.map { ($0.key, $0.value.writer) }
         var contested: [(device: UInt64, claimedBy: String)] = []
@@ -583,18 +581,18 @@ public struct Publisher: ~Copyable {
             if let writer, writer != topics.gatewayID {
                 contested.append((id, writer))
             } else {
-                republish(id, table: table)
+                republish(&mqtt, id, table: table)
             }
         }
         return contested
     }
 
     /// The owner publishes a device's activity over a retained message that said otherwise.
-    public mutating func republish(_ id: UInt64, table: borrowing ActivityTable) {
+    public mutating func republish(_ mqtt: inout MQTTClient, _ id: UInt64, table: borrowing ActivityTable) {
         guard let a = table.activity(deviceID: id), a.state == .current else { return }
         log.info("device \(Topics.deviceText(id)): the retained activity says otherwise than this room, which owns it; publishing it again")
         counters.corrections &+= 1
-        publishActivity(a)
+        publishActivity(&mqtt, a)
     }
 
     /// Equal payloads, equal digests; a different payload that collided would only skip one
@@ -609,10 +607,10 @@ public struct Publisher: ~Copyable {
     /// Clears the orphans whose grace has passed and that were not heard again: this
     /// gateway's own, and offline gateways' activities that no online gateway owns, when this
     /// gateway is the first online one (so one gateway clears, not all).
-    public mutating func clearOrphans(table: borrowing ActivityTable, apple: borrowing AppleDeviceTable,
+    public mutating func clearOrphans(_ mqtt: inout MQTTClient, table: borrowing ActivityTable, apple: borrowing AppleDeviceTable,
                                       ownership: borrowing RoomOwnership, now: Instant) {
         guard mqtt.isConnected else { return }
-        if let due = rescanAt, due <= now { return rescanOrphans(now: now) }
+        if let due = rescanAt, due <= now { return rescanOrphans(&mqtt, now: now) }
         guard orphans.contains(where: { $0.deadline <= now }) else { return }
         var kept: [(topic: OwnedTopic, deadline: Instant, mine: Bool)] = []
         var cleared = 0
@@ -632,7 +630,7 @@ public struct Publisher: ~Copyable {
             // maximum, so the next pass's SUBSCRIBE would overtake a batch of clears and bring
             // the same entries back. QoS 0 goes out in order, before it. One that is lost is
             // found again by the next pass or the next connect's scan.
-            clear(o.topic, removeDiscovery: true, qos: 0)
+            clear(&mqtt, o.topic, removeDiscovery: true, qos: 0)
             if o.mine { counters.orphansCleared &+= 1 } else { counters.clearedForOthers &+= 1 }
         }
         if cleared > 8 { log.info("cleared \(cleared) retained entries left by an earlier run or offline gateways") }
@@ -646,14 +644,14 @@ public struct Publisher: ~Copyable {
     /// This gateway became the first online one: clearing other gateways' orphans is its job
     /// now, and the one before may have left some (docs/rooms.md §4): the broker is asked
     /// again for every retained entry.
-    public mutating func becameFirstOnline(now: Instant) {
+    public mutating func becameFirstOnline(_ mqtt: inout MQTTClient, now: Instant) {
         guard mqtt.isConnected, rescanAt == nil else { return }
         rescanAt = max(now, (lastRescan ?? now) + Self.orphanRescanGap)
     }
 
     /// Asks the broker for every retained entry again: the ones that did not fit last time
     /// come back (those cleared are gone), and fill the list for the next batch.
-    private mutating func rescanOrphans(now: Instant) {
+    private mutating func rescanOrphans(_ mqtt: inout MQTTClient, now: Instant) {
         rescanAt = nil
         lastRescan = now
         orphansOverflowed = false

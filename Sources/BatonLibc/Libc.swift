@@ -39,6 +39,13 @@ public struct Instant: Comparable, Hashable, Sendable {
     public static func - (a: Instant, b: Instant) -> Duration { .nanoseconds(a.nanoseconds &- b.nanoseconds) }
 
     public func advanced(by d: Duration) -> Instant { self + d }
+    /// The earlier of two deadlines, either of which may be none.
+    @inline(__always)
+    public static func earliest(_ a: Instant?, _ b: Instant?) -> Instant? {
+        guard let a else { return b }
+        guard let b else { return a }
+        return b < a ? b : a
+    }
     public func duration(to other: Instant) -> Duration { other - self }
 }
 

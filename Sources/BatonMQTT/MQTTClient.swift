@@ -11,7 +11,7 @@
 
 internal import CMosquitto
 public import BatonLibc
-internal import CLibc
+public import CLibc
 
 /// Which MQTT version to speak (`broker.protocol`).
 public enum MQTTProtocol: String, Sendable, Equatable {
@@ -697,4 +697,21 @@ extension MQTTClient {
 /// Runs `body` with a C string for `s`, or with NULL when `s` is nil.
 private func withOptionalCString<R>(_ s: String?, _ body: (UnsafePointer<CChar>?) -> R) -> R {
     if let s { s.withCString { body($0) } } else { body(nil) }
+}
+
+/// A part of a poll loop (BatonLibc's `PollLoop`, docs/architecture.md "The loop"): its socket,
+/// with POLLOUT only while libmosquitto has something to write, and its next deadline. The
+/// loop calls `poll(now:readable:writable:_:)` every turn, ready or not, so keepalives and
+/// reconnects run on time.
+extension MQTTClient: LoopPart {
+    public mutating func pollDescriptors(into fds: inout [pollfd]) {
+        fds.append(pollfd(fd: socket, events: Int16(POLLIN) | (wantsWrite ? Int16(POLLOUT) : 0), revents: 0))
+    }
+
+    /// Reads and writes what `ready` (this client's descriptor, after poll()) says is ready.
+    public mutating func poll(now: Instant, ready: ArraySlice<pollfd>, _ onEvent: (MQTTEvent) -> Void) {
+        let revents = ready.first?.revents ?? 0
+        poll(now: now, readable: revents & Int16(POLLIN | POLLHUP | POLLERR) != 0,
+             writable: revents & Int16(POLLOUT) != 0, onEvent)
+    }
 }

@@ -63,25 +63,25 @@ func runLoop(_ a: inout MQTTClient, _ logA: EventLog, _ b: inout MQTTClient, _ l
     let end = Instant.now + limit
     logA.state = ClientState(a)
     logB.state = ClientState(b)
+    // The gateway's driver (BatonLibc's PollLoop), with the two clients and the peer as parts.
+    var loop = PollLoop(parts: 4, descriptors: 16)
     while true {
         if done() { return true }
         let now = Instant.now
         if now >= end { return false }
 
-        var fds = [descriptor(a), descriptor(b)] + (peer?.pollDescriptors ?? [])
-        var wake = end
-        for deadline in [a.nextDeadline, b.nextDeadline] {
-            if let deadline, deadline < wake { wake = deadline }
-        }
-        let timeout = wake <= now ? 0 : Int32((wake - now) / .milliseconds(1)) + 1
-        while Glibc.poll(&fds, nfds_t(fds.count), timeout) < 0 && Glibc.errno == EINTR {}
-
-        let after = Instant.now
-        a.poll(now: after, readable: isReadable(fds[0]), writable: isWritable(fds[0])) { logA.events.append($0) }
-        b.poll(now: after, readable: isReadable(fds[1]), writable: isWritable(fds[1])) { logB.events.append($0) }
+        loop.begin(now: now)
+        let partA = loop.add(&a)
+        let partB = loop.add(&b)
+        var peerFDs = PeerPart(fds: peer?.pollDescriptors ?? [])
+        let peerPart = loop.add(&peerFDs)
+        loop.add(deadline: end)
+        let after = loop.wait()
+        a.poll(now: after, ready: loop.ready(partA)) { logA.events.append($0) }
+        b.poll(now: after, ready: loop.ready(partB)) { logB.events.append($0) }
         logA.state = ClientState(a)
         logB.state = ClientState(b)
-        peer?.ready(Array(fds[2...]))
+        peer?.ready(Array(loop.ready(peerPart)))
     }
 }
 
@@ -94,8 +94,11 @@ func runLoop(_ a: inout MQTTClient, _ log: EventLog, peer: (any LoopPeer)? = nil
     return runLoop(&a, log, &idle, EventLog(), peer: peer, limit: limit, until: done)
 }
 
-private func descriptor(_ c: borrowing MQTTClient) -> pollfd {
-    pollfd(fd: c.socket, events: Int16(POLLIN) | (c.wantsWrite ? Int16(POLLOUT) : 0), revents: 0)
+/// A peer's descriptors, as a part of the loop.
+struct PeerPart: LoopPart {
+    var fds: [pollfd]
+    mutating func pollDescriptors(into all: inout [pollfd]) { all.append(contentsOf: fds) }
+    var nextDeadline: Instant? { nil }
 }
 
 /// POLLERR and POLLHUP count as readable: the read is what reports the error.

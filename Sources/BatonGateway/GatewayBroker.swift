@@ -1,0 +1,170 @@
+// The loop's broker part: the one MQTT connection of the gateway (docs/broker.md). The
+// gateway owns it; the retained-state keeper (Publisher) and the relays are handed it when
+// they publish. Every message the broker sends is dispatched here by what its topic is
+// (`Topics.classify`, docs/mqtt.md).
+import BatonLibc
+import BatonCore
+import BatonHCI
+import BatonMQTT
+import BatonRelay
+import BatonWire
+import CLibc
+
+struct GatewayBroker: ~Copyable {
+    var mqtt: MQTTClient
+    /// What one poll delivered, handled after it (the handlers publish on `mqtt`).
+    var events: [MQTTEvent]
+    let name: String
+    /// While the broker refuses connections the gateway retries every second (docs/broker.md
+    /// "Reconnect"): the same failure is said once a minute, with the count of those not said.
+    var lastFailure: String?
+    var failureSaid: Instant?
+    var failuresUnsaid = 0
+
+    init(mqtt: consuming MQTTClient, config: GatewayConfig) {
+        self.mqtt = mqtt
+        self.events = []
+        self.events.reserveCapacity(64)
+        self.name = "\(config.broker.host):\(config.broker.port)"
+    }
+
+    /// Reads and writes what is ready, and keeps libmosquitto's timers.
+    mutating func serve(ready: ArraySlice<pollfd>, now: Instant) {
+        mqtt.poll(now: now, ready: ready) { events.append($0) }
+    }
+
+    mutating func connected(log: Logger) {
+        if failuresUnsaid > 0 { log.info("\(failuresUnsaid) more failed attempts before this connect") }
+        lastFailure = nil
+        failureSaid = nil
+        failuresUnsaid = 0
+    }
+
+    mutating func lost(_ reason: String, now: Instant, log: Logger) {
+        if reason == lastFailure, let said = failureSaid, now - said < .seconds(60) {
+            failuresUnsaid &+= 1
+            log.debug("broker connection lost: \(reason)")
+        } else {
+            let unsaid = failuresUnsaid > 0 ? " (and \(failuresUnsaid) attempts since the last line)" : ""
+            log.warning("broker connection lost: \(reason); reconnecting with backoff\(unsaid)")
+            lastFailure = reason
+            failureSaid = now
+            failuresUnsaid = 0
+        }
+    }
+
+    /// Status `offline` has been published: read what the broker still sends (the acks, our
+    /// own `offline` coming back) until it has been quiet for 50 ms, at most 500 ms, then a
+    /// clean DISCONNECT. A socket closed with unread bytes sends a reset instead of a FIN, and
+    /// the reset can destroy the DISCONNECT on its way, so the broker would see an unclean close.
+    mutating func drainAndDisconnect() {
+        let end = Instant.now + .milliseconds(500)
+        while Instant.now < end, mqtt.isConnected {
+            let wantsWrite = mqtt.wantsWrite
+            var p = pollfd(fd: mqtt.socket, events: Int16(POLLIN) | (wantsWrite ? Int16(POLLOUT) : 0), revents: 0)
+            let n = CLibc.poll(&p, 1, 50)
+            if n < 0, errno == EINTR { continue }
+            if n <= 0 { if wantsWrite { continue } else { break } }
+            mqtt.poll(now: Instant.now, readable: p.revents & Int16(POLLIN | POLLHUP | POLLERR) != 0,
+                      writable: p.revents & Int16(POLLOUT) != 0) { _ in }
+        }
+        mqtt.disconnect()
+    }
+}
+
+extension GatewayBroker: LoopPart {
+    mutating func pollDescriptors(into fds: inout [pollfd]) { mqtt.pollDescriptors(into: &fds) }
+
+    var nextDeadline: Instant? { mqtt.nextDeadline }
+}
+
+extension Gateway where Radio: ~Copyable {
+    mutating func handleBrokerEvents(now: Instant) {
+        for event in broker.events {
+            switch event {
+            case .connected(let version, _):
+                broker.connected(log: log)
+                log.info("connected to the broker \(broker.name) (MQTT \(version.rawValue)); publishing status and \(table.count) activities")
+                // What this gateway knew of the building's sightings is from before the
+                // outage (docs/rooms.md §7).
+                rooms.ownership.rejoin(now: now)
+                rooms.standInsDue = now + config.rooms.sightingInterval
+                publisher.connected(&broker.mqtt, table: table, apple: apple, ownership: rooms.ownership, now: now)
+                publishStats(now: now)
+                rooms.sightings.reset()
+                sendSightings(now: now)
+                streams.reconnected(now: now, mqtt: &broker.mqtt)
+                if readvertiser != nil {
+                    readvertising?.readvertiser?.reconnected()
+                    // The owners' answers to the phones' fetches (docs/relay.md §9).
+                    do throws(MQTTError) { try broker.mqtt.subscribe(continuing.answerPattern, qos: 1) } catch {
+                        log.warning("subscribing to the answers for phones failed: \(error)")
+                    }
+                }
+            case .refused(let reason):
+                log.error("\(reason)")
+            case .disconnected(let reason):
+                broker.lost(reason, now: now, log: log)
+            case .message(let message):
+                received(message, now: now)
+            }
+        }
+        broker.events.removeAll(keepingCapacity: true)
+    }
+
+    /// Every message the broker sends, by what its topic says it is (`Topics.classify`).
+    mutating func received(_ message: MQTTMessage, now: Instant) {
+        switch publisher.topics.classify(message.topic) {
+        case .status(let gateway):
+            statusReceived(message, gateway: gateway, now: now)
+        case .sighting(let gateway, let device):
+            sightingReceived(message, gateway: gateway, device: device, now: now)
+        case .malformedSighting:
+            // Under the sightings but not `<gateway>/<12 hex digits>`.
+            rooms.drops.count("sighting-topic")
+        case .fetch(let device):
+            fetchRequested(message, device: device, now: now)
+        case .streamOpen(let device, let id):
+            streamOpenRequested(message, device: device, id: id, now: now)
+        case .streamUp(let id):
+            if !streams.fromBroker(id: id, leaf: "up", message.payload, now: now, mqtt: &broker.mqtt) {
+                streams.dropped("stream-unknown")
+            }
+        case .streamDown(let id):
+            // The carrier's frames of a stream this gateway bridges for a phone (§7.5).
+            if !streams.fromBroker(id: id, leaf: "down", message.payload, now: now, mqtt: &broker.mqtt) {
+                streams.dropped("stream-unknown")
+            }
+        case .streamCarrier(let id):
+            // MQTT 3.1.1 clears the retain flag of live messages: there it says nothing (§7.3).
+            let retained = broker.mqtt.protocolVersion == .v5 ? message.retained : nil
+            if let full = streams.carried(stream: id, payload: message.payload, retained: retained,
+                                          isOnline: { rooms.ownership.isOnline(gateway: $0) }, now: now) {
+                log.warning("\(full)")
+            }
+        case .malformedStream:
+            // Under the stream topics, but no stream id of docs/relay.md §7.1.
+            streams.dropped("stream-topic")
+        case .answer(let link):
+            // Subscribed to only while re-advertising (docs/relay.md §9).
+            guard readvertiser != nil else { return }
+            answeredForPhone(message, link: link, now: now)
+        case .activity(let device):
+            if readvertiser != nil,
+               let change = readvertising?.readvertiser?.activity(device: device, payload: message.payload,
+                                                                 isOnline: { rooms.ownership.isOnline(gateway: Substring($0)) }) {
+                readvertiseChanged(change)
+            }
+            publisher.received(&broker.mqtt, message, on: .activity(device), table: table, apple: apple,
+                               ownership: rooms.ownership, now: now)
+            publisher.observed(message, device: device, now: now)
+            publisher.observedActivity(message, device: device, table: table, ownership: rooms.ownership)
+        case .apple(let id):
+            publisher.received(&broker.mqtt, message, on: .apple(id), table: table, apple: apple,
+                               ownership: rooms.ownership, now: now)
+        case .continued, .unknown:
+            // Not subscribed to, or not ours to read.
+            break
+        }
+    }
+}

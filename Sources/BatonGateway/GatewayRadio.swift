@@ -1,0 +1,259 @@
+// The loop's radio part (docs/architecture.md "The loop"): the source of HCI events, the
+// decoder, and what keeps them alive: the watchdog that re-initialises a controller gone
+// silent, and the retry after an error (docs/radio.md "Recovery").
+//
+//   radio --HCI events--> AdvertisementDecoder --beacons--> ActivityTable --changes--> Publisher
+//                                              --Continuity--> AppleDeviceTable --changes--/
+import BatonLibc
+import BatonCore
+import BatonHCI
+import BatonMQTT
+import BatonKeys
+import BatonWire
+import CLibc
+
+public struct GatewayCounters: Sendable, Equatable {
+    /// Controller re-initialisations after `radio.silence` without a report.
+    public var radioRestarts = 0
+    /// Errors the radio source threw (each followed by a retry).
+    public var radioErrors = 0
+    public var lastRadioError: String?
+    public var loopTurns = 0
+    public init() {}
+}
+
+struct GatewayRadio<Radio: RadioSource & ~Copyable>: ~Copyable {
+    var source: Radio
+    /// Opens the source again: a controller unplugged and plugged back, a simulator
+    /// restarted. Used when the source says it is gone (closed, adapter down or not found).
+    let reopen: (() throws(RadioError) -> Radio)?
+    var needsReopen = false
+    var decoder: AdvertisementDecoder
+    let keys: Keys
+    let name: String
+    let silence: Duration
+    var counters = GatewayCounters()
+    var log: Logger
+    /// When the last advertising report arrived (stats `silent_s`), and when the watchdog's
+    /// silence started counting (a restart counts from its own start).
+    var lastReportAt: Instant
+    var watchdogFrom: Instant
+    var retryAt: Instant?
+    var announcedFinish = false
+    /// An error no retry can fix: the loop ends with it.
+    var fatalError: String?
+    /// Something the stats topic should say at once (an error, a restart).
+    var statsOwed = false
+
+    /// How long after a radio error the source is started again.
+    static var retry: Duration { .seconds(5) }
+
+    /// The loop's view of `GatewayKeys`, passed down the hot path without copying arrays.
+    struct Keys {
+        let verifier: BeaconVerifier?
+        let addresses: AddressResolver?
+        let appleIDs: [UInt32]
+    }
+
+    init(source: consuming Radio, reopen: (() throws(RadioError) -> Radio)?, config: GatewayConfig, keys: GatewayKeys,
+         log: Logger, now: Instant) {
+        self.source = source
+        self.reopen = reopen
+        self.decoder = AdvertisementDecoder(beaconCompanyID: config.companyID, reassembly: config.radioReassembly)
+        self.keys = Keys(verifier: keys.verifier, addresses: keys.addresses, appleIDs: keys.appleIDs)
+        self.name = config.radio.description
+        self.silence = config.radioSilence
+        self.log = log
+        self.lastReportAt = now
+        self.watchdogFrom = now
+    }
+
+    /// A source that failed is not polled until its retry: a closed or vanished descriptor
+    /// reports POLLHUP/POLLERR at once, every turn, and would spin the loop.
+    var polled: Bool { retryAt == nil && source.state != .stopped && source.state != .finished }
+
+    /// When the watchdog fires if no report arrives first. Only sources with a controller
+    /// behind a descriptor have one to re-initialise; a capture replay's gaps are the capture's.
+    var watchdogDeadline: Instant? {
+        source.fd >= 0 && source.state == .scanning && retryAt == nil ? watchdogFrom + silence : nil
+    }
+
+    mutating func start(now: Instant) {
+        do throws(RadioError) {
+            if needsReopen, let reopen {
+                source = try reopen()
+                needsReopen = false
+                log.info("radio \(name): opened again")
+            }
+            try source.start(now: now)
+            watchdogFrom = now
+            announcedFinish = false
+        } catch {
+            failed(error, now: now)
+        }
+    }
+
+    /// The part's work: events when the descriptor is ready or the source's deadline is due (a
+    /// capture replay has no descriptor), the retry, the watchdog.
+    mutating func serve(ready: Bool, now: Instant, table: inout ActivityTable, apple: inout AppleDeviceTable,
+                        publisher: inout Publisher, mqtt: inout MQTTClient, ownership: borrowing RoomOwnership,
+                        clock: WallClock) {
+        if source.state != .finished, retryAt == nil {
+            let due = source.nextDeadline.map { $0 <= now } ?? false
+            if ready || due || source.fd < 0 && source.state != .stopped {
+                poll(now: now, &table, &apple, &publisher, &mqtt, ownership, clock: clock)
+            }
+        }
+        if let retry = retryAt, retry <= now {
+            retryAt = nil
+            start(now: now)
+        }
+        // Scanning, yet silent for `radio.silence`: the controller stopped delivering (a stuck
+        // firmware, a USB hiccup, another process that disabled scanning). Start it over.
+        if let due = watchdogDeadline, due <= now {
+            counters.radioRestarts &+= 1
+            log.warning("radio \(name): no advertising report for \(silence) while scanning; re-initialising the controller (restart \(counters.radioRestarts))")
+            start(now: now)
+            statsOwed = true
+        }
+    }
+
+    mutating func poll(now: Instant, _ table: inout ActivityTable, _ apple: inout AppleDeviceTable,
+                       _ publisher: inout Publisher, _ mqtt: inout MQTTClient, _ ownership: borrowing RoomOwnership,
+                       clock: WallClock) {
+        let reportsBefore = decoder.tally.reports
+        do throws(RadioError) {
+            _ = try Self.poll(&source, &decoder, keys, &table, &apple, &publisher, &mqtt, ownership, now: now, clock: clock)
+        } catch {
+            failed(error, now: now)
+        }
+        if decoder.tally.reports != reportsBefore {
+            lastReportAt = now
+            watchdogFrom = now
+        }
+        if source.state == .finished, !announcedFinish {
+            announcedFinish = true
+            if let damage = source.damage {
+                // Counted with the other drops: the records before the damage were replayed.
+                decoder.tally.drops.count(damage)
+                log.warning("capture \(name): stopped being readable: \(damage); everything before it was replayed")
+            }
+            log.info("capture replayed: \(decoder.tally.reports) reports, \(decoder.tally.beacons) beacons; holding the activities until they expire")
+        }
+    }
+
+    /// The hot path: event → reports → beacon or Continuity → table → change. Allocates
+    /// nothing unless something changed (scripts/bench counts it). Static with each piece as
+    /// its own inout, so the closures borrow disjoint state.
+    static func poll(_ source: inout Radio, _ decoder: inout AdvertisementDecoder, _ keys: Keys,
+                     _ table: inout ActivityTable, _ apple: inout AppleDeviceTable, _ publisher: inout Publisher,
+                     _ mqtt: inout MQTTClient, _ ownership: borrowing RoomOwnership,
+                     now: Instant, clock: WallClock) throws(RadioError) -> Int {
+        let timestamp = clock.unixMicroseconds(now)
+        return try source.poll(now: now) { event in
+            route(event: event, timestamp: timestamp, now: now, &decoder, keys, &table, &apple, &publisher, &mqtt, ownership)
+        }
+    }
+
+    @inline(__always)
+    static func route(event: UnsafeRawBufferPointer, timestamp: Int64, now: Instant,
+                      _ decoder: inout AdvertisementDecoder, _ keys: Keys, _ table: inout ActivityTable,
+                      _ apple: inout AppleDeviceTable, _ publisher: inout Publisher, _ mqtt: inout MQTTClient,
+                      _ ownership: borrowing RoomOwnership) {
+        decoder.decode(event: event, timestamp: timestamp) { heard in
+            let r = heard.report
+            if var beacon = heard.content.beacon {
+                // A relayed copy is for phones, not rooms (docs/table.md): before verification,
+                // so it is counted as what it is.
+                guard !beacon.flags.contains(.relayed) else { return table.ignoreRelayed() }
+                if let verifier = keys.verifier {
+                    // docs/security.md §4.4: the tag, the id, an identity's sequence. A device
+                    // with an identity goes into the table under its identity's id. The verifier
+                    // counts what it drops.
+                    let value = heard.content.beaconValue ?? UnsafeRawBufferPointer(start: nil, count: 0)
+                    if case .dropped = verifier.check(&beacon, beaconValue: value) { return }
+                }
+                table.hear(beacon, rssi: r.rssi, address: r.address, addressType: r.addressType, now: now) { change in
+                    publisher.activityChanged(&mqtt, change, owned: ownership.owns(change.activity.deviceID))
+                }
+            } else {
+                // A device the user named by its IRK is followed from any advertisement it
+                // sends (docs/security.md §10); any other only from Continuity frames.
+                let index = keys.addresses?.resolve(address: r.address, addressType: r.addressType)
+                guard heard.content.apple != nil || index != nil else { return }
+                apple.hear(heard.content.continuityMessages, rssi: r.rssi, address: r.address, addressType: r.addressType,
+                           identity: index.map { AppleIdentity(index: $0, id: keys.appleIDs[$0]) }, now: now) { change in
+                    publisher.appleChanged(&mqtt, change, owned: Gateway<Radio>.owns(change.device, ownership))
+                }
+            }
+        }
+    }
+
+    mutating func failed(_ error: RadioError, now: Instant) {
+        counters.radioErrors &+= 1
+        counters.lastRadioError = error.description
+        switch error {
+        case .noBluetoothSupport, .invalidConfiguration, .permissionDenied:
+            log.critical("radio \(name): \(error)")
+            fatalError = error.description
+        case .closed, .adapterDown, .adapterNotFound, .os:
+            // The descriptor is dead: the retry opens the source again.
+            needsReopen = reopen != nil
+            log.error("radio \(name): \(error); opening it again in \(Self.retry)")
+            retryAt = now + Self.retry
+        default:
+            log.error("radio \(name): \(error); starting it again in \(Self.retry)")
+            retryAt = now + Self.retry
+        }
+        statsOwed = true
+    }
+
+    /// The radio's part of the stats topic (docs/mqtt.md §1): `radio`, and what the decoder heard.
+    func writeStats(now: Instant, into w: inout JSONWriter) throws(WireError) {
+        let t = decoder.tally
+        try w.key("radio"); try w.beginObject()
+        try w.key("source"); try w.string(name)
+        try w.key("state"); try w.string(Self.stateName(source.state, retrying: retryAt != nil))
+        try w.key("restarts"); try w.int(Int64(counters.radioRestarts))
+        try w.key("errors"); try w.int(Int64(counters.radioErrors))
+        try w.key("last_error")
+        if let e = counters.lastRadioError { try w.string(e) } else { try w.null() }
+        try w.key("silent_s"); try w.int((now - lastReportAt).components.seconds)
+        try w.endObject()
+        try w.key("reports"); try w.int(Int64(t.reports))
+        // Advertisements put together from fragments, and the pool's low-water mark (docs/radio.md).
+        try w.key("assembled"); try w.int(Int64(t.assembled))
+        try w.key("reassembly_free_min"); try w.int(Int64(decoder.reassembly.lowWater))
+        try w.key("beacons"); try w.int(Int64(t.beacons))
+        try w.key("continuity"); try w.int(Int64(t.continuityReports))
+    }
+
+    /// The advertisements' drops, and the keyed group's (stats `drops`).
+    func writeDrops(into w: inout JSONWriter) throws(WireError) {
+        for d in decoder.tally.drops.sorted { try w.key(d.reason); try w.int(Int64(d.count)) }
+        if let verifier = keys.verifier { for d in verifier.drops.sorted { try w.key(d.reason); try w.int(Int64(d.count)) } }
+    }
+
+    static func stateName(_ state: RadioState, retrying: Bool) -> StaticString {
+        if retrying { return "retrying" }
+        switch state {
+        case .stopped: return "stopped"
+        case .initialising: return "initialising"
+        case .scanning: return "scanning"
+        case .finished: return "finished"
+        }
+    }
+}
+
+extension GatewayRadio: LoopPart where Radio: ~Copyable {
+    mutating func pollDescriptors(into fds: inout [pollfd]) {
+        let fd = polled ? source.fd : -1
+        let events = Int16(POLLIN) | (fd >= 0 && source.wantsWrite ? Int16(POLLOUT) : 0)
+        fds.append(pollfd(fd: fd, events: events, revents: 0))
+    }
+
+    var nextDeadline: Instant? {
+        let own = source.state != .finished && retryAt == nil ? source.nextDeadline : nil
+        return Instant.earliest(Instant.earliest(own, retryAt), watchdogDeadline)
+    }
+}

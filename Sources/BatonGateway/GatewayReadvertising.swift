@@ -1,0 +1,165 @@
+// The loop's re-advertising part (docs/relay.md §9): other rooms' activities put on this
+// room's air through the kernel's advertising interface, and the phones' links to them.
+import BatonLibc
+import BatonCore
+import BatonHCI
+import BatonKeys
+import BatonMQTT
+import BatonRelay
+import BatonWire
+import CLibc
+
+struct GatewayReadvertising {
+    let radio: any AdvertisingController
+    /// Which activities are on the air; nil without the keyed group's key and tagger.
+    var readvertiser: Readvertiser?
+    let tagger: BeaconTagger?
+    var errors = 0
+
+    /// The readvertiser's and the phones' links' part of the stats topic (docs/relay.md §9).
+    func writeStats(continuing: borrowing ContinuingLinks, into w: inout JSONWriter) throws(WireError) {
+        guard let readvertiser else { return }
+        try w.key("readvertise"); try w.beginObject()
+        try w.key("capacity"); try w.int(Int64(readvertiser.slots.count))
+        try w.key("on_air"); try w.beginArray()
+        for a in readvertiser.slots {
+            guard let a else { continue }
+            try w.string(Topics.deviceText(a.device))
+        }
+        try w.endArray()
+        try w.key("errors"); try w.int(Int64(errors))
+        let cc = continuing.counters
+        try w.key("phone_links"); try w.int(Int64(cc.links))
+        try w.key("phone_links_open"); try w.int(Int64(continuing.openLinks))
+        try w.key("phone_links_refused"); try w.int(Int64(cc.refused))
+        try w.key("phone_fetches"); try w.int(Int64(cc.fetches))
+        try w.key("phone_payloads"); try w.int(Int64(cc.payloads))
+        try w.key("phone_refusals"); try w.int(Int64(cc.refusals))
+        try w.key("phone_streams"); try w.int(Int64(cc.streams))
+        try w.key("drops"); try w.beginObject()
+        for d in readvertiser.drops.sorted { try w.key(d.reason); try w.int(Int64(d.count)) }
+        for d in continuing.drops.sorted { try w.key(d.reason); try w.int(Int64(d.count)) }
+        try w.endObject()
+        try w.endObject()
+    }
+}
+
+/// The phones' listeners, one per slot in slot order, then the management socket the
+/// kernel answers on; the deadline is the oldest unanswered request's.
+extension GatewayReadvertising: LoopPart {
+    mutating func pollDescriptors(into fds: inout [pollfd]) {
+        for fd in radio.listenerFDs { fds.append(pollfd(fd: fd, events: Int16(POLLIN), revents: 0)) }
+        fds.append(pollfd(fd: radio.eventFD, events: Int16(POLLIN), revents: 0))
+    }
+
+    var nextDeadline: Instant? { radio.answerDeadline }
+}
+
+extension Gateway where Radio: ~Copyable {
+    var readvertiseRadio: (any AdvertisingController)? { readvertising?.radio }
+    var readvertiser: Readvertiser? { readvertising?.readvertiser }
+    var readvertiseErrors: Int { readvertising?.errors ?? 0 }
+    var tagger: BeaconTagger? { readvertising?.tagger }
+
+    /// The part's work: phones connecting, the kernel's answers (read when they are there and
+    /// failed at their deadline: nothing in the loop waits for the kernel), and removals by
+    /// another program.
+    mutating func serveReadvertising(_ ready: ArraySlice<pollfd>, due: Bool, now: Instant) {
+        guard let radio = readvertiseRadio else { return }
+        acceptPhones(ready.dropLast(), now: now)
+        if ready.last.map({ $0.revents != 0 }) ?? false || due || radio.removalsPending {
+            readvertiseAnswers(now: now)
+            readvertiseRemoved()
+        }
+    }
+
+
+    /// Puts a slot on the air or takes it off. The kernel's refusal is logged and counted; the
+    /// slot is tried again at the activity's next change.
+    mutating func readvertiseChanged(_ change: Readvertiser.Change) {
+        guard let readvertiseRadio, let readvertiser, let tagger else { return }
+        do throws(ManagementError) {
+            switch change {
+            case .advertise(let k):
+                let data = readvertiser.advertisement(k, companyID: config.companyID, tagger: tagger)
+                guard !data.isEmpty else { return }  // the slot left the air meanwhile
+                try readvertiseRadio.advertise(k, data)
+                if let a = readvertiser.slots[k] {
+                    log.info("re-advertising \(Topics.deviceText(a.device)) seq \(a.sequence) from gateway \(a.owner) on PSM 0x\(Topics.hex(UInt64(readvertiser.psms[k]), digits: 4))")
+                }
+            case .withdraw(let k):
+                try readvertiseRadio.withdraw(k)
+                log.debug("re-advertising slot \(k) ends")
+            }
+        } catch {
+            readvertising?.errors &+= 1
+            log.warning("re-advertising on \(readvertiseRadio.adapter): \(error)")
+            // Not on the air: the slot is free again, and the activity's next message tries again.
+            // The remove that goes first may have failed too: make sure the old one is gone.
+            if case .advertise(let k) = change {
+                do throws(ManagementError) { try readvertiseRadio.withdraw(k) } catch {}
+                readvertising?.readvertiser?.forget(k)
+            }
+        }
+    }
+
+    /// The kernel refused a request, or did not answer it by its deadline: counted and logged
+    /// as a refusal inside `readvertiseChanged` was; an advertisement that did not go on the
+    /// air frees its slot, and the activity's next message tries again.
+    mutating func readvertiseAnswers(now: Instant) {
+        guard let readvertiseRadio else { return }
+        var failed: [(slot: Int, advertise: Bool, error: ManagementError)] = []
+        readvertiseRadio.answers(now: now) { failed.append((slot: $0, advertise: $1, error: $2)) }
+        for f in failed {
+            readvertising?.errors &+= 1
+            log.warning("re-advertising on \(readvertiseRadio.adapter): \(f.error.description)")
+            guard f.advertise, readvertiser?.slots[f.slot] != nil else { continue }
+            do throws(ManagementError) { try readvertiseRadio.withdraw(f.slot) } catch {}
+            readvertising?.readvertiser?.forget(f.slot)
+        }
+    }
+
+    /// Someone else removed slots' advertisements (bluetoothd resets every instance when it
+    /// starts or the adapter comes back): they go on the air again.
+    mutating func readvertiseRemoved() {
+        guard let readvertiseRadio else { return }
+        var removed: [Int] = []
+        readvertiseRadio.removedSlots { removed.append($0) }
+        for k in removed where self.readvertiser?.slots[k] != nil {
+            log.info("re-advertising slot \(k) was removed by another program (bluetoothd?): putting it back")
+            readvertiseChanged(.advertise(k))
+        }
+    }
+
+    /// Phones connecting to the slots' PSMs (`fds`: one per listener, in slot order).
+    mutating func acceptPhones(_ fds: ArraySlice<pollfd>, now: Instant) {
+        guard let readvertiseRadio else { return }
+        for (k, fd) in zip(readvertiseRadio.psms.indices, fds) where fd.revents != 0 {
+            let accepted: (fd: Int32, peer: LinkAddress)?
+            do throws(LinkError) { accepted = try readvertiseRadio.accept(k) } catch {
+                readvertising?.errors &+= 1
+                log.warning("accepting a phone's link on \(readvertiseRadio.adapter): \(error)")
+                continue
+            }
+            guard let accepted else { continue }
+            let channel = LinkChannel(accepted: accepted.fd, peer: accepted.peer, l2cap: readvertiseRadio.acceptsL2CAP)
+            guard let device = readvertiser?.slots[k]?.device else {
+                // The activity left the air between the phone's scan and its connect.
+                var c = channel
+                c.close()
+                continuing.refusedGone()
+                continue
+            }
+            log.debug("phone \(accepted.peer) continues \(Topics.deviceText(device))")
+            continuing.adopt(channel, device: device, now: now)
+        }
+    }
+
+    /// An owner's answer to a fetch asked for a phone.
+    mutating func answeredForPhone(_ message: MQTTMessage, link: UInt64?, now: Instant) {
+        let a = AnswerForPhone(message)
+        continuing.answered(link: link, correlation: a.correlation, status: a.status, sequence: a.sequence,
+                            payload: a.payload, now: now)
+    }
+
+}

@@ -1,0 +1,235 @@
+// The loop's rooms part (docs/rooms.md): which gateway of the building owns each device,
+// decided by the same rule on the same evidence at every gateway, and this gateway's own
+// evidence, its sightings.
+import BatonLibc
+import BatonCore
+import BatonHCI
+import BatonKeys
+import BatonMQTT
+import BatonRelay
+import BatonWire
+
+struct GatewayRooms: ~Copyable {
+    var ownership: RoomOwnership
+    var sightings: SightingSchedule
+    /// This run's start (unix ms) and sighting counter: the `since` and `n` of its sightings.
+    let since: Int64
+    var sightingCounter: UInt64 = 0
+    /// When the table is next walked for due sightings. A fixed cadence, not the schedule's
+    /// exact deadline: that deadline moves with every report's RSSI, and finding it walks the
+    /// whole table, which every loop turn would pay (docs/rooms.md §2).
+    var nextSightingCheck: Instant
+    let sightingCheckInterval: Duration
+    /// Ownership changes of one call, handled after it (the handler reads the rule's state).
+    /// Reserved for every device at once: a gateway going offline hands over all of them.
+    var changes: [OwnershipChange]
+    /// Sightings dropped, by reason (stats `rooms.drops`).
+    var drops = DropCounts()
+    var sightingsReceived = 0
+    /// When the rejoin window after a reconnect closes (docs/rooms.md §7).
+    var standInsDue: Instant?
+
+    init(config: GatewayConfig, unixMicroseconds: Int64, now: Instant) {
+        var rooms = config.rooms
+        rooms.forgetAfter = config.table.expiry
+        self.since = unixMicroseconds / 1000
+        self.ownership = RoomOwnership(config: rooms, selfID: config.gatewayID, selfSince: unixMicroseconds / 1000)
+        // The named Apple devices are sighted too, so one room owns each (docs/security.md §10).
+        self.sightings = SightingSchedule(config: rooms, capacity: config.table.capacity + config.appleIRKs.count)
+        self.changes = []
+        self.changes.reserveCapacity(rooms.capacity)
+        self.sightingCheckInterval = min(rooms.sightingMinInterval, .milliseconds(250))
+        self.nextSightingCheck = now
+    }
+
+    /// The rooms' part of the stats topic (docs/mqtt.md §1).
+    func writeStats(owned: Int, publisher: PublisherCounters, into w: inout JSONWriter) throws(WireError) {
+        let oc = ownership.counters
+        try w.key("rooms"); try w.beginObject()
+        try w.key("devices"); try w.int(Int64(ownership.count))
+        try w.key("capacity"); try w.int(Int64(ownership.capacity))
+        try w.key("owned"); try w.int(Int64(owned))
+        try w.key("ownership_changes"); try w.int(Int64(oc.changes))
+        try w.key("takeovers"); try w.int(Int64(oc.takeovers))
+        try w.key("forgotten"); try w.int(Int64(oc.forgotten))
+        try w.key("sightings_sent"); try w.int(Int64(publisher.sightingsSent))
+        try w.key("sightings_received"); try w.int(Int64(sightingsReceived))
+        try w.key("cleared_for_others"); try w.int(Int64(publisher.clearedForOthers))
+        try w.key("corrections"); try w.int(Int64(publisher.corrections))
+        // Apart from the radio's drops: a sighting's `truncated` is not an advert's.
+        try w.key("drops"); try w.beginObject()
+        for d in drops.sorted { try w.key(d.reason); try w.int(Int64(d.count)) }
+        try w.endObject()
+        try w.endObject()
+    }
+}
+
+extension Gateway where Radio: ~Copyable {
+    /// A gateway's status: online, or its will.
+    mutating func statusReceived(_ message: MQTTMessage, gateway id: Substring, now: Instant) {
+        let topics = publisher.topics
+        let online = message.payload.elementsEqual("online".utf8)
+        // A gateway coming online subscribed to the sightings before it said so, but missed
+        // the ones sent before: send ours again now, within its `rooms.settle`, rather than
+        // at the next heartbeat, after it (two gateways starting together would each settle
+        // on itself first, docs/rooms.md §3). Also when it was online already as far as
+        // this gateway knows: after a broker restart nobody's will was sent, and a live
+        // `online` is its reconnect (a retained one is old news, sent at our own subscribe,
+        // and our own connect sent everything anyway). Its rejoin window waits for exactly
+        // these (docs/rooms.md §7).
+        if online, id != config.gatewayID, !message.retained || !rooms.ownership.isOnline(gateway: id) {
+            rooms.sightings.reset()
+        }
+        let wasFirst = rooms.ownership.firstOnline == rooms.ownership.selfSlot
+        defer {
+            if !wasFirst, rooms.ownership.firstOnline == rooms.ownership.selfSlot, id != config.gatewayID {
+                publisher.becameFirstOnline(&broker.mqtt, now: now)
+            }
+        }
+        if !rooms.ownership.status(gateway: id, online: online, now: now, { rooms.changes.append($0) }) {
+            rooms.drops.count(SightingDrop.gatewaysFull.name)
+            log.warning("gateway \(id): more gateways than rooms.gateways (\(config.rooms.gateways)); its devices are not followed")
+        }
+        handleOwnershipChanges(now: now)
+        // Its activities are nobody's to continue now (docs/relay.md §9).
+        if !online, readvertiser != nil {
+            var gone: [Readvertiser.Change] = []
+            readvertising?.readvertiser?.ownerOffline(id) { gone.append($0) }
+            for change in gone { readvertiseChanged(change) }
+        }
+        // Its streams' endpoints are told by the first online gateway (docs/relay.md §7.3).
+        if !online, id != config.gatewayID, rooms.ownership.firstOnline == rooms.ownership.selfSlot {
+            streams.gatewayWentOffline(id, downTopic: { topics.stream($0).down }, gatewayTopic: { topics.stream($0).gateway },
+                                       mqtt: &broker.mqtt)
+        }
+    }
+
+    /// Another gateway's sighting of a device (docs/rooms.md §2), or our own coming back.
+    mutating func sightingReceived(_ message: MQTTMessage, gateway: Substring, device: UInt64, now: Instant) {
+        rooms.sightingsReceived &+= 1
+        // Array.withUnsafeBytes rethrows untyped: the decode result travels out as a value.
+        let decoded: Result<Sighting, WireError> = message.payload.withUnsafeBytes { bytes in
+            do throws(WireError) { return .success(try Sighting.decode(bytes)) } catch { return .failure(error) }
+        }
+        let sighting: Sighting
+        switch decoded {
+        case .success(let s): sighting = s
+        case .failure(let error): return rooms.drops.count(error)
+        }
+        if let drop = rooms.ownership.sighting(sighting, gateway: gateway, device: device, now: now,
+                                               { rooms.changes.append($0) }) {
+            rooms.drops.count(drop.name)
+        }
+        handleOwnershipChanges(now: now)
+    }
+
+    /// The rule's own deadlines: a settle window ending, an owner's sightings lapsing.
+    mutating func roomsTick(now: Instant) {
+        rooms.ownership.tick(now: now) { rooms.changes.append($0) }
+        handleOwnershipChanges(now: now)
+    }
+
+    /// Acts on what the rule decided: the new owner publishes what it holds; the old one
+    /// falls silent without clearing (the topic is the new owner's now); a forgotten device's
+    /// activity is cleared by its owner, or by the first online gateway if its owner is gone.
+    mutating func handleOwnershipChanges(now: Instant) {
+        guard !rooms.changes.isEmpty else { return }
+        let me = rooms.ownership.selfSlot
+        for change in rooms.changes {
+            let device = Topics.deviceText(change.device)
+            if change.to == me {
+                // A first owner is every new device's arrival: debug; a move is news.
+                let level: Logger.Level = change.reason == .settled ? .debug : .info
+                let from = change.from.map { " from \(rooms.ownership.id(of: $0))" } ?? ""
+                if let a = table.activity(deviceID: change.device) {
+                    log.log(level: level, "device \(device): now in \(config.room) (\(change.reason))\(from)")
+                    publisher.tookOver(&broker.mqtt, a)
+                } else if let d = namedApple(change.device) {
+                    log.log(level: level, "\(publisher.appleName(d) ?? device): now in \(config.room) (\(change.reason))\(from)")
+                    publisher.tookOver(&broker.mqtt, d)
+                }
+            } else if change.from == me, let to = change.to {
+                publisher.stoppedOwning(change.device)
+                log.info("device \(device): moved to \(rooms.ownership.id(of: to)) (\(change.reason))")
+            } else if change.reason == .forgotten {
+                // The rooms id of a named Apple device (`ffff‖id`), unless an activity holds that id.
+                let named = change.device >> 32 == 0xFFFF && table.activity(deviceID: change.device) == nil
+                    ? UInt32(truncatingIfNeeded: change.device) : nil
+                if change.from == me {
+                    if table.activity(deviceID: change.device)?.state == .current {
+                        publisher.clearActivity(&broker.mqtt, change.device, forOthers: false)
+                    } else if let named, apple.namedDevice(id: named) != nil {
+                        publisher.clearApple(&broker.mqtt, named, forOthers: false)
+                    }
+                } else if change.from.map({ !rooms.ownership.isOnline($0) }) ?? true, rooms.ownership.firstOnline == me {
+                    if let named {
+                        log.info("device \(device): nobody hears it and its gateway is offline; clearing its Apple entry")
+                        publisher.clearApple(&broker.mqtt, named, forOthers: true)
+                    } else {
+                        log.info("device \(device): nobody hears it and its gateway is offline; clearing its activity")
+                        publisher.clearActivity(&broker.mqtt, change.device, forOthers: true)
+                    }
+                }
+            }
+        }
+        rooms.changes.removeAll(keepingCapacity: true)
+    }
+
+    /// Disagreements about devices this gateway owns (docs/rooms.md §7 rule 3): another
+    /// gateway's claim is settled by rank, the same way at both; anything else is published over.
+    mutating func correct(now: Instant) {
+        for (device, claimant) in publisher.correct(&broker.mqtt, table: table, ownership: rooms.ownership, now: now) {
+            let gaveWay = rooms.ownership.yield(device, to: Substring(claimant), now: now) { rooms.changes.append($0) }
+            if !gaveWay { publisher.republish(&broker.mqtt, device, table: table) }
+        }
+        handleOwnershipChanges(now: now)
+    }
+
+    /// The rejoin window closed: what this gateway still stands in for is its to publish
+    /// (docs/rooms.md §7); a room that came back in the window has taken its devices back.
+    mutating func republishStandIns() {
+        rooms.standInsDue = nil
+        table.forEach { a in
+            guard rooms.ownership.owns(a.deviceID), rooms.ownership.standsIn(for: a.deviceID) else { return }
+            publisher.tookOver(&broker.mqtt, a)
+        }
+        apple.forEach { d in
+            let id = AppleDevice.roomsID(d.id)
+            guard d.identity != nil, rooms.ownership.owns(id), rooms.ownership.standsIn(for: id) else { return }
+            publisher.tookOver(&broker.mqtt, d)
+        }
+    }
+
+    /// The named Apple device that rooms know as `roomsID`, if this gateway holds it.
+    func namedApple(_ roomsID: UInt64) -> AppleDevice? {
+        guard roomsID >> 32 == 0xFFFF else { return nil }
+        return apple.namedDevice(id: UInt32(truncatingIfNeeded: roomsID))
+    }
+
+    /// This gateway's sightings that are due (docs/rooms.md §2).
+    mutating func sendSightings(now: Instant) {
+        rooms.nextSightingCheck = now + rooms.sightingCheckInterval
+        let since = rooms.since
+        rooms.sightings.due(table: table, apple: apple, now: now) { due in
+            rooms.sightingCounter &+= 1  // 64 bits at a million a second: half a million years
+            publisher.publishSighting(&broker.mqtt, device: due.device,
+                                      Sighting(rssi: due.rssi, since: since, n: rooms.sightingCounter))
+        }
+    }
+
+    /// Entries that were not heard for their expiry leave the tables; the owner clears them.
+    mutating func expire(now: Instant) {
+        if let due = table.nextExpiry, due <= now {
+            table.expire(now: now) { publisher.activityChanged(&broker.mqtt, $0, owned: rooms.ownership.owns($0.activity.deviceID)) }
+        }
+        if let due = apple.nextExpiry, due <= now {
+            apple.expire(now: now) { publisher.appleChanged(&broker.mqtt, $0, owned: Self.owns($0.device, rooms.ownership)) }
+        }
+    }
+
+    /// Whether this gateway publishes an Apple entry: a named device only in the room that
+    /// owns it (docs/security.md §10), any other where it is heard (docs/table.md).
+    static func owns(_ d: AppleDevice, _ ownership: borrowing RoomOwnership) -> Bool {
+        d.identity == nil || ownership.owns(AppleDevice.roomsID(d.id))
+    }
+}

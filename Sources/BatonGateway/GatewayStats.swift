@@ -1,0 +1,146 @@
+// The stats topic (docs/mqtt.md §1): a snapshot of every part's counters beside the
+// gateway's status, every `status.interval` and at once after a radio error. Each part writes
+// its own section; this file only puts them in order.
+import BatonLibc
+import BatonCore
+import BatonHCI
+import BatonMQTT
+import BatonRelay
+import BatonWire
+
+extension Gateway where Radio: ~Copyable {
+    mutating func publishStats(now: Instant) {
+        var w = JSONWriter(statsScratch)
+        do throws(WireError) {
+            try writeStats(now: now, into: &w)
+        } catch {
+            return log.error("stats JSON did not fit 8 KiB (our bug): \(error)")
+        }
+        publisher.publishStats(&broker.mqtt, w.written)
+    }
+
+    func writeStats(now: Instant, into w: inout JSONWriter) throws(WireError) {
+        try w.beginObject()
+        try w.key("gateway"); try w.string(config.gatewayID)
+        try w.key("room"); try w.string(config.room)
+        try w.key("version"); try w.string(BatonVersion.current)
+        try w.key("uptime_s"); try w.int((now - startedAt).components.seconds)
+        try radio.writeStats(now: now, into: &w)
+        try w.key("changes_published"); try w.int(Int64(publisher.counters.changesPublished))
+        try w.key("drops"); try w.beginObject()
+        try radio.writeDrops(into: &w)
+        try table.writeDrops(into: &w)
+        try w.endObject()
+        if let verifier = radio.keys.verifier {
+            // docs/security.md §4.4; never the key itself (§6).
+            try w.key("security"); try w.beginObject()
+            try w.key("group"); try w.string(Topics.hex(UInt64(verifier.groupHash), digits: 8))
+            try w.key("identities"); try w.int(Int64(verifier.identities))
+            try w.key("unkeyed"); try w.string(verifier.policy == .publish ? "publish" : "ignore")
+            try w.key("verified"); try w.int(Int64(verifier.verified))
+            try w.key("unverified"); try w.int(Int64(verifier.unverified))
+            try w.key("resolutions"); try w.int(Int64(verifier.resolutions))
+            try w.endObject()
+        }
+        try table.writeStats(into: &w)
+        try apple.writeStats(into: &w)
+        var owned = 0
+        table.forEach { if rooms.ownership.owns($0.deviceID) { owned += 1 } }
+        try rooms.writeStats(owned: owned, publisher: publisher.counters, into: &w)
+        let rc = relay.counters
+        try w.key("relay"); try w.beginObject()
+        try w.key("link"); try w.string(relay.link?.description ?? "none")
+        try w.key("pending"); try w.int(Int64(relay.pendingCount))
+        try w.key("links_open"); try w.int(Int64(relay.openLinks))
+        try w.key("link_opens"); try w.int(Int64(rc.linkOpens))
+        try w.key("link_failures"); try w.int(Int64(rc.linkFailures))
+        try w.key("cache_hits"); try w.int(Int64(rc.cacheHits))
+        try w.key("answers"); try w.beginObject()
+        for status in FetchStatus.allCases { try w.key(status.name); try w.int(Int64(rc.answers[status.rawValue])) }
+        try w.endObject()
+        try w.key("answers_lost"); try w.int(Int64(rc.answersLost))
+        try w.key("continued"); try w.int(Int64(rc.continued))
+        try w.key("continued_told"); try w.int(Int64(rc.continuedTold))
+        try w.key("drops"); try w.beginObject()
+        for d in relay.drops.sorted { try w.key(d.reason); try w.int(Int64(d.count)) }
+        try w.endObject()
+        let sc = streams.counters
+        try w.key("streams"); try w.beginObject()
+        try w.key("open"); try w.int(Int64(streams.openCount))
+        try w.key("capacity"); try w.int(Int64(config.relay.streams))
+        try w.key("opened"); try w.int(Int64(sc.opened))
+        try w.key("refused"); try w.int(Int64(sc.refused.reduce(0, +)))
+        try w.key("finished"); try w.int(Int64(sc.finished))
+        try w.key("aborted"); try w.int(Int64(sc.aborted))
+        try w.key("frames_up"); try w.int(Int64(sc.framesUp))
+        try w.key("frames_down"); try w.int(Int64(sc.framesDown))
+        try w.key("frames_queued"); try w.int(Int64(sc.framesQueued))
+        try w.key("resent"); try w.int(Int64(sc.resent))
+        try w.key("gone_for_others"); try w.int(Int64(sc.goneForOthers))
+        try w.key("bridged"); try w.int(Int64(sc.bridged))
+        try w.key("unanswered"); try w.int(Int64(sc.unanswered))
+        try w.key("drops"); try w.beginObject()
+        for d in streams.drops.sorted { try w.key(d.reason); try w.int(Int64(d.count)) }
+        try w.endObject()
+        try w.endObject()
+        try readvertising?.writeStats(continuing: continuing, into: &w)
+        try w.endObject()
+        try publisher.writeStats(typesKnown: config.activityTypes.count, into: &w)
+        try w.endObject()
+    }
+}
+
+extension ActivityTable {
+    /// The table's drops beside the radio's (stats `drops`), only when there are any.
+    func writeDrops(into w: inout JSONWriter) throws(WireError) {
+        if counters.staleSequence > 0 { try w.key("stale-sequence"); try w.int(Int64(counters.staleSequence)) }
+        if counters.relayed > 0 { try w.key("beacon-relayed"); try w.int(Int64(counters.relayed)) }
+    }
+
+    func writeStats(into w: inout JSONWriter) throws(WireError) {
+        try w.key("table"); try w.beginObject()
+        try w.key("fill"); try w.int(Int64(count))
+        try w.key("capacity"); try w.int(Int64(capacity))
+        try w.key("evicted"); try w.int(Int64(counters.evicted))
+        try w.key("expired"); try w.int(Int64(counters.expired))
+        try w.endObject()
+    }
+}
+
+extension AppleDeviceTable {
+    func writeStats(into w: inout JSONWriter) throws(WireError) {
+        try w.key("apple"); try w.beginObject()
+        try w.key("fill"); try w.int(Int64(count))
+        try w.key("capacity"); try w.int(Int64(capacity))
+        try w.key("evicted"); try w.int(Int64(counters.evicted))
+        try w.key("expired"); try w.int(Int64(counters.expired))
+        try w.endObject()
+    }
+}
+
+extension Publisher {
+    /// The titles' and the broker connection's sections (docs/mqtt.md §1).
+    func writeStats(typesKnown: Int, into w: inout JSONWriter) throws(WireError) {
+        let nc = names.counters
+        try w.key("titles"); try w.beginObject()
+        try w.key("fetching"); try w.bool(names.fetchTitles)
+        try w.key("types_known"); try w.int(Int64(typesKnown))
+        try w.key("in_flight"); try w.int(Int64(names.inFlight))
+        try w.key("capacity"); try w.int(Int64(names.inFlightCapacity))
+        try w.key("owed"); try w.int(Int64(names.owed))
+        try w.key("fetches"); try w.int(Int64(nc.fetches))
+        try w.key("described"); try w.int(Int64(nc.described))
+        try w.key("unreadable"); try w.int(Int64(nc.unreadable))
+        try w.key("failed"); try w.int(Int64(nc.failed))
+        try w.key("waited"); try w.int(Int64(nc.waited))
+        try w.key("carried"); try w.int(Int64(nc.carried))
+        try w.endObject()
+        try w.key("broker"); try w.beginObject()
+        try w.key("connects"); try w.int(Int64(counters.connects))
+        try w.key("changes_while_away"); try w.int(Int64(counters.changesWhileAway))
+        try w.key("orphans_cleared"); try w.int(Int64(counters.orphansCleared))
+        try w.key("orphan_rescans"); try w.int(Int64(counters.orphanRescans))
+        try w.key("publish_errors"); try w.int(Int64(counters.publishErrors))
+        try w.endObject()
+    }
+}
