@@ -4,6 +4,7 @@
 import BatonLibc
 import BatonCore
 import BatonHCI
+import BatonKeys
 import BatonMQTT
 import BatonRelay
 import BatonWire
