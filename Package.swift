@@ -76,7 +76,10 @@ var targets: [Target] = [
     .testTarget(name: "BatonYAMLTests", dependencies: ["BatonYAML"]),
     .testTarget(name: "BatonWireTests", dependencies: ["BatonLibc", "BatonWire", "BatonTestSupport"], exclude: ["Interop"]),
     .testTarget(name: "BatonHCITests", dependencies: ["BatonLibc", "BatonHCI", "BatonWire", "BatonSim", "BatonTestSupport"]),
+    // The toolbox's commands, mostly as the built `baton` run as a child process.
     .testTarget(name: "BatonCLITests", dependencies: ["BatonLibc", "BatonHCI", "BatonWire", "BatonSim", "BatonTestSupport", "baton"]),
+    // The simulator in process: scenarios, the RSSI model, simulated payloads, the capture generator.
+    .testTarget(name: "BatonSimTests", dependencies: ["BatonSim", "BatonWire", "BatonTestSupport"]),
     // The device's side of links in process: adopted channels, as `baton device` hands them over.
     .testTarget(name: "BatonDeviceTests", dependencies: ["BatonLibc", "BatonDevice", "BatonHCI", "BatonWire", "BatonTestSupport"]),
     .testTarget(name: "BatonCoreTests", dependencies: ["BatonLibc", "BatonCore", "BatonWire", "BatonTestSupport"]),
