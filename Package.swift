@@ -40,7 +40,13 @@ var targets: [Target] = [
     // The two YAML files Baton reads (the config, scenarios) share their composer on libyaml,
     // their error shape and their schema checks. Embedded Swift: CYAML is all it imports.
     .target(name: "BatonYAML", dependencies: ["CYAML"], swiftSettings: wireSettings),
-    .target(name: "BatonSim", dependencies: ["BatonLibc", "CLibc", "BatonWire", "BatonHCI", "BatonKeys", "BatonYAML"],
+    // The device's side of device links (docs/protocol.md §5): `baton device` on real L2CAP
+    // channels and the simulator's devices on their rooms' sockets run the same server. Toolbox
+    // only: the firmware is never the device, so this is full Swift (it holds its model as an
+    // `any LinkDeviceModel`) and scripts/firmware does not build it.
+    .target(name: "BatonDevice", dependencies: ["BatonLibc", "CLibc", "BatonWire", "BatonHCI", "BatonKeys"],
+            swiftSettings: wireSettings),
+    .target(name: "BatonSim", dependencies: ["BatonLibc", "CLibc", "BatonWire", "BatonHCI", "BatonKeys", "BatonYAML", "BatonDevice"],
             swiftSettings: wireSettings),
     .target(name: "BatonCore", dependencies: ["BatonLibc", "CLibc", "BatonWire"], swiftSettings: wireSettings),
     .target(name: "BatonKeys", dependencies: ["BatonLibc", "CLibc", "BatonWire", "CCrypto"], swiftSettings: wireSettings),
@@ -57,7 +63,7 @@ var targets: [Target] = [
     .executableTarget(
         name: "baton",
         dependencies: [
-            "BatonLibc", "BatonWire", "BatonHCI", "BatonSim", "BatonCore", "BatonMQTT", "BatonRelay", "BatonGateway", "BatonKeys",
+            "BatonLibc", "BatonWire", "BatonHCI", "BatonDevice", "BatonSim", "BatonCore", "BatonMQTT", "BatonRelay", "BatonGateway", "BatonKeys",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ]),
     // The firmware's main (docs/firmware.md): scripts/firmware builds it and the modules above
@@ -70,7 +76,12 @@ var targets: [Target] = [
     .testTarget(name: "BatonYAMLTests", dependencies: ["BatonYAML"]),
     .testTarget(name: "BatonWireTests", dependencies: ["BatonLibc", "BatonWire", "BatonTestSupport"], exclude: ["Interop"]),
     .testTarget(name: "BatonHCITests", dependencies: ["BatonLibc", "BatonHCI", "BatonWire", "BatonSim", "BatonTestSupport"]),
+    // The toolbox's commands, mostly as the built `baton` run as a child process.
     .testTarget(name: "BatonCLITests", dependencies: ["BatonLibc", "BatonHCI", "BatonWire", "BatonSim", "BatonTestSupport", "baton"]),
+    // The simulator in process: scenarios, the RSSI model, simulated payloads, the capture generator.
+    .testTarget(name: "BatonSimTests", dependencies: ["BatonSim", "BatonWire", "BatonTestSupport"]),
+    // The device's side of links in process: adopted channels, as `baton device` hands them over.
+    .testTarget(name: "BatonDeviceTests", dependencies: ["BatonLibc", "BatonDevice", "BatonHCI", "BatonWire", "BatonTestSupport"]),
     .testTarget(name: "BatonCoreTests", dependencies: ["BatonLibc", "BatonCore", "BatonWire", "BatonTestSupport"]),
     .testTarget(name: "BatonKeysTests", dependencies: ["BatonLibc", "BatonKeys", "BatonWire", "BatonTestSupport"], exclude: ["Interop"]),
     .testTarget(name: "BatonRelayTests", dependencies: ["BatonLibc", "BatonRelay", "BatonWire", "BatonHCI", "BatonMQTT", "BatonSim",

@@ -8,6 +8,8 @@
 // What goes on the air is rebuilt from the owner's retained JSON (docs/mqtt.md §2): the beacon
 // of protocol.md §2 with the owner's sequence, type and flags, the activity's topic id as its
 // device id, this gateway's listener as its PSM, and a tag under the group's beacon key.
+// The advertising instances themselves are BatonHCI's (`ManagementAdvertiser`, Advertising.swift);
+// what goes in them, and the listeners beside them, are the gateway's.
 public import BatonHCI
 import BatonLibc
 import BatonKeys
@@ -168,58 +170,27 @@ public struct Readvertiser {
     }
 }
 
-/// What re-advertising needs of a controller (docs/relay.md §9): an advertisement per slot,
-/// a listener per slot for the phones, and word when someone else removes an advertisement.
-/// `ReadvertiseRadio` is BlueZ's; tests give the gateway their own.
-public protocol AdvertisingController: AnyObject {
-    var adapter: String { get }
+/// What re-advertising needs of a controller (docs/relay.md §9): an advertisement per slot
+/// (BatonHCI's `Advertiser`: put on the air, taken off, word when someone else removes one),
+/// and a listener per slot for the phones. `ReadvertiseRadio` is BlueZ's; tests give the
+/// gateway their own.
+public protocol AdvertisingController: Advertiser {
     /// Slot k's PSM: what its beacon names and its listener accepts on.
     var psms: [UInt16] { get }
     /// Slot k's listener: readable when a phone is waiting. Read every loop turn: a stored
     /// array, not one made on each read (the loop allocates nothing, docs/performance.md).
     var listenerFDs: [Int32] { get }
-    /// Readable when the controller has news (`removedSlots`); -1 for none.
-    var eventFD: Int32 { get }
     /// Whether accepted links are L2CAP channels (their MTU is the kernel's to say).
     var acceptsL2CAP: Bool { get }
-    /// Asks for slot k's advertisement to go on the air (or be replaced): does not wait for
-    /// the kernel. Throws only what is known at once; a later refusal or a missed deadline
-    /// comes out of `answers`.
-    func advertise(_ k: Int, _ data: [UInt8]) throws(ManagementError)
-    /// Asks for slot k to leave the air, without waiting (as `advertise`).
-    func withdraw(_ k: Int) throws(ManagementError)
-    /// Takes everything off the air before a clean stop (may wait, bounded: the loop is over).
-    func withdrawAll()
-    func removedSlots(_ body: (Int) -> Void)
-    /// Removals (or failures) already read with the answers, not yet handed out: the event
-    /// socket will not say so again.
-    var removalsPending: Bool { get }
-    /// When the oldest request's answer is due at the latest: the loop wakes then for `answers`.
-    var answerDeadline: Instant? { get }
-    /// Reads the kernel's answers without waiting and fails the requests past their deadline:
-    /// `failed` gets the slot, whether it was an advertise (else a withdraw), and why.
-    func answers(now: Instant, _ failed: (_ slot: Int, _ advertise: Bool, _ error: ManagementError) -> Void)
     /// A phone waiting on slot k's listener: its descriptor and address; nil when none is.
     func accept(_ k: Int) throws(LinkError) -> (fd: Int32, peer: LinkAddress)?
 }
 
-extension AdvertisingController {
-    /// A controller that answers inside `advertise`/`withdraw` (a test's) has nothing pending.
-    public var answerDeadline: Instant? { nil }
-    public func answers(now: Instant, _ failed: (_ slot: Int, _ advertise: Bool, _ error: ManagementError) -> Void) {}
-}
-
-/// The controller side of re-advertising: mgmt advertising instances and one L2CAP listener
-/// per slot, on the gateway's own adapter (docs/relay.md §9). A class, so the gateway holds
-/// the non-copyable socket and listeners in one optional.
+/// The controller side of re-advertising on the gateway's own adapter (docs/relay.md §9):
+/// BatonHCI's `ManagementAdvertiser` for the mgmt advertising instances, and one L2CAP
+/// listener per slot. A class, so the gateway holds the non-copyable listeners in one optional.
 public final class ReadvertiseRadio: AdvertisingController {
-    public let adapter: String
-    var mgmt: ManagementSocket
-    /// Slot k's mgmt instance: the N highest, out of bluetoothd's way (it numbers its own from 1).
-    let instances: [UInt8]
-    /// Instances in use at start that the gateway removed: a killed run's, or another program's
-    /// (the launcher logs them).
-    public private(set) var takenBack: [UInt8] = []
+    let advertiser: ManagementAdvertiser
     final class Listener {
         let listener: L2CAPListener
         init(_ l: consuming L2CAPListener) { listener = l }
@@ -251,109 +222,42 @@ public final class ReadvertiseRadio: AdvertisingController {
     /// a test passes none, and descriptors of -1, which poll() ignores.
     init(mgmt: consuming ManagementSocket, count: Int, listeners: [Listener], psms: [UInt16], listenerFDs: [Int32]) throws(ReadvertiseError) {
         let adapter = mgmt.adapter
-        self.adapter = adapter
-        let features: AdvertisingFeatures
-        do throws(ManagementError) { features = try mgmt.advertisingFeatures() } catch {
-            throw ReadvertiseError("\(adapter): \(error)")
-        }
-        // The N highest instances, always the same ones: bluetoothd numbers its own from 1 up,
-        // and instances outlive the process that added them, so what a run killed before its
-        // clean stop left on the air is this gateway's to take back (removed below).
-        guard Int(features.maxInstances) >= count else {
-            throw ReadvertiseError("\(adapter) has \(features.maxInstances) advertising instances and relay.readvertise asks for \(count): lower it (`btmgmt -i \(adapter) advinfo` lists them)")
-        }
-        let instances = (0..<count).map { features.maxInstances - UInt8($0) }
-        self.instances = instances
-        var takenBack: [UInt8] = []
-        for n in instances where features.isInUse(n) {
-            do throws(ManagementError) { try mgmt.removeAdvertising(instance: n) } catch {
-                throw ReadvertiseError("\(adapter): taking back advertising instance \(n): \(error)")
+        do throws(AdvertiserError) { advertiser = try ManagementAdvertiser(mgmt: mgmt, count: count) } catch {
+            switch error {
+            case .features(let e):
+                throw ReadvertiseError("\(adapter): \(e)")
+            case .tooFewInstances(let available, let asked):
+                throw ReadvertiseError("\(adapter) has \(available) advertising instances and relay.readvertise asks for \(asked): lower it (`btmgmt -i \(adapter) advinfo` lists them)")
+            case .takingBack(let n, let e):
+                throw ReadvertiseError("\(adapter): taking back advertising instance \(n): \(e)")
             }
-            takenBack.append(n)
         }
-        self.mgmt = mgmt
-        self.takenBack = takenBack
         self.listeners = listeners
         self.psms = psms
         self.listenerFDs = listenerFDs
-        failures.reserveCapacity(ManagementSocket.maxPending)
     }
+
+    /// Instances in use at start that the gateway removed: a killed run's, or another program's
+    /// (the launcher logs them).
+    public var takenBack: [UInt8] { advertiser.takenBack }
 
     public let psms: [UInt16]
     public let listenerFDs: [Int32]
-    public var eventFD: Int32 { mgmt.fd }
     public var acceptsL2CAP: Bool { true }
 
     public func accept(_ k: Int) throws(LinkError) -> (fd: Int32, peer: LinkAddress)? { try listeners[k].listener.accept() }
 
-    /// What a request was for, in its tag: slot k's tag is k × 4 + one of these.
-    enum Purpose: Int { case removeBeforeAdd = 0, add = 1, withdraw = 2 }
-
-    public func advertise(_ k: Int, _ data: [UInt8]) throws(ManagementError) {
-        let now = Instant.now
-        let index = mgmt.index, instance = instances[k]
-        // Remove, then add: the kernel answers in order. A remove of an instance that is not
-        // there is refused with Invalid Parameters, which `answers` ignores: it is gone.
-        try mgmt.send(.removeAdvertising, tag: k &* 4 &+ Purpose.removeBeforeAdd.rawValue, now: now) { w throws(WireError) in
-            try ManagementCommand.removeAdvertising(index: index, instance: instance, into: &w)
-        }
-        // Array.withUnsafeBytes rethrows untyped: the error travels out as a value.
-        let result: Result<Void, ManagementError> = data.withUnsafeBytes { p in
-            // Connectable: the phone opens its link on this gateway's address (protocol.md §5).
-            do throws(ManagementError) {
-                try mgmt.send(.addAdvertising, tag: k &* 4 &+ Purpose.add.rawValue, now: now) { w throws(WireError) in
-                    try ManagementCommand.addAdvertising(index: index, instance: instance, flags: .connectable,
-                                                         advertisingData: p, into: &w)
-                }
-            } catch {
-                return .failure(error)
-            }
-            return .success(())
-        }
-        try result.get()
-    }
-
-    public func withdraw(_ k: Int) throws(ManagementError) {
-        let index = mgmt.index, instance = instances[k]
-        try mgmt.send(.removeAdvertising, tag: k &* 4 &+ Purpose.withdraw.rawValue, now: .now) { w throws(WireError) in
-            try ManagementCommand.removeAdvertising(index: index, instance: instance, into: &w)
-        }
-    }
-
-    public var answerDeadline: Instant? { mgmt.nextDeadline }
-
-    /// Failures read with the answers, kept until `answers` hands them out.
-    var failures: [(slot: Int, advertise: Bool, error: ManagementError)] = []
-
+    // Advertising: the mgmt instances' (BatonHCI).
+    public var adapter: String { advertiser.adapter }
+    public var eventFD: Int32 { advertiser.eventFD }
+    public func advertise(_ k: Int, _ data: [UInt8]) throws(ManagementError) { try advertiser.advertise(k, data) }
+    public func withdraw(_ k: Int) throws(ManagementError) { try advertiser.withdraw(k) }
+    public func withdrawAll() { advertiser.withdrawAll() }
+    public func removedSlots(_ body: (Int) -> Void) { advertiser.removedSlots(body) }
+    public var removalsPending: Bool { advertiser.removalsPending }
+    public var answerDeadline: Instant? { advertiser.answerDeadline }
     public func answers(now: Instant, _ failed: (_ slot: Int, _ advertise: Bool, _ error: ManagementError) -> Void) {
-        read(now: now)
-        for f in failures { failed(f.slot, f.advertise, f.error) }
-        failures.removeAll(keepingCapacity: true)
-    }
-
-    /// Reads what the kernel queued: answers (failures kept) and removals (kept by the socket).
-    func read(now: Instant) {
-        mgmt.poll(now: now) { a in
-            guard let error = a.error, a.tag >= 0, let purpose = Purpose(rawValue: a.tag & 3) else { return }
-            // Removing what is not there is not a failure: it is gone.
-            if purpose != .add, case .refused(_, _, .invalidParameters) = error { return }
-            failures.append((slot: a.tag >> 2, advertise: purpose != .withdraw, error: error))
-        }
-    }
-
-    /// The slots whose advertisement someone else removed (bluetoothd resets every instance
-    /// when it starts): the gateway puts them back (docs/relay.md §9).
-    public func removedSlots(_ body: (Int) -> Void) {
-        read(now: .now)
-        for n in mgmt.takeRemovedInstances() { if let k = instances.firstIndex(of: n) { body(k) } }
-    }
-
-    public var removalsPending: Bool { mgmt.removedInstancesPending || !failures.isEmpty }
-
-    /// Before a clean stop: nothing of this gateway's stays on the air. The loop is over, so
-    /// this waits for each answer (bounded by the socket's timeout).
-    public func withdrawAll() {
-        for n in instances { do throws(ManagementError) { try mgmt.removeAdvertising(instance: n) } catch {} }
+        advertiser.answers(now: now, failed)
     }
 }
 

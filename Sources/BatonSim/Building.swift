@@ -7,8 +7,10 @@
 // reports. `Building` gives every room a Unix socket and a `VirtualController`, maps real
 // time to simulated time at the scenario's speed, and hands each heard report to its room's
 // controller while that controller is scanning. Beside each room's controller socket is its
-// link socket (DeviceLinks.swift), served in the same poll loop.
+// link socket (DeviceLinks.swift), served by BatonDevice's `DeviceLinkServer` in the same poll
+// loop.
 import BatonLibc
+import BatonDevice
 import BatonHCI
 import BatonKeys
 import BatonWire
@@ -690,7 +692,7 @@ extension Building {
                     try w.key("unheard"); try w.int(Int64(player.counts[r].unheard))
                     try w.key("not_scanning"); try w.int(Int64(notScanning[r]))
                     try w.key("dropped"); try w.int(Int64(dropped[r]))
-                    let l = links.counts[r]
+                    let l = links.linkCounts[r]
                     try w.key("links"); try w.int(Int64(l.links))
                     try w.key("links_refused"); try w.int(Int64(l.refused))
                     try w.key("links_full"); try w.int(Int64(l.full))

@@ -3,7 +3,7 @@ import ArgumentParser
 import BatonHCI
 import BatonKeys
 import BatonRelay
-import BatonSim
+import BatonDevice
 import BatonWire
 import Foundation
 import Glibc
@@ -12,8 +12,8 @@ import Glibc
 /// activity's beacon (docs/protocol.md §2) through BlueZ's management interface, bumps the
 /// sequence on every save, sets the invalidated flag when the activity ends, and serves payload
 /// fetches and continuation streams on its L2CAP LE credit-based channel (§5) with the same
-/// device logic as the simulator (`DeviceLinkServer`). Also the reference phone and ESP32
-/// makers read next to docs/protocol.md.
+/// device logic as the simulator (BatonDevice's `DeviceLinkServer`). Also the reference phone
+/// and ESP32 makers read next to docs/protocol.md.
 struct DeviceCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "device",

@@ -2,13 +2,13 @@
 // summary compared with what the generator wrote and with what tshark counts in the same file.
 import BatonHCI
 import BatonSim
+import BatonTestSupport
 import BatonWire
 import Foundation
 import Testing
 
 /// The directory holding the test bundle also holds the `baton` executable.
 let binaries = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
-let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
 
 struct Run {
     var status: Int32
@@ -136,14 +136,6 @@ func hex48(_ v: UInt64) -> String {
         #expect(r.stderr.contains("is not a capture Baton reads"))
         let missing = try baton("replay", "/nonexistent/file.btsnoop")
         #expect(missing.status != 0 && missing.stderr.contains("cannot read"))
-    }
-
-    @Test func theBundledDemoCaptureIsTheGeneratorsOutput() throws {
-        // README's first command replays this file; it must stay what `baton sim capture` writes.
-        var g = CaptureGenerator(devices: 12, seed: 1)
-        let (file, _) = g.capture(reports: 200, invalidateAtEnd: true)
-        let bundled = try Data(contentsOf: repository.appendingPathComponent("Tests/Fixtures/generated-demo.btsnoop"))
-        #expect(Array(bundled) == file, "regenerate with: baton sim capture Tests/Fixtures/generated-demo.btsnoop --devices 12 --reports 200 --seed 1 --invalidate")
     }
 }
 

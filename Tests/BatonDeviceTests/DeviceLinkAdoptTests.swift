@@ -1,13 +1,12 @@
-// `baton device`'s side of real L2CAP channels (docs/radio.md "baton device", links): `DeviceLinkServer`
-// with one device answering from a `LinkDeviceModel`, given accepted channels by `adopt`. Here
-// the accepted channel is one end of a Unix SOCK_SEQPACKET pair, which keeps SDU boundaries as
-// an L2CAP LE credit-based channel does; the test is the gateway on the other end and writes
-// the SDUs byte by byte from docs/protocol.md §5.1. The kernel's own channel runs in the VM
-// test (Tests/VM/bluez-test.sh).
+// `baton device`'s side of real L2CAP channels (docs/radio.md "baton device", links):
+// BatonDevice's `DeviceLinkServer` with one device answering from a `LinkDeviceModel`, given
+// accepted channels by `adopt`. Here the accepted channel is one end of a Unix SOCK_SEQPACKET
+// pair, which keeps SDU boundaries as an L2CAP LE credit-based channel does; the test is the
+// gateway on the other end and writes the SDUs byte by byte from docs/protocol.md §5.1. The
+// kernel's own channel runs in the VM test (Tests/VM/bluez-test.sh).
 import BatonLibc
+import BatonDevice
 import BatonHCI
-import BatonRelay
-import BatonSim
 import BatonTestSupport
 import BatonWire
 import Glibc
@@ -166,30 +165,5 @@ final class LinkEnd {
     @Test func theReceiveMTUHoldsTheLargestSDUAGatewaySends() {
         // A data frame of the device's max data (docs/protocol.md §5.1: type, frame, bytes).
         #expect(DeviceLinkServer.receiveMTU == 5 + 1024)
-    }
-}
-
-@Suite struct L2CAPListenerTests {
-    @Test func onThisKernel() throws {
-        let probe = socket(AF_BLUETOOTH, Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)  // BTPROTO_L2CAP
-        let probeErrno = Glibc.errno
-        if probe < 0 {
-            try #require(probeErrno == EAFNOSUPPORT, "socket(AF_BLUETOOTH) failed with errno \(probeErrno), not EAFNOSUPPORT")
-            #expect(throws: LinkError.noBluetooth("this kernel has no Bluetooth (AF_BLUETOOTH unavailable)")) {
-                _ = try L2CAPListener(adapter: "hci0", psm: 0, receiveMTU: 1029)
-            }
-        } else {
-            close(probe)
-            // The VM: hci99 is not there.
-            #expect(throws: LinkError.noBluetooth("no Bluetooth adapter named hci99 (`btmgmt info` or `bluetoothctl list` shows the adapters this machine has)")) {
-                _ = try L2CAPListener(adapter: "hci99", psm: 0, receiveMTU: 1029)
-            }
-        }
-        // Not an LE PSM: refused before any socket is made (Core 5.4, Vol 3, Part A, §4.22).
-        #expect(throws: LinkError.cannotListen("PSM 0x0100 is not an LE PSM (0x0001 to 0x00FF, Core 5.4, Vol 3, Part A, §4.22)")) {
-            _ = try L2CAPListener(adapter: "hci0", psm: 0x100, receiveMTU: 1029)
-        }
-        #expect(LinkError.cannotListen("PSM 0x0080 on hci1 is taken by another program (choose another with --psm, or 0 for any)").description
-            == "cannot offer a device link: PSM 0x0080 on hci1 is taken by another program (choose another with --psm, or 0 for any)")
     }
 }
