@@ -2,6 +2,7 @@
 // `baton device` (and a re-advertising gateway) accepts links on: its errors on this kernel
 // (no Bluetooth here; in the VM test, Tests/VM/bluez-test.sh, an adapter that is not there).
 import BatonRelay
+import CBlueZ
 import Glibc
 import Testing
 
