@@ -357,6 +357,25 @@ public struct ContinuingLinks: ~Copyable {
         openLinks -= 1
     }
 
+    // MARK: stats (docs/mqtt.md, the stats topic's `relay.readvertise`)
+
+    /// The phones' members of the stats topic's `relay.readvertise` object, in the order they
+    /// are published (after the re-advertiser's own); the caller writes the braces around them.
+    public func writeStats(into w: inout JSONWriter) throws(WireError) {
+        try w.key("phone_links"); try w.int(Int64(counters.links))
+        try w.key("phone_links_open"); try w.int(Int64(openLinks))
+        try w.key("phone_links_refused"); try w.int(Int64(counters.refused))
+        try w.key("phone_fetches"); try w.int(Int64(counters.fetches))
+        try w.key("phone_payloads"); try w.int(Int64(counters.payloads))
+        try w.key("phone_refusals"); try w.int(Int64(counters.refusals))
+        try w.key("phone_streams"); try w.int(Int64(counters.streams))
+    }
+
+    /// The phones' drops, as members of `relay.readvertise.drops` (after the re-advertiser's).
+    public func writeDrops(into w: inout JSONWriter) throws(WireError) {
+        for d in drops.sorted { try w.key(d.reason); try w.int(Int64(d.count)) }
+    }
+
     // MARK: names
 
     /// A stream id of docs/relay.md §7.1: 16 random hex digits, as `baton stream` picks.
@@ -366,3 +385,6 @@ public struct ContinuingLinks: ~Copyable {
         return String(repeating: "0", count: 16 - digits.count) + digits
     }
 }
+
+/// The loop drives the phones' links as one part (docs/architecture.md "The loop").
+extension ContinuingLinks: LoopPart {}

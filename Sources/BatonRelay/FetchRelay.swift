@@ -341,18 +341,21 @@ public struct FetchRelay: ~Copyable {
             }
             return
         }
-        guard link != nil else {
-            return send(.unreachable, device: target.device, detail: "this gateway has no device link (relay.link)",
-                        route: route, mqtt: &mqtt)
+        let free = pending.firstIndex(where: { $0 == nil })
+        if let refusal = Admission.room(.fetch, hasLink: link != nil, free: free != nil, capacity: config.fetches) {
+            return refuse(refusal, device: target.device, route: route, mqtt: &mqtt)
         }
-        guard let free = pending.firstIndex(where: { $0 == nil }) else {
-            return send(.busy, device: target.device, detail: "\(config.fetches) fetches are waiting (relay.fetches)",
-                        route: route, mqtt: &mqtt)
-        }
-        pending[free] = Pending(device: target.device, sequence: target.sequence, route: route,
+        // Proof: `room` refuses when no slot is free.
+        let slot = free!
+        pending[slot] = Pending(device: target.device, sequence: target.sequence, route: route,
                                 deadline: now + config.fetchTimeout, address: target.link)
         pendingCount += 1
         work(device: target.device, address: target.link, now: now, mqtt: &mqtt)
+    }
+
+    /// Answers a request that admission refused (`Admission.check`): its status and detail.
+    public mutating func refuse(_ refusal: Refusal, device: UInt64?, route: FetchRoute, mqtt: inout MQTTClient) {
+        send(refusal.fetchStatus, device: device, detail: refusal.description, route: route, mqtt: &mqtt)
     }
 
     /// The gateway's own fetch of an activity it owns, for its title (docs/relay.md §4.1): the
@@ -823,6 +826,29 @@ public struct FetchRelay: ~Copyable {
         }
     }
 
+    // MARK: stats (docs/mqtt.md, the stats topic's `relay`)
+
+    /// This relay's members of the stats topic's `relay` object, in the order they are
+    /// published: the link, the table's fill, the links, the answers by status, the drops.
+    /// The caller writes the key and the braces around them.
+    public func writeStats(into w: inout JSONWriter) throws(WireError) {
+        try w.key("link"); try w.string(link?.description ?? "none")
+        try w.key("pending"); try w.int(Int64(pendingCount))
+        try w.key("links_open"); try w.int(Int64(openLinks))
+        try w.key("link_opens"); try w.int(Int64(counters.linkOpens))
+        try w.key("link_failures"); try w.int(Int64(counters.linkFailures))
+        try w.key("cache_hits"); try w.int(Int64(counters.cacheHits))
+        try w.key("answers"); try w.beginObject()
+        for status in FetchStatus.allCases { try w.key(status.name); try w.int(Int64(counters.answers[status.rawValue])) }
+        try w.endObject()
+        try w.key("answers_lost"); try w.int(Int64(counters.answersLost))
+        try w.key("continued"); try w.int(Int64(counters.continued))
+        try w.key("continued_told"); try w.int(Int64(counters.continuedTold))
+        try w.key("drops"); try w.beginObject()
+        for d in drops.sorted { try w.key(d.reason); try w.int(Int64(d.count)) }
+        try w.endObject()
+    }
+
     // MARK: cache
 
     func cached(device: UInt64, atLeast sequence: UInt16) -> Int? {
@@ -915,3 +941,6 @@ public struct ActivityDescription: Sendable, Equatable {
         return String(decoding: UnsafeRawBufferPointer(rebasing: p[..<end]), as: UTF8.self)
     }
 }
+
+/// The loop drives the relay's links as one part (docs/architecture.md "The loop").
+extension FetchRelay: LoopPart {}

@@ -255,10 +255,25 @@ public struct StreamRelay: ~Copyable {
 
     // MARK: opening (docs/relay.md §7.2, §7.5)
 
-    /// An endpoint's open for a device this gateway owns and can reach (`target`), or nil
-    /// with the reason to refuse it.
+    /// The open of before `Admission`: a refusal as text (always `unreachable`). Kept so
+    /// Gateway.swift builds until it calls `open(id:topics:frame:admitted:now:mqtt:)`.
     public mutating func open(id: String, topics: StreamTopics, frame: [UInt8], target: LinkAddress?,
                               refusal: String?, now: Instant, mqtt: inout MQTTClient) {
+        open(id: id, topics: topics, frame: frame, admitted: target.map { .success($0) }, refusalText: refusal,
+             now: now, mqtt: &mqtt)
+    }
+
+    /// An endpoint's open, with what `Admission.check` said of its device: the device's link
+    /// address, or why it is refused. Said again for a stream this gateway carries already;
+    /// refused when the open frame is malformed, the admission refused it, or there is no room
+    /// (`Admission.room`).
+    public mutating func open(id: String, topics: StreamTopics, frame: [UInt8], admitted: Result<LinkAddress, Refusal>,
+                              now: Instant, mqtt: inout MQTTClient) {
+        open(id: id, topics: topics, frame: frame, admitted: admitted, refusalText: nil, now: now, mqtt: &mqtt)
+    }
+
+    mutating func open(id: String, topics: StreamTopics, frame: [UInt8], admitted: Result<LinkAddress, Refusal>?,
+                       refusalText: String?, now: Instant, mqtt: inout MQTTClient) {
         if let s = slot(id, .carrier), let slot = slots[s] {
             // The endpoint saw no open frame (the broker lost it): say it again.
             if let o = slot.brokerOpen { publishOpen(o.window, o.maxData, to: slot.topics.down, mqtt: &mqtt) }
@@ -275,18 +290,24 @@ public struct StreamRelay: ~Copyable {
             drops.count("stream-not-open")
             return refuse(topics.down, .protocolError, "the first frame must be open (docs/protocol.md §5.3)", mqtt: &mqtt)
         }
-        if let refusal { return refuse(topics.down, .unreachable, refusal, mqtt: &mqtt) }
-        guard let target, let link else {
-            return refuse(topics.down, .unreachable, "this gateway has no device link (relay.link)", mqtt: &mqtt)
+        if let refusalText { return refuse(topics.down, .unreachable, refusalText, mqtt: &mqtt) }
+        let target: LinkAddress
+        switch admitted {
+        case .success(let address): target = address
+        case .failure(let refusal): return refuse(topics.down, refusal, mqtt: &mqtt)
+        case nil: return refuse(topics.down, .gatewayHasNoLink, mqtt: &mqtt)
         }
-        guard let free = slots.firstIndex(where: { $0 == nil }) else {
-            return refuse(topics.down, .busy, "\(config.streams) streams are open (relay.streams)", mqtt: &mqtt)
+        let free = slots.firstIndex(where: { $0 == nil })
+        if let refusal = Admission.room(.stream, hasLink: link != nil, free: free != nil, capacity: config.streams) {
+            return refuse(topics.down, refusal, mqtt: &mqtt)
         }
+        // Proof: `room` refuses without a link or a free slot.
+        let (link, freeSlot) = (link!, free!)
         let channel: LinkChannel
         do throws(LinkError) { channel = try link.connect(to: target) } catch {
             return refuse(topics.down, .unreachable, error.description, mqtt: &mqtt)
         }
-        take(free, role: .carrier, id: id, device: target.address, topics: topics, openTopic: nil, channel: channel,
+        take(freeSlot, role: .carrier, id: id, device: target.address, topics: topics, openTopic: nil, channel: channel,
              linkOpen: clamped(message.window, message.maxData), brokerOpen: nil, now: now)
         counters.opened &+= 1
         do throws(MQTTError) {
@@ -295,7 +316,11 @@ public struct StreamRelay: ~Copyable {
             // The broker went away: `reconnected` subscribes again.
         }
         publishText(topics.gateway, gatewayID, retain: true, mqtt: &mqtt)
-        sendOpenIfReady(free)
+        sendOpenIfReady(freeSlot)
+    }
+
+    mutating func refuse(_ down: String, _ refusal: Refusal, mqtt: inout MQTTClient) {
+        refuse(down, refusal.streamReason, refusal.description, mqtt: &mqtt)
     }
 
     mutating func refuse(_ down: String, _ reason: StreamReason, _ detail: String, mqtt: inout MQTTClient) {
@@ -317,7 +342,8 @@ public struct StreamRelay: ~Copyable {
             return refuse(&channel, .protocolError, "an open with window or max data 0 (docs/protocol.md §5.1)")
         }
         guard let free = slots.firstIndex(where: { $0 == nil }) else {
-            return refuse(&channel, .busy, "\(config.streams) streams are open (relay.streams)")
+            let full = Refusal.full(.stream, capacity: config.streams)
+            return refuse(&channel, full.streamReason, full.description)
         }
         let phoneOpen = clamped(window, maxData)
         take(free, role: .bridge, id: id, device: device, topics: topics, openTopic: openTopic, channel: channel,
@@ -846,6 +872,30 @@ public struct StreamRelay: ~Copyable {
         }
     }
 
+    // MARK: stats (docs/mqtt.md, the stats topic's `relay.streams`)
+
+    /// This relay's members of the stats topic's `relay.streams` object, in the order they are
+    /// published; the caller writes the key and the braces around them.
+    public func writeStats(into w: inout JSONWriter) throws(WireError) {
+        let sc = counters
+        try w.key("open"); try w.int(Int64(openCount))
+        try w.key("capacity"); try w.int(Int64(config.streams))
+        try w.key("opened"); try w.int(Int64(sc.opened))
+        try w.key("refused"); try w.int(Int64(sc.refused.reduce(0, +)))
+        try w.key("finished"); try w.int(Int64(sc.finished))
+        try w.key("aborted"); try w.int(Int64(sc.aborted))
+        try w.key("frames_up"); try w.int(Int64(sc.framesUp))
+        try w.key("frames_down"); try w.int(Int64(sc.framesDown))
+        try w.key("frames_queued"); try w.int(Int64(sc.framesQueued))
+        try w.key("resent"); try w.int(Int64(sc.resent))
+        try w.key("gone_for_others"); try w.int(Int64(sc.goneForOthers))
+        try w.key("bridged"); try w.int(Int64(sc.bridged))
+        try w.key("unanswered"); try w.int(Int64(sc.unanswered))
+        try w.key("drops"); try w.beginObject()
+        for d in drops.sorted { try w.key(d.reason); try w.int(Int64(d.count)) }
+        try w.endObject()
+    }
+
     // MARK: sending
 
     /// One SDU to the link; false when the link cannot take it now.
@@ -909,3 +959,6 @@ public struct StreamRelay: ~Copyable {
         return out
     }
 }
+
+/// The loop drives the streams' links as one part (docs/architecture.md "The loop").
+extension StreamRelay: LoopPart {}
