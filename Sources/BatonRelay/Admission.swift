@@ -1,4 +1,4 @@
-// Whether this gateway takes a fetch or a stream open (docs/relay.md §4 "Admission"). One
+// Whether this gateway takes a fetch or a stream open (docs/relay.md §4, "Admission"). One
 // decision for both, in two steps:
 //
 //   1. The request: `Admission.check`, from what the gateway knows of the device (the
