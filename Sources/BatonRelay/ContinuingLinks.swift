@@ -40,29 +40,24 @@ public struct ContinuingLinks: ~Copyable {
     /// The body of every fetch after the route: `"format":"cbor","continue":"<room>"`.
     let requestTail: String
 
-    /// A phone's link and what it is doing. A class so the slots can hold the non-copyable
-    /// channel; one is made per link accepted, never per message.
+    /// What a phone's link is doing (its channel is the pool's). One per slot, made at start
+    /// and reset for each link the slot holds.
     final class Link {
-        /// nil once handed to the stream relay (an open came first).
-        var channel: LinkChannel?
-        let device: UInt64
-        let serial: UInt64
+        var device: UInt64 = 0
+        /// The pool's serial of the link: its answers come to `topics.answer(link:)` with it.
+        var serial: UInt64 = 0
         /// The fetch sent for the phone and not yet answered.
         var asked: (sequence: UInt16, correlation: [UInt8], deadline: Instant)?
-        var idleSince: Instant
-        /// The phone's open, taken while the channel drained; acted on after (`poll`).
-        var open: (window: UInt16, maxData: UInt16)?
-        var hangUp = false
+        var idleSince = Instant(nanoseconds: 0)
         var messages: UInt64 = 0
         /// The answer the link had no room for (no credits): sent on POLLOUT, before anything else.
         var owed: [UInt8]?
-        init(channel: consuming LinkChannel, device: UInt64, serial: UInt64, now: Instant) {
-            self.channel = .some(channel); self.device = device; self.serial = serial; idleSince = now
+
+        func reset(device: UInt64, serial: UInt64, now: Instant) {
+            self.device = device; self.serial = serial; asked = nil; idleSince = now; messages = 0; owed = nil
         }
     }
-    var links: [Link?]
-    var polled: [(slot: Int, serial: UInt64)]
-    var serials: UInt64 = 0
+    var links: LinkPool<Link>
     var correlations: UInt64 = 0
     /// One receive buffer for every link, and one for what goes to a phone: a payload message
     /// (3 bytes of header and `relay.payload-max`).
@@ -72,7 +67,7 @@ public struct ContinuingLinks: ~Copyable {
     public private(set) var counters = ContinuingCounters()
     /// Link messages and answers dropped, by reason (stats `relay.readvertise.drops`).
     public private(set) var drops = DropCounts()
-    public private(set) var openLinks = 0
+    public var openLinks: Int { links.count }
 
     /// `room` is what the owner is told the activity was continued at.
     public init(config: RelayConfig, topics: Topics, room: String) {
@@ -86,14 +81,11 @@ public struct ContinuingLinks: ~Copyable {
             at.unicodeScalars.append(c)
         }
         requestTail = at.isEmpty ? #""format":"cbor"}"# : #""format":"cbor","continue":"\#(at)"}"#
-        links = Array(repeating: nil, count: config.links)
         // Random starts: an answer meant for a link of an earlier run (late, after a restart)
         // matches no link of this one.
         var random = SystemRandomNumberGenerator()
-        serials = random.next() >> 16
+        links = LinkPool(capacity: config.links, firstSerial: random.next() >> 16) { _ in Link() }
         correlations = random.next()
-        polled = []
-        polled.reserveCapacity(config.links)
         receive = .allocate(byteCount: config.payloadMax + 3, alignment: 8)
         sendScratch = .allocate(byteCount: config.payloadMax + 3, alignment: 8)
     }
@@ -110,15 +102,15 @@ public struct ContinuingLinks: ~Copyable {
     /// is taken: the link is hung up and counted.
     @discardableResult
     public mutating func adopt(_ channel: consuming LinkChannel, device: UInt64, now: Instant) -> Bool {
-        guard let free = links.firstIndex(where: { $0 == nil }) else {
+        guard !links.isFull else {
             channel.close()
             counters.refused &+= 1
             drops.count("continuing-full")
             return false
         }
-        serials &+= 1  // Proof: 2⁶⁴ links are never accepted.
-        links[free] = Link(channel: channel, device: device, serial: serials, now: now)
-        openLinks += 1
+        let (slot, link) = links.add(channel)
+        // Proof: the slot was just taken.
+        link.reset(device: device, serial: links.serial(slot)!, now: now)
         counters.links &+= 1
         return true
     }
@@ -132,39 +124,51 @@ public struct ContinuingLinks: ~Copyable {
     // MARK: the phones' messages
 
     public mutating func pollDescriptors(into fds: inout [pollfd]) {
-        polled.removeAll(keepingCapacity: true)
-        for (i, l) in links.enumerated() {
-            guard let l, let fd = l.channel?.fd, fd >= 0 else { continue }
-            var events = Int16(POLLIN)
-            if l.channel?.wantsWrite == true || l.owed != nil { events |= Int16(POLLOUT) }
-            fds.append(pollfd(fd: fd, events: events, revents: 0))
-            polled.append((i, l.serial))
-        }
+        links.pollDescriptors(into: &fds) { $0.owed != nil }
+    }
+
+    /// What a phone's message decides for its link.
+    enum Next {
+        /// Go on: read the next message.
+        case more
+        /// A stream link (its first message was open): to the stream relay once read.
+        case stream(window: UInt16, maxData: UInt16)
+        /// It broke protocol.md §5: hung up.
+        case hangUp
     }
 
     /// Handles the links' readiness; a link whose first message is an open goes to `streams`.
     public mutating func poll(fds: ArraySlice<pollfd>, now: Instant, mqtt: inout MQTTClient,
                               streams: inout StreamRelay) {
-        for (k, fd) in zip(polled.indices, fds) where fd.revents != 0 {
-            let s = polled[k].slot
-            guard let l = links[s], l.serial == polled[k].serial else { continue }
-            let readable = fd.revents & Int16(POLLIN | POLLHUP | POLLERR) != 0
-            let writable = fd.revents & Int16(POLLOUT) != 0
-            // What a message decides for the link waits until the drain returns (the channel
-            // is in use while it drains).
-            l.channel?.poll(readable: readable, writable: writable, buffer: receive) { sdu in
-                received(sdu, slot: s, now: now, mqtt: &mqtt)
+        for (k, fd) in fds.enumerated() {
+            guard let s = links.ready(k, fd), let l = links[s] else { continue }
+            let ready = LinkReadiness(fd)
+            links[channel: s].ready(readable: ready.readable, writable: ready.writable, buffer: receive)
+            var decided = Next.more
+            while let sdu = links[channel: s].next(into: receive) {
+                decided = received(sdu, link: l, now: now, mqtt: &mqtt)
+                guard case .more = decided else { break }
             }
-            if writable, let owed = l.owed {
-                let sent: Bool = owed.withUnsafeBytes { send(l, $0) }
+            if ready.writable, let owed = l.owed {
+                let sent: Bool = owed.withUnsafeBytes { send(s, $0) }
                 if sent { l.owed = nil }
             }
-            if let open = l.open, var channel = l.channel.take() {
-                // A stream link (protocol.md §5.3): the stream relay carries it from here.
-                release(s)
+            switch decided {
+            case .more:
+                if case .closed = links[channel: s].state { links.close(s) }
+            case .hangUp:
+                // What else the phone sent this turn is read and dropped first: it sees an end,
+                // not a reset.
+                var channel = links.remove(s)
+                channel.hangUp(buffer: receive)
+            case .stream(let window, let maxData):
+                // A stream link (protocol.md §5.3): the stream relay carries it from here. What
+                // else the phone sent with its open is not for this gateway's fetches.
+                links[channel: s].discardReady(buffer: receive)
+                var channel = links.remove(s)
                 // A phone that said open and hung up in the same breath wants no stream: the
                 // owner is not asked to wake the device for it.
-                guard channel.state == .open, open.window > 0, open.maxData > 0 else {
+                guard channel.state == .open, window > 0, maxData > 0 else {
                     channel.close()
                     drops.count("continuing-gone-before-open")
                     continue
@@ -175,36 +179,29 @@ public struct ContinuingLinks: ~Copyable {
                 let id = Self.streamID()
                 streams.bridge(channel: channel, device: l.device, id: id, topics: topics.stream(id),
                                openTopic: topics.streamOpen(device: l.device, stream: id),
-                               window: open.window, maxData: open.maxData, now: now, mqtt: &mqtt)
-                continue
+                               window: window, maxData: maxData, now: now, mqtt: &mqtt)
             }
-            if l.hangUp {
-                close(s)
-                continue
-            }
-            if case .closed = l.channel?.state { close(s) }
         }
     }
 
-    mutating func received(_ sdu: UnsafeRawBufferPointer, slot s: Int, now: Instant, mqtt: inout MQTTClient) {
-        guard let l = links[s], l.open == nil, !l.hangUp else { return }
+    mutating func received(_ sdu: UnsafeRawBufferPointer, link l: Link, now: Instant, mqtt: inout MQTTClient) -> Next {
         l.messages &+= 1  // Proof: a link ends long before 2⁶⁴ messages.
         let message: LinkMessage
         do throws(WireError) { message = try LinkMessage.decode(sdu, payloadMax: config.payloadMax) } catch {
             drops.count(error)
-            l.hangUp = true
-            return
+            return .hangUp
         }
         switch message.type {
         case .fetch:
             ask(l, sequence: UInt16(truncatingIfNeeded: message.number), now: now, mqtt: &mqtt)
+            return .more
         case .open where l.messages == 1:
             // Only as a link's first message: a fetch link never turns into a stream link.
-            l.open = (message.window, message.maxData)
+            return .stream(window: message.window, maxData: message.maxData)
         default:
             // A phone sends fetches and streams; anything else breaks protocol.md §5.
             drops.count("continuing-unexpected")
-            l.hangUp = true
+            return .hangUp
         }
     }
 
@@ -244,8 +241,7 @@ public struct ContinuingLinks: ~Copyable {
     /// status (`ok` or a reason of docs/relay.md §3), the payload's sequence and bytes for `ok`.
     public mutating func answered(link serial: UInt64?, correlation: [UInt8], status: String, sequence: UInt16?,
                                   payload: [UInt8], now: Instant) {
-        guard let serial,
-              let s = links.firstIndex(where: { $0?.serial == serial }), let l = links[s], let asked = l.asked else {
+        guard let serial, let s = links.slot(serial: serial), let l = links[s], let asked = l.asked else {
             return drops.count("continuing-answer-unknown")
         }
         guard correlation == asked.correlation else { return drops.count("continuing-answer-stale") }
@@ -259,12 +255,12 @@ public struct ContinuingLinks: ~Copyable {
                 }
                 return true
             }
-            if written, answer(l, w.written) {
+            if written, answer(s, w.written) {
                 counters.payloads &+= 1
                 return
             }
             // Larger than the phone's MTU: it is told so, as a device would (protocol.md §5.2).
-            return refuse(l, .tooLarge, sequence: sequence)
+            return refuse(s, .tooLarge, sequence: sequence)
         }
         // The owner's reasons in the device's words (protocol.md §5.2): gone, too large, or no.
         let reason: FetchRefusal = switch status {
@@ -272,38 +268,40 @@ public struct ContinuingLinks: ~Copyable {
         case "too-large", "ok": .tooLarge
         default: .refused
         }
-        refuse(l, reason, sequence: sequence ?? asked.sequence)
+        refuse(s, reason, sequence: sequence ?? asked.sequence)
     }
 
-    mutating func refuse(_ l: Link, _ reason: FetchRefusal, sequence: UInt16) {
+    mutating func refuse(_ s: Int, _ reason: FetchRefusal, sequence: UInt16) {
         var w = ByteWriter(sendScratch)
         do throws(WireError) { try LinkMessage.encodeFetchRefused(sequence: sequence, reason, into: &w) } catch {
             preconditionFailure("a fetch-refused message fits")
         }
-        if answer(l, w.written) { counters.refusals &+= 1 }
+        if answer(s, w.written) { counters.refusals &+= 1 }
     }
 
     /// One message to the phone; false when it could not go (the link is full or broken: the
     /// phone asks again or hangs up).
-    func send(_ l: Link, _ sdu: UnsafeRawBufferPointer) -> Bool {
-        guard l.channel?.state == .open else { return false }
-        do throws(LinkError) { return try l.channel?.send(sdu) ?? false } catch { return false }
+    mutating func send(_ s: Int, _ sdu: UnsafeRawBufferPointer) -> Bool {
+        guard links[channel: s].state == .open else { return false }
+        do throws(LinkError) { return try links[channel: s].send(sdu) } catch { return false }
     }
 
     /// An answer to the phone: now, or when the link has room again (POLLOUT); the phone asks
     /// one thing at a time, so one answer is owed at most. False: it cannot go at all (too
     /// large for the phone's MTU, or the link broke).
-    func answer(_ l: Link, _ sdu: UnsafeRawBufferPointer) -> Bool {
-        guard l.channel?.state == .open else { return false }
+    mutating func answer(_ s: Int, _ sdu: UnsafeRawBufferPointer) -> Bool {
+        // Proof: every caller found the slot taken.
+        let l = links[s]!
+        guard links[channel: s].state == .open else { return false }
         // One is owed already: this newer one takes its place (it answers the phone's newer
         // fetch), and goes when the link has room, not before it.
         if l.owed != nil {
-            guard sdu.count <= l.channel?.sendMTU ?? 0 else { return false }
+            guard sdu.count <= links[channel: s].sendMTU else { return false }
             l.owed = Array(sdu)
             return true
         }
         do throws(LinkError) {
-            if try l.channel?.send(sdu) == true { return true }
+            if try links[channel: s].send(sdu) { return true }
         } catch {
             return false  // too large for the phone's MTU, or the link broke
         }
@@ -318,8 +316,8 @@ public struct ContinuingLinks: ~Copyable {
         guard openLinks > 0 else { return nil }
         var next: Instant?
         func consider(_ d: Instant) { if next.map({ d < $0 }) ?? true { next = d } }
-        for l in links {
-            guard let l else { continue }
+        for s in links.indices {
+            guard let l = links[s] else { continue }
             if let asked = l.asked { consider(asked.deadline) } else { consider(l.idleSince + config.linkIdle) }
         }
         return next
@@ -334,27 +332,35 @@ public struct ContinuingLinks: ~Copyable {
                 l.asked = nil
                 l.idleSince = now
                 drops.count("continuing-timeout")
-                refuse(l, .refused, sequence: asked.sequence)
+                refuse(s, .refused, sequence: asked.sequence)
             } else if l.idleSince + config.linkIdle <= now {
-                close(s)
+                links.close(s)
             }
         }
     }
 
     /// Before a clean stop: every phone's link is hung up.
     public mutating func stop() {
-        for s in links.indices where links[s] != nil { close(s) }
+        for s in links.indices { links.close(s) }
     }
 
-    mutating func close(_ s: Int) {
-        guard let l = links[s] else { return }
-        l.channel?.close()
-        release(s)
+    // MARK: stats (docs/mqtt.md, the stats topic's `relay.readvertise`)
+
+    /// The phones' members of the stats topic's `relay.readvertise` object, in the order they
+    /// are published (after the re-advertiser's own); the caller writes the braces around them.
+    public func writeStats(into w: inout JSONWriter) throws(WireError) {
+        try w.key("phone_links"); try w.int(Int64(counters.links))
+        try w.key("phone_links_open"); try w.int(Int64(openLinks))
+        try w.key("phone_links_refused"); try w.int(Int64(counters.refused))
+        try w.key("phone_fetches"); try w.int(Int64(counters.fetches))
+        try w.key("phone_payloads"); try w.int(Int64(counters.payloads))
+        try w.key("phone_refusals"); try w.int(Int64(counters.refusals))
+        try w.key("phone_streams"); try w.int(Int64(counters.streams))
     }
 
-    mutating func release(_ s: Int) {
-        links[s] = nil
-        openLinks -= 1
+    /// The phones' drops, as members of `relay.readvertise.drops` (after the re-advertiser's).
+    public func writeDrops(into w: inout JSONWriter) throws(WireError) {
+        for d in drops.sorted { try w.key(d.reason); try w.int(Int64(d.count)) }
     }
 
     // MARK: names
@@ -366,3 +372,6 @@ public struct ContinuingLinks: ~Copyable {
         return String(repeating: "0", count: 16 - digits.count) + digits
     }
 }
+
+/// The loop drives the phones' links as one part (docs/architecture.md "The loop").
+extension ContinuingLinks: LoopPart {}

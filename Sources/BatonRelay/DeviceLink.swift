@@ -126,35 +126,67 @@ public struct AnyDeviceLink: CustomStringConvertible {
     public func connect(to device: LinkAddress) throws(LinkError) -> LinkChannel { try open(device) }
 }
 
+/// An exchange a link makes on a connected socket before its channel is open: one request
+/// record, then one answer record that the link judges. The simulator's link has one
+/// (`SimulatedLink`, docs/protocol.md §5.5); an L2CAP channel is open once connected.
+public struct LinkHandshake {
+    /// What came back for the request.
+    public enum Answer {
+        /// One record: its first bytes (at most the receive buffer), and its real size.
+        case record(UnsafeRawBufferPointer, size: Int)
+        /// The peer closed before answering.
+        case hungUp
+        /// Sending the request or reading the answer failed.
+        case failed(Errno)
+    }
+    /// Sent once the socket is connected.
+    public let request: [UInt8]
+    /// nil: the channel is open; else why it is not (a `.failed` it leaves to the channel:
+    /// `.os`, by returning nil).
+    public let judge: (Answer) -> LinkError?
+    public init(request: [UInt8], judge: @escaping (Answer) -> LinkError?) {
+        self.request = request; self.judge = judge
+    }
+}
+
 /// One open (or opening) channel. Owns its descriptor.
 ///
-/// Driving it from the poll loop: poll `fd` for POLLIN, and for POLLOUT too while `wantsWrite`;
-/// then call `poll(readable:writable:buffer:_:)` with readable = POLLIN, POLLHUP or POLLERR came
-/// back, writable = POLLOUT came back. A channel that closes (by error or by `close()`) has
-/// already closed its descriptor and reports `fd == -1`, which poll() ignores.
+/// Driving it from the poll loop: poll `fd` for POLLIN, and for POLLOUT too while `wantsWrite`.
+/// After poll(), hand it what came back (`ready(readable:writable:buffer:)`: readable = POLLIN,
+/// POLLHUP or POLLERR, writable = POLLOUT), then ask for the peer's messages one at a time
+/// (`next(into:)`) until there is none: each is read only when asked for, so whoever handles
+/// one may send on the channel or hang it up before the next is read. A channel that closes
+/// (by error or by `close()`) has already closed its descriptor and reports `fd == -1`, which
+/// poll() ignores.
 public struct LinkChannel: ~Copyable {
     public enum State: Sendable, Equatable {
         case connecting
         case open
         case closed(LinkError?)
     }
-    /// What connecting takes after the socket connects.
-    public enum Handshake: Sendable {
-        /// L2CAP: writable + SO_ERROR 0 = open.
-        case none
-        /// The simulator: send this connect message, then read one status byte (§5.5).
-        case simulator(connect: InlineArray<10, UInt8>)
+
+    /// What the channel is doing.
+    enum Phase {
+        /// connect(2) is under way: its end is POLLOUT, SO_ERROR says how it went.
+        case connecting
+        /// Connected; the link's own exchange (`LinkHandshake`) before the channel is open: its
+        /// request not yet sent (`sent` false), or its answer awaited.
+        case handshaking(LinkHandshake, sent: Bool)
+        /// Open, nothing known to be waiting.
+        case open
+        /// Open, and poll() said readable: `next` reads until the socket has nothing more.
+        /// `resetSeen`: the one ECONNRESET a peer's close leaves before its last records.
+        case reading(resetSeen: Bool)
+        /// Closed, and why (nil: closed by this side).
+        case closed(LinkError?)
     }
 
     /// The descriptor, or -1 once the channel is closed (the channel closed it).
     public private(set) var fd: Int32
-    public private(set) var state: State
+    private(set) var phase: Phase
     /// The largest SDU this side may send (the peer's MTU; for the simulator `sendMTU` given).
     public private(set) var sendMTU: Int
 
-    private let handshake: Handshake
-    /// The simulator's connect message went out (§5.5); meaningless for `.none`.
-    private var connectMessageSent = false
     /// The last send found no room in the socket; cleared by POLLOUT or a send that fits.
     private var sendBlocked = false
     /// Who is on the other end, for messages (set by the `DeviceLink` that connected).
@@ -162,64 +194,129 @@ public struct LinkChannel: ~Copyable {
     /// L2CAP: read the peer's MTU from the kernel (BT_SNDMTU) when the channel opens.
     var readsSendMTUFromKernel = false
 
-    /// Takes `fd`, a connected or connecting SOCK_SEQPACKET socket, and makes it non-blocking
-    /// and close-on-exec (the `DeviceLink`s create it so already). The channel closes it.
-    public init(fd: Int32, handshake: Handshake, sendMTU: Int) {
+    /// Takes `fd`, a connecting SOCK_SEQPACKET socket (an L2CAP one: it is open once POLLOUT
+    /// comes with SO_ERROR 0), and makes it non-blocking and close-on-exec (the `DeviceLink`s
+    /// create it so already). The channel closes it.
+    public init(fd: Int32, sendMTU: Int) {
         precondition(fd >= 0, "LinkChannel needs an open descriptor")
         precondition(sendMTU > 0, "sendMTU must be positive")
         // Neither fcntl fails on a descriptor that is open (EBADF is our bug, as the wrapper says).
         _ = try? Syscall.setNonBlocking(fd)
         _ = try? Syscall.call("fcntl(F_SETFD)") { Int(fcntl(fd, F_SETFD, FD_CLOEXEC)) }
         self.fd = fd
-        self.state = .connecting
+        self.phase = .connecting
         self.sendMTU = sendMTU
-        self.handshake = handshake
+    }
+
+    /// Takes `fd`, a connected socket on which the link makes its own exchange (`handshake`)
+    /// before the channel is open (the simulator's, `SimulatedLink`). The request goes at once
+    /// if the socket takes it, else on POLLOUT.
+    public init(connected fd: Int32, handshake: LinkHandshake, sendMTU: Int) {
+        self.init(fd: fd, sendMTU: sendMTU)
+        phase = .handshaking(handshake, sent: false)
+        sendHandshakeRequest()
     }
 
     /// A channel a listener accepted: open at once. `l2cap`: an L2CAP CoC socket, whose send
     /// MTU the kernel says (BT_SNDMTU); otherwise (a Unix socket) `sendMTU` is it.
     public init(accepted fd: Int32, peer: LinkAddress?, l2cap: Bool, sendMTU: Int = 65_535) {
-        self.init(fd: fd, handshake: .none, sendMTU: sendMTU)
+        self.init(fd: fd, sendMTU: sendMTU)
         self.peer = peer
         readsSendMTUFromKernel = l2cap
         becomeOpen()
     }
 
-    /// True while connecting (waiting for POLLOUT) or a send was refused for lack of room.
-    public var wantsWrite: Bool {
-        switch state {
-        case .connecting:
-            switch handshake {
-            case .none: true                      // a non-blocking connect ends in POLLOUT
-            case .simulator: !connectMessageSent  // after it, the status byte is a POLLIN
-            }
-        case .open:
-            sendBlocked
-        case .closed:
-            false
+    public var state: State {
+        switch phase {
+        case .connecting, .handshaking: .connecting
+        case .open, .reading: .open
+        case .closed(let error): .closed(error)
         }
     }
 
-    /// Moves a connecting channel on, then reads every SDU that is ready into `buffer` (the
-    /// receive MTU; one buffer shared by all channels) and hands each to `onSDU`. An SDU
-    /// longer than `buffer` closes the channel with `.tooLarge`. EOF or an error closes it.
-    ///
-    /// `readable`: POLLIN, POLLHUP or POLLERR came back; `writable`: POLLOUT came back.
-    /// `onSDU` borrows the bytes only for the duration of the call.
-    public mutating func poll(readable: Bool, writable: Bool, buffer: UnsafeMutableRawBufferPointer,
-                              _ onSDU: (UnsafeRawBufferPointer) -> Void) {
+    /// True while connecting (waiting for POLLOUT) or a send was refused for lack of room.
+    public var wantsWrite: Bool {
+        switch phase {
+        case .connecting: true                          // a non-blocking connect ends in POLLOUT
+        case .handshaking(_, let sent): !sent           // after the request, the answer is a POLLIN
+        case .open, .reading: sendBlocked
+        case .closed: false
+        }
+    }
+
+    /// What poll() said of the descriptor: moves a connecting channel on (reading a
+    /// handshake's answer into `buffer`), takes POLLOUT as room to send, and POLLIN (or
+    /// POLLHUP, POLLERR) as messages for `next` to read.
+    public mutating func ready(readable: Bool, writable: Bool, buffer: UnsafeMutableRawBufferPointer) {
         precondition(buffer.count > 0, "the receive buffer must hold at least one byte")
-        switch state {
+        switch phase {
         case .closed:
             return
-        case .connecting:
+        case .connecting, .handshaking:
             advanceConnecting(readable: readable, writable: writable, buffer: buffer)
-            guard case .open = state else { return }
-        case .open:
+            guard case .open = phase else { return }
+        case .open, .reading:
             break
         }
         if writable { sendBlocked = false }
-        if readable { drain(buffer, onSDU) }
+        if readable { phase = .reading(resetSeen: false) }
+    }
+
+    /// The peer's next SDU, read into `buffer` (the receive MTU; one buffer may serve every
+    /// channel): its bytes, valid until `buffer` is read into again. nil when nothing more is
+    /// there now (poll again), or the channel closed: EOF or an error closes it, and so does an
+    /// SDU longer than `buffer` (`.tooLarge`). Reads only after `ready` said readable.
+    public mutating func next(into buffer: UnsafeMutableRawBufferPointer) -> UnsafeRawBufferPointer? {
+        precondition(buffer.count > 0, "the receive buffer must hold at least one byte")
+        while case .reading(let resetSeen) = phase {
+            let got: Int?
+            do {
+                got = try Self.receive(fd, into: buffer)
+            } catch {
+                // A peer that closed with our messages unread leaves ECONNRESET on our socket,
+                // and recv reports it before the records still queued (net/core/datagram.c
+                // checks sock_error first): the peer's last words, a device's error frame among
+                // them, come on the next read. Once.
+                if error.code == ECONNRESET, !resetSeen {
+                    phase = .reading(resetSeen: true)
+                    continue
+                }
+                fail(linkBroke(error))
+                return nil
+            }
+            guard let got else {
+                phase = .open  // EAGAIN: all read (the socket keeps nothing back for a later turn)
+                return nil
+            }
+            if got == 0 {
+                // End of stream: the peer closed (a link message is never empty, §5.1, so a
+                // zero-length record cannot be one either).
+                fail(.closed)
+                return nil
+            }
+            if got > buffer.count {
+                fail(.tooLarge(size: got, mtu: buffer.count))
+                return nil
+            }
+            return UnsafeRawBufferPointer(rebasing: buffer[0 ..< got])
+        }
+        return nil
+    }
+
+    /// Reads and drops what the peer sent that is still unread this turn.
+    public mutating func discardReady(buffer: UnsafeMutableRawBufferPointer) {
+        while next(into: buffer) != nil {}
+    }
+
+    /// Ends the channel from this side: drops what is still unread this turn (so the peer sees
+    /// an orderly end, not a reset for messages it sent), says `lastWords` if the channel is
+    /// open (an error frame; a link with no room for it hangs up without), and closes.
+    public mutating func hangUp(lastWords: UnsafeRawBufferPointer? = nil, buffer: UnsafeMutableRawBufferPointer) {
+        discardReady(buffer: buffer)
+        if let lastWords, case .open = phase {
+            do throws(LinkError) { _ = try send(lastWords) } catch {}
+        }
+        close()
     }
 
     /// Sends one SDU. False: no room in the socket now (poll for writable, send again).
@@ -229,10 +326,10 @@ public struct LinkChannel: ~Copyable {
     /// link closes it and throws why. Sending on a channel still connecting is ENOTCONN, as the
     /// kernel would say. Link messages are never empty (docs/protocol.md §5.1).
     public mutating func send(_ sdu: UnsafeRawBufferPointer) throws(LinkError) -> Bool {
-        switch state {
-        case .open:
+        switch phase {
+        case .open, .reading:
             break
-        case .connecting:
+        case .connecting, .handshaking:
             throw .os(Errno(ENOTCONN, call: "send"))
         case .closed(let error):
             throw error ?? .closed
@@ -248,7 +345,7 @@ public struct LinkChannel: ~Copyable {
             if error.code == EMSGSIZE { throw .tooLarge(size: sdu.count, mtu: sendMTU) }
             let broken = linkBroke(error)
             // The peer hung up. What it sent before is still in the socket, and may be its last
-            // words (a device's error frame, docs/protocol.md §5.4): `poll` reads them, then the
+            // words (a device's error frame, docs/protocol.md §5.4): `next` reads them, then the
             // end. Closing here would throw them away unread.
             if error.code == EPIPE || error.code == ECONNRESET { throw broken }
             fail(broken)
@@ -267,7 +364,7 @@ public struct LinkChannel: ~Copyable {
 
     /// Closes the descriptor (idempotent); the state becomes `.closed(nil)` unless already closed.
     public mutating func close() {
-        if case .closed = state {} else { state = .closed(nil) }
+        if case .closed = phase {} else { phase = .closed(nil) }
         releaseDescriptor()
     }
 
@@ -276,8 +373,8 @@ public struct LinkChannel: ~Copyable {
     // MARK: - Connecting
 
     private mutating func advanceConnecting(readable: Bool, writable: Bool, buffer: UnsafeMutableRawBufferPointer) {
-        switch handshake {
-        case .none:
+        switch phase {
+        case .connecting:
             // A non-blocking connect(2) reports its end as POLLOUT, a failure also as
             // POLLERR/POLLHUP; SO_ERROR says which (connect(2), EINPROGRESS). On Bluetooth,
             // bt_sock_poll gives no POLLOUT while the channel is still connecting.
@@ -288,69 +385,52 @@ public struct LinkChannel: ~Copyable {
             } else if writable {
                 becomeOpen()
             }
-        case .simulator:
-            if !connectMessageSent, readable || writable {
-                sendConnectMessage()
-            }
-            if connectMessageSent, readable, case .connecting = state {
-                readStatus(buffer)
-            }
+        case .handshaking(let handshake, let sent):
+            if !sent, readable || writable { sendHandshakeRequest() }
+            if readable, case .handshaking(_, true) = phase { readHandshakeAnswer(handshake, buffer) }
+        case .open, .reading, .closed:
+            break
         }
     }
 
-    /// Sends the simulator's connect message (§5.5) if the socket takes it now. Called once at
-    /// connect time, then again on POLLOUT if the socket had no room.
-    mutating func sendConnectMessage() {
-        guard case .connecting = state, case .simulator(let message) = handshake, !connectMessageSent else { return }
-        do throws(Errno) {
-            let sent = try message.span.withUnsafeBytes { bytes throws(Errno) in try Syscall.send(fd, bytes) }
-            if sent != nil { connectMessageSent = true }  // nil: EAGAIN, wait for POLLOUT
-        } catch {
-            fail(simulatorBroke(error))
+    /// Sends the handshake's request if the socket takes it now. Called once at connect time,
+    /// then again on POLLOUT if the socket had no room.
+    private mutating func sendHandshakeRequest() {
+        guard case .handshaking(let handshake, false) = phase else { return }
+        // Array.withUnsafeBytes rethrows untyped: the outcome comes out as a value.
+        let fd = fd
+        let sent: Result<Int?, Errno> = handshake.request.withUnsafeBytes { bytes in
+            do throws(Errno) { return .success(try Syscall.send(fd, bytes)) } catch { return .failure(error) }
+        }
+        switch sent {
+        case .success(let count):
+            if count != nil { phase = .handshaking(handshake, sent: true) }  // nil: EAGAIN, wait for POLLOUT
+        case .failure(let error):
+            fail(handshake.judge(.failed(error)) ?? .os(error))
         }
     }
 
-    /// The simulator's answer: exactly one status byte (§5.5).
-    private mutating func readStatus(_ buffer: UnsafeMutableRawBufferPointer) {
+    /// The handshake's answer: one record, judged by the link.
+    private mutating func readHandshakeAnswer(_ handshake: LinkHandshake, _ buffer: UnsafeMutableRawBufferPointer) {
         let got: Int?
         do {
             got = try Self.receive(fd, into: buffer)
         } catch {
-            fail(simulatorBroke(error))
+            fail(handshake.judge(.failed(error)) ?? .os(error))
             return
         }
         guard let got else { return }  // EAGAIN: nothing yet
-        guard got > 0 else {
-            fail(.unreachable("the simulator hung up before answering the connect message for \(peerName)"))
-            return
-        }
-        guard got == 1 else {
-            fail(.unreachable("the simulator answered the connect message with \(got) bytes instead of one status byte (docs/protocol.md §5.5)"))
-            return
-        }
-        let status = buffer[0]
-        if status == 0 {
-            becomeOpen()
+        let answer: LinkHandshake.Answer = if got == 0 { .hungUp }
+            else { .record(UnsafeRawBufferPointer(rebasing: buffer[0 ..< min(got, buffer.count)]), size: got) }
+        if let refused = handshake.judge(answer) {
+            fail(refused)
         } else {
-            fail(.unreachable(simulatorStatusText(status)))
-        }
-    }
-
-    /// §5.5's status table, in the user's words.
-    private func simulatorStatusText(_ status: UInt8) -> String {
-        let device = peerDeviceName
-        let psm = peerPSM.map { "PSM 0x\(hex($0))" } ?? "that PSM"
-        return switch status {
-        case 1: "the simulator has no device \(device)"
-        case 2: "\(device) is out of range: the simulator does not hear it in this room (its mean RSSI is below heard-down-to)"
-        case 3: "\(device) offers no channel on \(psm)"
-        case 4: "\(device) is silent: it does not answer"
-        default: "the simulator answered the connect message for \(device) with unknown status 0x\(hex(status)) (docs/protocol.md §5.5 defines 00 to 04)"
+            becomeOpen()
         }
     }
 
     private mutating func becomeOpen() {
-        state = .open
+        phase = .open
         guard readsSendMTUFromKernel else { return }
         // The peer's MTU arrived in its LE Credit Based Connection Response (Core 5.4, Vol 3,
         // Part A, §4.23); l2cap_sock_getsockopt(BT_SNDMTU) hands it out as a u16 once connected.
@@ -381,41 +461,6 @@ public struct LinkChannel: ~Copyable {
 
     // MARK: - Reading
 
-    /// Reads SDUs until EAGAIN (the socket keeps nothing back for a later turn, so poll()
-    /// reporting POLLIN again is never needed to empty it).
-    private mutating func drain(_ buffer: UnsafeMutableRawBufferPointer, _ onSDU: (UnsafeRawBufferPointer) -> Void) {
-        var resetSeen = false
-        while case .open = state {
-            let got: Int?
-            do {
-                got = try Self.receive(fd, into: buffer)
-            } catch {
-                // A peer that closed with our messages unread leaves ECONNRESET on our socket,
-                // and recv reports it before the records still queued (net/core/datagram.c
-                // checks sock_error first): the peer's last words, a device's error frame among
-                // them, come on the next read. Once.
-                if error.code == ECONNRESET, !resetSeen {
-                    resetSeen = true
-                    continue
-                }
-                fail(linkBroke(error))
-                return
-            }
-            guard let got else { return }  // EAGAIN: all read
-            if got == 0 {
-                // End of stream: the peer closed (a link message is never empty, §5.1, so a
-                // zero-length record cannot be one either).
-                fail(.closed)
-                return
-            }
-            if got > buffer.count {
-                fail(.tooLarge(size: got, mtu: buffer.count))
-                return
-            }
-            onSDU(UnsafeRawBufferPointer(rebasing: buffer[0 ..< got]))
-        }
-    }
-
     /// One record into `buffer`: its full length (which may exceed `buffer.count`, the record
     /// then being cut short and dropped), 0 at end of stream, nil when nothing is there.
     /// MSG_TRUNC makes recvmsg return the record's real length (unix(7) since Linux 3.4;
@@ -439,7 +484,7 @@ public struct LinkChannel: ~Copyable {
     // MARK: - Closing
 
     private mutating func fail(_ error: LinkError) {
-        state = .closed(error)
+        phase = .closed(error)
         releaseDescriptor()
     }
 
@@ -458,16 +503,6 @@ public struct LinkChannel: ~Copyable {
             // The kernel's teardown error for a lost LE connection: bt_to_errno of the HCI
             // reason, 0x08 Connection Timeout being the usual one (the device walked away).
             .unreachable("the link to \(peerDeviceName) dropped (out of range?): \(error.message)")
-        default:
-            .os(error)
-        }
-    }
-
-    /// An error talking to the simulator before its status byte.
-    private func simulatorBroke(_ error: Errno) -> LinkError {
-        switch error.code {
-        case ECONNRESET, EPIPE, ENOTCONN:
-            .unreachable("the simulator hung up before answering the connect message for \(peerName)")
         default:
             .os(error)
         }
@@ -493,17 +528,8 @@ public struct LinkChannel: ~Copyable {
 
     // MARK: - Names for messages
 
-    /// The peer as the connect message or the `DeviceLink` named it.
-    private var peerAddress: LinkAddress? {
-        if let peer { return peer }
-        guard case .simulator(let m) = handshake else { return nil }
-        var address: UInt64 = 0
-        for i in 0 ..< 6 { address |= UInt64(m[2 + i]) << (8 * UInt64(i)) }
-        return LinkAddress(address: address, addressType: m[1], psm: UInt16(m[8]) | UInt16(m[9]) << 8)
-    }
-    private var peerName: String { peerAddress?.description ?? "the device" }
-    private var peerDeviceName: String { peerAddress?.deviceName ?? "the device" }
-    private var peerPSM: UInt16? { peerAddress?.psm }
+    /// The peer as the `DeviceLink` named it.
+    private var peerDeviceName: String { peer?.deviceName ?? "the device" }
 }
 
 /// BlueZ L2CAP LE credit-based channels (docs/protocol.md §5; BlueZ l2cap.h, bluetooth.h).
@@ -543,7 +569,7 @@ public struct L2CAPLink: DeviceLink {
         }
         // From here the channel owns the descriptor: a throw below closes it (deinit).
         // Until the peer's MTU is known, assume the least an LE channel accepts (§4.22).
-        var channel = LinkChannel(fd: fd, handshake: .none, sendMTU: Self.minimumMTU)
+        var channel = LinkChannel(fd: fd, sendMTU: Self.minimumMTU)
         channel.peer = device
         channel.readsSendMTUFromKernel = true
 
@@ -749,25 +775,30 @@ public struct SimulatedLink: DeviceLink {
         let type = Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue)
         let fd = socket(AF_UNIX, type, 0)
         if fd < 0 { throw .os(Errno(errno, call: "socket(AF_UNIX, SOCK_SEQPACKET)")) }
-        // From here the channel owns the descriptor: a throw below closes it (deinit).
-        var channel = LinkChannel(fd: fd, handshake: .simulator(connect: Self.connectMessage(device, random: random)),
-                                  sendMTU: sendMTU)
-        channel.peer = device
+        // Closed here until the channel owns it.
         let r = withUnsafePointer(to: &unix.address) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { CLibc.connect(fd, $0, unix.length) }
         }
         if r < 0 {
             // A Unix connect completes at once or fails; EAGAIN is a full listen backlog.
-            switch errno {
+            let e = errno
+            Syscall.close(fd)
+            switch e {
             case ENOENT, ECONNREFUSED:
                 throw .unreachable("no simulator listening on \(path) (is `baton sim --scenario … --sockets DIR` running?)")
             case EAGAIN:
                 throw .unreachable("the simulator on \(path) takes no more connections now (its listen backlog is full)")
-            case let e:
+            default:
                 throw .os(Errno(e, call: "connect(simulator link)"))
             }
         }
-        channel.sendConnectMessage()  // at once; if the socket has no room, on POLLOUT
+        // Connected: the channel sends the connect message at once (on POLLOUT if the socket has
+        // no room) and is open once the simulator's status byte says 00.
+        let handshake = LinkHandshake(request: Self.connectMessage(device, random: random)) { answer in
+            Self.judge(answer, device: device)
+        }
+        var channel = LinkChannel(connected: fd, handshake: handshake, sendMTU: sendMTU)
+        channel.peer = device
         return channel
     }
 
@@ -775,14 +806,46 @@ public struct SimulatedLink: DeviceLink {
 
     /// The connect message (docs/protocol.md §5.5): `4C`, address type (00 public, 01 random),
     /// the address least significant byte first, the PSM little-endian.
-    static func connectMessage(_ device: LinkAddress, random: Bool) -> InlineArray<10, UInt8> {
-        var m = InlineArray<10, UInt8>(repeating: 0)
+    static func connectMessage(_ device: LinkAddress, random: Bool) -> [UInt8] {
+        var m = [UInt8](repeating: 0, count: 10)
         m[0] = 0x4C
         m[1] = random ? 0x01 : 0x00
         for i in 0 ..< 6 { m[2 + i] = UInt8(truncatingIfNeeded: device.address >> (8 * UInt64(i))) }
         m[8] = UInt8(truncatingIfNeeded: device.psm)
         m[9] = UInt8(truncatingIfNeeded: device.psm >> 8)
         return m
+    }
+
+    /// The simulator's answer to the connect message (§5.5): exactly one status byte, 00 open.
+    static func judge(_ answer: LinkHandshake.Answer, device: LinkAddress) -> LinkError? {
+        switch answer {
+        case .hungUp:
+            return .unreachable("the simulator hung up before answering the connect message for \(device)")
+        case .failed(let error):
+            switch error.code {
+            case ECONNRESET, EPIPE, ENOTCONN:
+                return .unreachable("the simulator hung up before answering the connect message for \(device)")
+            default:
+                return .os(error)
+            }
+        case .record(let bytes, let size):
+            guard size == 1 else {
+                return .unreachable("the simulator answered the connect message with \(size) bytes instead of one status byte (docs/protocol.md §5.5)")
+            }
+            return bytes[0] == 0 ? nil : .unreachable(statusText(bytes[0], device: device))
+        }
+    }
+
+    /// §5.5's status table, in the user's words.
+    static func statusText(_ status: UInt8, device: LinkAddress) -> String {
+        let name = device.deviceName
+        return switch status {
+        case 1: "the simulator has no device \(name)"
+        case 2: "\(name) is out of range: the simulator does not hear it in this room (its mean RSSI is below heard-down-to)"
+        case 3: "\(name) offers no channel on PSM 0x\(hex(device.psm))"
+        case 4: "\(name) is silent: it does not answer"
+        default: "the simulator answered the connect message for \(name) with unknown status 0x\(hex(status)) (docs/protocol.md §5.5 defines 00 to 04)"
+        }
     }
 }
 

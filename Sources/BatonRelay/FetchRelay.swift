@@ -208,8 +208,6 @@ public struct FetchRelay: ~Copyable {
     }
     var tells: [Tell?]
     public private(set) var tellCount = 0
-    /// A link is draining into `received` (see `poll`).
-    var draining = false
 
     struct Pending {
         var device: UInt64
@@ -223,32 +221,21 @@ public struct FetchRelay: ~Copyable {
     }
     var pending: [Pending?]
 
-    /// A link and what it is doing. A class so the array of slots can hold the non-copyable
-    /// channel; one is made per link opened, never per message.
+    /// What a link is doing (its channel is the pool's). One per slot, made at start and
+    /// reset for each link the slot holds.
     final class LinkSlot {
-        var channel: LinkChannel
-        let device: UInt64
-        let address: LinkAddress
+        var device: UInt64 = 0
+        var address = LinkAddress(address: 0, addressType: 0, psm: 0)
         /// The sequence of the fetch sent and not yet answered.
         var asked: UInt16?
         /// Closed when idle past this (no pending request for its device).
-        var idleSince: Instant
-        /// Which link this is, among every link the relay opened.
-        let serial: UInt64
-        init(channel: consuming LinkChannel, device: UInt64, address: LinkAddress, now: Instant,
-             serial: UInt64) {
-            self.channel = channel; self.device = device; self.address = address; self.idleSince = now
-            self.serial = serial
+        var idleSince = Instant(nanoseconds: 0)
+
+        func reset(device: UInt64, address: LinkAddress, now: Instant) {
+            self.device = device; self.address = address; asked = nil; idleSince = now
         }
     }
-    var links: [LinkSlot?]
-    /// Slot and link of each descriptor handed out by `pollDescriptors`, in order. The link's
-    /// serial, not its descriptor number or address: a request handled between poll() and
-    /// `poll(fds:)` may close a link and open another in the same slot that gets the same
-    /// number and even the same object address, and the old one's readiness must not be read
-    /// as the new one's.
-    var polled: [(slot: Int, serial: UInt64)]
-    var serials: UInt64 = 0
+    var links: LinkPool<LinkSlot>
 
     struct CacheEntry {
         var device: UInt64
@@ -282,9 +269,7 @@ public struct FetchRelay: ~Copyable {
         self.topics = topics
         tells = Array(repeating: nil, count: config.fetches)
         pending = Array(repeating: nil, count: config.fetches)
-        links = Array(repeating: nil, count: config.links)
-        polled = []
-        polled.reserveCapacity(config.links)
+        links = LinkPool(capacity: config.links) { _ in LinkSlot() }
         ownAnswers = []
         ownAnswers.reserveCapacity(config.fetches)
         cache = Array(repeating: nil, count: config.cache)
@@ -304,7 +289,7 @@ public struct FetchRelay: ~Copyable {
 
     /// Kept as counts, so an idle relay costs the loop nothing per turn (`nextDeadline`).
     public private(set) var pendingCount = 0
-    public private(set) var openLinks = 0
+    public var openLinks: Int { links.count }
 
     // MARK: requests
 
@@ -341,18 +326,21 @@ public struct FetchRelay: ~Copyable {
             }
             return
         }
-        guard link != nil else {
-            return send(.unreachable, device: target.device, detail: "this gateway has no device link (relay.link)",
-                        route: route, mqtt: &mqtt)
+        let free = pending.firstIndex(where: { $0 == nil })
+        if let refusal = Admission.room(.fetch, hasLink: link != nil, free: free != nil, capacity: config.fetches) {
+            return refuse(refusal, device: target.device, route: route, mqtt: &mqtt)
         }
-        guard let free = pending.firstIndex(where: { $0 == nil }) else {
-            return send(.busy, device: target.device, detail: "\(config.fetches) fetches are waiting (relay.fetches)",
-                        route: route, mqtt: &mqtt)
-        }
-        pending[free] = Pending(device: target.device, sequence: target.sequence, route: route,
+        // Proof: `room` refuses when no slot is free.
+        let slot = free!
+        pending[slot] = Pending(device: target.device, sequence: target.sequence, route: route,
                                 deadline: now + config.fetchTimeout, address: target.link)
         pendingCount += 1
         work(device: target.device, address: target.link, now: now, mqtt: &mqtt)
+    }
+
+    /// Answers a request that admission refused (`Admission.check`): its status and detail.
+    public mutating func refuse(_ refusal: Refusal, device: UInt64?, route: FetchRoute, mqtt: inout MQTTClient) {
+        send(refusal.fetchStatus, device: device, detail: refusal.description, route: route, mqtt: &mqtt)
     }
 
     /// The gateway's own fetch of an activity it owns, for its title (docs/relay.md §4.1): the
@@ -414,37 +402,35 @@ public struct FetchRelay: ~Copyable {
         for i in pending.indices where pending[i] != nil {
             answer(slot: i, .unreachable, detail: "the gateway is stopping", mqtt: &mqtt)
         }
-        for i in links.indices { closeLink(i) }
+        for i in links.indices { links.close(i) }
     }
 
     // MARK: links
 
     /// Opens a link for `device`, or uses the open one, so its pending requests get asked.
     mutating func work(device: UInt64, address: LinkAddress, now: Instant, mqtt: inout MQTTClient) {
-        if let s = links.firstIndex(where: { $0?.device == device }) {
+        if let s = links.first(where: { $0.device == device }) {
             return ask(slot: s, mqtt: &mqtt)
         }
-        var slot = links.firstIndex(where: { $0 == nil })
-        if slot == nil {
+        if links.isFull {
             // Every slot busy: close the link idle the longest, if one is idle. Idle = no request
             // waits for its device, even with a fetch still out (its requests timed out or were
             // cancelled): otherwise such a link would hold its slot for good.
             var best: Int?
-            for (i, l) in links.enumerated() {
-                guard let l, !hasWork(l.device) else { continue }
+            for i in links.indices {
+                guard let l = links[i], !hasWork(l.device) else { continue }
                 if best == nil || l.idleSince < links[best!]!.idleSince { best = i }
             }
-            if let best { closeLink(best); slot = best }
+            if let best { links.close(best) }
         }
         // No slot: the request waits; `tick` tries again as links close, until its deadline.
-        guard let slot, let link else { return }
+        guard !links.isFull, let link else { return }
         do throws(LinkError) {
             let channel = try link.connect(to: address)
-            serials &+= 1  // Proof: 2⁶⁴ links are never opened.
-            links[slot] = LinkSlot(channel: channel, device: device, address: address, now: now, serial: serials)
-            openLinks += 1
+            let slot = links.add(channel)
+            slot.entry.reset(device: device, address: address, now: now)
             counters.linkOpens &+= 1
-            ask(slot: slot, mqtt: &mqtt)
+            ask(slot: slot.slot, mqtt: &mqtt)
         } catch {
             linkFailed(device: device, error, mqtt: &mqtt)
         }
@@ -452,7 +438,7 @@ public struct FetchRelay: ~Copyable {
 
     /// Sends a fetch on an open link that has none outstanding.
     mutating func ask(slot: Int, mqtt: inout MQTTClient) {
-        guard let l = links[slot], l.channel.state == .open else { return }
+        guard let l = links[slot], links[channel: slot].state == .open else { return }
         tell(slot: slot)
         guard l.asked == nil else { return }
         // The newest sequence any waiting request heard: the device answers it or newer.
@@ -466,10 +452,10 @@ public struct FetchRelay: ~Copyable {
         do throws(LinkError) {
             // A seqpacket socket with an empty send buffer takes 3 bytes; if it does not, the
             // link is stuck and the request times out.
-            if try l.channel.send(w.written) { l.asked = sequence }
+            if try links[channel: slot].send(w.written) { l.asked = sequence }
         } catch {
             let device = l.device
-            closeLink(slot)
+            links.close(slot)
             linkFailed(device: device, error, mqtt: &mqtt)
         }
     }
@@ -485,48 +471,30 @@ public struct FetchRelay: ~Copyable {
         answerAll(device: device, status, detail: error.description, mqtt: &mqtt)
     }
 
-    mutating func closeLink(_ slot: Int) {
-        guard let l = links[slot] else { return }
-        l.channel.close()
-        links[slot] = nil
-        openLinks -= 1
-    }
-
     /// Appends each link's descriptor and events to `fds`; `poll(fds:…)` takes them back in
     /// the same order.
     public mutating func pollDescriptors(into fds: inout [pollfd]) {
-        polled.removeAll(keepingCapacity: true)
-        for (i, l) in links.enumerated() {
-            guard let l, l.channel.fd >= 0 else { continue }
-            var events = Int16(POLLIN)
-            if l.channel.wantsWrite { events |= Int16(POLLOUT) }
-            fds.append(pollfd(fd: l.channel.fd, events: events, revents: 0))
-            polled.append((i, l.serial))
-        }
+        links.pollDescriptors(into: &fds)
     }
 
-    /// Handles the links' readiness (`fds` is what `pollDescriptors` appended, after poll()).
+    /// Handles the links' readiness (`fds` is what `pollDescriptors` appended, after poll()):
+    /// each link's messages, one at a time, then what they decided for it.
     public mutating func poll(fds: ArraySlice<pollfd>, now: Instant, mqtt: inout MQTTClient) {
-        for (k, fd) in zip(polled.indices, fds) where fd.revents != 0 {
-            let slot = polled[k].slot
-            guard let l = links[slot], l.serial == polled[k].serial else { continue }
-            let wasOpen = l.channel.state == .open
-            let readable = fd.revents & Int16(POLLIN | POLLHUP | POLLERR) != 0
-            let writable = fd.revents & Int16(POLLOUT) != 0
-            // The channel is in use while it drains (touching it again would break Swift's
-            // exclusive access): what a message decides for a link waits until it returns.
-            draining = true
-            l.channel.poll(readable: readable, writable: writable, buffer: receive) { sdu in
+        for (k, fd) in fds.enumerated() {
+            guard let slot = links.ready(k, fd), let l = links[slot] else { continue }
+            let wasOpen = links[channel: slot].state == .open
+            let ready = LinkReadiness(fd)
+            links[channel: slot].ready(readable: ready.readable, writable: ready.writable, buffer: receive)
+            // A message never closes its own link (`received`): the next is read after it.
+            while let sdu = links[channel: slot].next(into: receive) {
                 received(sdu, slot: slot, now: now, mqtt: &mqtt)
             }
-            draining = false
-            guard let l = links[slot] else { continue }
-            switch l.channel.state {
+            switch links[channel: slot].state {
             case .open:
                 if !wasOpen || l.asked == nil { ask(slot: slot, mqtt: &mqtt) }
             case .closed(let error):
                 let device = l.device
-                closeLink(slot)
+                links.close(slot)
                 // A link closed with requests waiting failed them; closed idle, it just ends.
                 if hasWork(device) { linkFailed(device: device, error ?? .closed, mqtt: &mqtt) }
             case .connecting:
@@ -571,7 +539,8 @@ public struct FetchRelay: ~Copyable {
                 }
                 if sendPayload(body, sequence: sequence, device: device, route: route, mqtt: &mqtt),
                    let at = route.continuedAt {
-                    continued(device: device, sequence: sequence, at: at, address: l.address, now: now, mqtt: &mqtt)
+                    continued(device: device, sequence: sequence, at: at, address: l.address, onItsLink: true, now: now,
+                              mqtt: &mqtt)
                 }
             }
         case .fetchRefused:
@@ -603,7 +572,7 @@ public struct FetchRelay: ~Copyable {
         func consider(_ d: Instant) { if next.map({ d < $0 }) ?? true { next = d } }
         for p in pending { if let p { consider(p.deadline) } }
         for t in tells { if let t { consider(t.deadline) } }
-        for l in links { if let l, !hasWork(l.device) { consider(l.idleSince + config.linkIdle) } }
+        for i in links.indices { if let l = links[i], !hasWork(l.device) { consider(l.idleSince + config.linkIdle) } }
         return next
     }
 
@@ -616,11 +585,11 @@ public struct FetchRelay: ~Copyable {
             // The link let its last request time out (silent, or never opened): close it. A fetch
             // link carries one fetch at a time, so only a fresh link asks the device again, and
             // its slot may be what another device's request is waiting for.
-            if !hasWork(p.device), let s = links.firstIndex(where: { $0?.device == p.device }) { closeLink(s) }
+            if !hasWork(p.device), let s = links.first(where: { $0.device == p.device }) { links.close(s) }
         }
         for i in links.indices {
             guard let l = links[i] else { continue }
-            if !hasWork(l.device), l.idleSince + config.linkIdle <= now { closeLink(i) }
+            if !hasWork(l.device), l.idleSince + config.linkIdle <= now { links.close(i) }
         }
         serveWaiting(now: now, mqtt: &mqtt)
     }
@@ -629,11 +598,11 @@ public struct FetchRelay: ~Copyable {
     /// deadline): opens their device's link if a slot is free or a link has nothing to do.
     mutating func serveWaiting(now: Instant, mqtt: inout MQTTClient) {
         for i in pending.indices {
-            guard let p = pending[i], !links.contains(where: { $0?.device == p.device }) else { continue }
+            guard let p = pending[i], links.first(where: { $0.device == p.device }) == nil else { continue }
             work(device: p.device, address: p.address, now: now, mqtt: &mqtt)
         }
         for i in tells.indices {
-            guard let t = tells[i], !links.contains(where: { $0?.device == t.device }) else { continue }
+            guard let t = tells[i], links.first(where: { $0.device == t.device }) == nil else { continue }
             work(device: t.device, address: t.address, now: now, mqtt: &mqtt)
         }
     }
@@ -641,9 +610,11 @@ public struct FetchRelay: ~Copyable {
     // MARK: was-continued (docs/relay.md §3, protocol.md §5.2)
 
     /// A payload went to a requester that continues the activity `at` somewhere: the event is
-    /// published for automations, and the device is told over its link.
+    /// published for automations, and the device is told over its link. `onItsLink`: the
+    /// payload came over the device's link, which is open: `poll` asks it once its messages
+    /// are read, and that sends the message.
     mutating func continued(device: UInt64, sequence: UInt16, at: String, address: LinkAddress,
-                            now: Instant, mqtt: inout MQTTClient) {
+                            onItsLink: Bool = false, now: Instant, mqtt: inout MQTTClient) {
         counters.continued &+= 1
         if let topics {
             var w = JSONWriter(answerScratch)
@@ -670,14 +641,12 @@ public struct FetchRelay: ~Copyable {
         guard let free = tells.firstIndex(where: { $0 == nil }) else { return drops.count("continued-full") }
         tells[free] = Tell(device: device, sequence: sequence, at: at, address: address, deadline: now + config.fetchTimeout)
         tellCount += 1
-        // From a payload that came over the link (`draining`), the link is open: `poll` asks
-        // it once the drain returns, and that sends the message.
-        if !draining { work(device: device, address: address, now: now, mqtt: &mqtt) }
+        if !onItsLink { work(device: device, address: address, now: now, mqtt: &mqtt) }
     }
 
     /// Sends every `continued` owed to the device of an open link.
     mutating func tell(slot: Int) {
-        guard tellCount > 0, let l = links[slot], l.channel.state == .open else { return }
+        guard tellCount > 0, let l = links[slot], links[channel: slot].state == .open else { return }
         for i in tells.indices {
             guard let t = tells[i], t.device == l.device else { continue }
             var w = ByteWriter(sendScratch)
@@ -685,7 +654,7 @@ public struct FetchRelay: ~Copyable {
                 preconditionFailure("a continued message of 64 bytes fits 128")
             }
             do throws(LinkError) {
-                guard try l.channel.send(w.written) else { return }
+                guard try links[channel: slot].send(w.written) else { return }
             } catch {
                 return
             }
@@ -823,6 +792,29 @@ public struct FetchRelay: ~Copyable {
         }
     }
 
+    // MARK: stats (docs/mqtt.md, the stats topic's `relay`)
+
+    /// This relay's members of the stats topic's `relay` object, in the order they are
+    /// published: the link, the table's fill, the links, the answers by status, the drops.
+    /// The caller writes the key and the braces around them.
+    public func writeStats(into w: inout JSONWriter) throws(WireError) {
+        try w.key("link"); try w.string(link?.description ?? "none")
+        try w.key("pending"); try w.int(Int64(pendingCount))
+        try w.key("links_open"); try w.int(Int64(openLinks))
+        try w.key("link_opens"); try w.int(Int64(counters.linkOpens))
+        try w.key("link_failures"); try w.int(Int64(counters.linkFailures))
+        try w.key("cache_hits"); try w.int(Int64(counters.cacheHits))
+        try w.key("answers"); try w.beginObject()
+        for status in FetchStatus.allCases { try w.key(status.name); try w.int(Int64(counters.answers[status.rawValue])) }
+        try w.endObject()
+        try w.key("answers_lost"); try w.int(Int64(counters.answersLost))
+        try w.key("continued"); try w.int(Int64(counters.continued))
+        try w.key("continued_told"); try w.int(Int64(counters.continuedTold))
+        try w.key("drops"); try w.beginObject()
+        for d in drops.sorted { try w.key(d.reason); try w.int(Int64(d.count)) }
+        try w.endObject()
+    }
+
     // MARK: cache
 
     func cached(device: UInt64, atLeast sequence: UInt16) -> Int? {
@@ -915,3 +907,6 @@ public struct ActivityDescription: Sendable, Equatable {
         return String(decoding: UnsafeRawBufferPointer(rebasing: p[..<end]), as: UTF8.self)
     }
 }
+
+/// The loop drives the relay's links as one part (docs/architecture.md "The loop").
+extension FetchRelay: LoopPart {}

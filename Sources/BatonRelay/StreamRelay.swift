@@ -76,16 +76,17 @@ public struct StreamRelay: ~Copyable {
         case bridge
     }
 
+    /// A stream and what it is doing (its link's channel is the pool's). One per slot, made at
+    /// start with the slot's share of the frame buffers, and reset for each stream it holds.
     final class Slot {
-        let role: Role
-        let id: String
-        let device: UInt64
-        let topics: StreamTopics
-        var channel: LinkChannel
+        var role = Role.carrier
+        var id = ""
+        var device: UInt64 = 0
+        var topics = StreamTopics(up: "", down: "", gateway: "")
         /// The link side's frames, kept until the broker side acknowledges them.
         var toBroker: StreamSender
         /// The broker side's frames, taken in order.
-        var toLink: StreamReceiver
+        var toLink = StreamReceiver()
         /// The broker side's frames taken in order that the link had no room for yet.
         var linkQueue: LinkQueue
         /// The open the link side is told, clamped to what the gateway keeps: the endpoint's
@@ -106,35 +107,29 @@ public struct StreamRelay: ~Copyable {
         /// The link side hung up after both closes (§5.3): what is left is the broker side's
         /// acks of its last frames, which the gateway still resends.
         var linkDone = false
-        /// True while `poll` drains the channel into `fromLink`. The channel is in use then
-        /// (Swift's exclusive access: touching it again traps), so what a link frame decides
-        /// for it waits until the drain returns: the error frame to send, and the hang-up.
-        var draining = false
-        var lastWords: [UInt8]?
-        var hangUpAfterDrain = false
-        var lastProgress: Instant
-        var lastActivity: Instant
+        var lastProgress = Instant(nanoseconds: 0)
+        var lastActivity = Instant(nanoseconds: 0)
         /// Bridge: `<prefix>/stream/<device>/S`, where the open goes again every
         /// relay.stream-retry until the carrier answers, and when the bridge gives up.
-        let openTopic: String?
-        var openAgainAt: Instant
-        let giveUpAt: Instant
+        var openTopic: String?
+        var openAgainAt = Instant(nanoseconds: 0)
+        var giveUpAt = Instant(nanoseconds: 0)
 
-        /// Which stream this is, among every stream the relay opened.
-        let serial: UInt64
-
-        init(role: Role, id: String, device: UInt64, topics: StreamTopics, openTopic: String?,
-             channel: consuming LinkChannel, linkOpen: (window: UInt16, maxData: UInt16)?,
-             brokerOpen: (window: UInt16, maxData: UInt16)?, frames: UnsafeMutableRawBufferPointer, keep: Int,
-             keepMaxData: Int, queueFrames: UnsafeMutableRawBufferPointer, now: Instant,
-             openAgainAt: Instant, giveUpAt: Instant, serial: UInt64) {
-            self.role = role; self.id = id; self.device = device; self.topics = topics; self.openTopic = openTopic
-            self.channel = channel; self.serial = serial
+        init(frames: UnsafeMutableRawBufferPointer, keep: Int, keepMaxData: Int, queueFrames: UnsafeMutableRawBufferPointer) {
             toBroker = StreamSender(storage: frames, capacity: keep, maxData: keepMaxData)
+            linkQueue = LinkQueue(storage: queueFrames, capacity: keep, maxFrame: keepMaxData + LinkMessage.dataHeaderBytes)
+        }
+
+        func reset(role: Role, id: String, device: UInt64, topics: StreamTopics, openTopic: String?,
+                   linkOpen: (window: UInt16, maxData: UInt16)?, brokerOpen: (window: UInt16, maxData: UInt16)?,
+                   now: Instant, openAgainAt: Instant, giveUpAt: Instant) {
+            self.role = role; self.id = id; self.device = device; self.topics = topics; self.openTopic = openTopic
+            toBroker.reset()
             if let linkOpen { toBroker.peerOpened(window: linkOpen.window, maxData: linkOpen.maxData) }
             toLink = StreamReceiver()
-            linkQueue = LinkQueue(storage: queueFrames, capacity: keep, maxFrame: keepMaxData + LinkMessage.dataHeaderBytes)
+            linkQueue.reset()
             self.linkOpen = linkOpen; self.brokerOpen = brokerOpen
+            sentOpenToLink = false; linkAck = nil; ackForLink = nil; closeSentToLink = false; linkDone = false
             lastProgress = now; lastActivity = now
             self.openAgainAt = openAgainAt; self.giveUpAt = giveUpAt
         }
@@ -149,12 +144,8 @@ public struct StreamRelay: ~Copyable {
         var linkName: String { role == .carrier ? "the device" : "the phone" }
         var brokerName: String { role == .carrier ? "the endpoint" : "the carrying gateway" }
     }
-    var slots: [Slot?]
-    /// Slot and stream serial of each descriptor handed out by `pollDescriptors` (as in
-    /// FetchRelay: a stream that ended and another that opened in its slot within one turn
-    /// may share a descriptor number and an object address, never a serial).
-    var polled: [(slot: Int, serial: UInt64)]
-    var serials: UInt64 = 0
+    /// The streams, each with its link.
+    var links: LinkPool<Slot>
     let receive: UnsafeMutableRawBufferPointer
     let frameScratch: UnsafeMutableRawBufferPointer
     /// Every slot's kept frames (window × max data each), taken once at start
@@ -189,15 +180,12 @@ public struct StreamRelay: ~Copyable {
     public private(set) var counters = StreamCounters()
     public private(set) var drops = DropCounts()
     /// Slots in use, carried and bridged streams together.
-    public private(set) var openCount = 0
+    public var openCount: Int { links.count }
 
     public init(config: RelayConfig, link: AnyDeviceLink?, gatewayID: String) {
         self.config = config
         self.link = link
         self.gatewayID = gatewayID
-        slots = Array(repeating: nil, count: config.streams)
-        polled = []
-        polled.reserveCapacity(config.streams)
         // The largest link message of a stream (docs/protocol.md §5.1): a data message (type,
         // frame number, max data bytes) or an error with the longest detail (type, reason, 100
         // bytes), whichever is larger; open, ack, close and reset are shorter than the error.
@@ -205,6 +193,14 @@ public struct StreamRelay: ~Copyable {
         frameScratch = .allocate(byteCount: config.streamMaxData + 128, alignment: 8)
         frames = .allocate(byteCount: max(1, config.streams * config.streamWindow * config.streamMaxData), alignment: 8)
         queueFrames = .allocate(byteCount: max(1, config.streams * Self.queueBytes(config)), alignment: 8)
+        let (frames, queueFrames) = (frames, queueFrames)
+        let keep = config.streamWindow * config.streamMaxData
+        let queue = Self.queueBytes(config)
+        links = LinkPool(capacity: config.streams) { slot in
+            Slot(frames: UnsafeMutableRawBufferPointer(rebasing: frames[slot * keep ..< (slot + 1) * keep]),
+                 keep: config.streamWindow, keepMaxData: config.streamMaxData,
+                 queueFrames: UnsafeMutableRawBufferPointer(rebasing: queueFrames[slot * queue ..< (slot + 1) * queue]))
+        }
         // A gateway carries at most relay.streams streams (docs/relay.md §7.3 asks every gateway
         // of a building for the same); at least one, so a gateway that carries none itself can
         // still tell the endpoints of one that does.
@@ -228,7 +224,7 @@ public struct StreamRelay: ~Copyable {
     /// The slot of stream `id` in `role`: the same gateway may carry stream S and bridge a
     /// stream S at once (an ownership flip), and `…/up` is the carrier's, `…/down` the bridge's.
     func slot(_ id: String, _ role: Role) -> Int? {
-        slots.firstIndex { $0?.id == id && $0?.role == role }
+        links.first { $0.id == id && $0.role == role }
     }
 
     /// `open(window, maxData)` clamped to what this gateway keeps: Wg frames of Mg bytes.
@@ -236,30 +232,40 @@ public struct StreamRelay: ~Copyable {
         (min(window, UInt16(clamping: config.streamWindow)), min(maxData, UInt16(clamping: config.streamMaxData)))
     }
 
-    /// Takes slot `free` for a stream: its share of the buffers taken at start.
-    mutating func take(_ free: Int, role: Role, id: String, device: UInt64, topics: StreamTopics, openTopic: String?,
+    /// Takes a free slot for a stream on `channel` (the slot's share of the buffers was taken
+    /// at start); returns the slot. The caller checked that one is free.
+    mutating func take(role: Role, id: String, device: UInt64, topics: StreamTopics, openTopic: String?,
                        channel: consuming LinkChannel, linkOpen: (window: UInt16, maxData: UInt16)?,
-                       brokerOpen: (window: UInt16, maxData: UInt16)?, now: Instant) {
-        serials &+= 1  // Proof: 2⁶⁴ streams are never opened.
-        let keep = config.streamWindow * config.streamMaxData
-        let queue = Self.queueBytes(config)
-        slots[free] = Slot(role: role, id: id, device: device, topics: topics, openTopic: openTopic, channel: channel,
-                           linkOpen: linkOpen, brokerOpen: brokerOpen,
-                           frames: UnsafeMutableRawBufferPointer(rebasing: frames[free * keep ..< (free + 1) * keep]),
-                           keep: config.streamWindow, keepMaxData: config.streamMaxData,
-                           queueFrames: UnsafeMutableRawBufferPointer(rebasing: queueFrames[free * queue ..< (free + 1) * queue]),
-                           now: now, openAgainAt: now + config.streamRetry, giveUpAt: now + config.fetchTimeout * 2,
-                           serial: serials)
-        openCount += 1
+                       brokerOpen: (window: UInt16, maxData: UInt16)?, now: Instant) -> Int {
+        let (s, slot) = links.add(channel)
+        slot.reset(role: role, id: id, device: device, topics: topics, openTopic: openTopic, linkOpen: linkOpen,
+                   brokerOpen: brokerOpen, now: now, openAgainAt: now + config.streamRetry,
+                   giveUpAt: now + config.fetchTimeout * 2)
+        return s
     }
 
     // MARK: opening (docs/relay.md §7.2, §7.5)
 
-    /// An endpoint's open for a device this gateway owns and can reach (`target`), or nil
-    /// with the reason to refuse it.
+    /// The open of before `Admission`: a refusal as text (always `unreachable`). Kept so
+    /// Gateway.swift builds until it calls `open(id:topics:frame:admitted:now:mqtt:)`.
     public mutating func open(id: String, topics: StreamTopics, frame: [UInt8], target: LinkAddress?,
                               refusal: String?, now: Instant, mqtt: inout MQTTClient) {
-        if let s = slot(id, .carrier), let slot = slots[s] {
+        open(id: id, topics: topics, frame: frame, admitted: target.map { .success($0) }, refusalText: refusal,
+             now: now, mqtt: &mqtt)
+    }
+
+    /// An endpoint's open, with what `Admission.check` said of its device: the device's link
+    /// address, or why it is refused. Said again for a stream this gateway carries already;
+    /// refused when the open frame is malformed, the admission refused it, or there is no room
+    /// (`Admission.room`).
+    public mutating func open(id: String, topics: StreamTopics, frame: [UInt8], admitted: Result<LinkAddress, Refusal>,
+                              now: Instant, mqtt: inout MQTTClient) {
+        open(id: id, topics: topics, frame: frame, admitted: admitted, refusalText: nil, now: now, mqtt: &mqtt)
+    }
+
+    mutating func open(id: String, topics: StreamTopics, frame: [UInt8], admitted: Result<LinkAddress, Refusal>?,
+                       refusalText: String?, now: Instant, mqtt: inout MQTTClient) {
+        if let s = slot(id, .carrier), let slot = links[s] {
             // The endpoint saw no open frame (the broker lost it): say it again.
             if let o = slot.brokerOpen { publishOpen(o.window, o.maxData, to: slot.topics.down, mqtt: &mqtt) }
             return
@@ -275,19 +281,24 @@ public struct StreamRelay: ~Copyable {
             drops.count("stream-not-open")
             return refuse(topics.down, .protocolError, "the first frame must be open (docs/protocol.md §5.3)", mqtt: &mqtt)
         }
-        if let refusal { return refuse(topics.down, .unreachable, refusal, mqtt: &mqtt) }
-        guard let target, let link else {
-            return refuse(topics.down, .unreachable, "this gateway has no device link (relay.link)", mqtt: &mqtt)
+        if let refusalText { return refuse(topics.down, .unreachable, refusalText, mqtt: &mqtt) }
+        let target: LinkAddress
+        switch admitted {
+        case .success(let address): target = address
+        case .failure(let refusal): return refuse(topics.down, refusal, mqtt: &mqtt)
+        case nil: return refuse(topics.down, .gatewayHasNoLink, mqtt: &mqtt)
         }
-        guard let free = slots.firstIndex(where: { $0 == nil }) else {
-            return refuse(topics.down, .busy, "\(config.streams) streams are open (relay.streams)", mqtt: &mqtt)
+        if let refusal = Admission.room(.stream, hasLink: link != nil, free: !links.isFull, capacity: config.streams) {
+            return refuse(topics.down, refusal, mqtt: &mqtt)
         }
+        // Proof: `room` refuses without a link.
+        let link = link!
         let channel: LinkChannel
         do throws(LinkError) { channel = try link.connect(to: target) } catch {
             return refuse(topics.down, .unreachable, error.description, mqtt: &mqtt)
         }
-        take(free, role: .carrier, id: id, device: target.address, topics: topics, openTopic: nil, channel: channel,
-             linkOpen: clamped(message.window, message.maxData), brokerOpen: nil, now: now)
+        let taken = take(role: .carrier, id: id, device: target.address, topics: topics, openTopic: nil, channel: channel,
+                         linkOpen: clamped(message.window, message.maxData), brokerOpen: nil, now: now)
         counters.opened &+= 1
         do throws(MQTTError) {
             try mqtt.subscribe(topics.up, qos: 1)
@@ -295,7 +306,11 @@ public struct StreamRelay: ~Copyable {
             // The broker went away: `reconnected` subscribes again.
         }
         publishText(topics.gateway, gatewayID, retain: true, mqtt: &mqtt)
-        sendOpenIfReady(free)
+        sendOpenIfReady(taken)
+    }
+
+    mutating func refuse(_ down: String, _ refusal: Refusal, mqtt: inout MQTTClient) {
+        refuse(down, refusal.streamReason, refusal.description, mqtt: &mqtt)
     }
 
     mutating func refuse(_ down: String, _ reason: StreamReason, _ detail: String, mqtt: inout MQTTClient) {
@@ -316,11 +331,12 @@ public struct StreamRelay: ~Copyable {
             // so no caller can publish an open that no gateway takes.
             return refuse(&channel, .protocolError, "an open with window or max data 0 (docs/protocol.md §5.1)")
         }
-        guard let free = slots.firstIndex(where: { $0 == nil }) else {
-            return refuse(&channel, .busy, "\(config.streams) streams are open (relay.streams)")
+        guard !links.isFull else {
+            let full = Refusal.full(.stream, capacity: config.streams)
+            return refuse(&channel, full.streamReason, full.description)
         }
         let phoneOpen = clamped(window, maxData)
-        take(free, role: .bridge, id: id, device: device, topics: topics, openTopic: openTopic, channel: channel,
+        _ = take(role: .bridge, id: id, device: device, topics: topics, openTopic: openTopic, channel: channel,
              linkOpen: nil, brokerOpen: phoneOpen, now: now)
         counters.bridged &+= 1
         // §7.1: subscribe to …/S/down before publishing the open, so the answer finds us.
@@ -347,7 +363,7 @@ public struct StreamRelay: ~Copyable {
     /// The open the link side is told, once known and the link is open; it goes before
     /// anything else on the link.
     mutating func sendOpenIfReady(_ s: Int) {
-        guard let slot = slots[s], !slot.sentOpenToLink, let o = slot.linkOpen, slot.channel.state == .open else { return }
+        guard let slot = links[s], !slot.sentOpenToLink, let o = slot.linkOpen, links[channel: s].state == .open else { return }
         var w = ByteWriter(frameScratch)
         do throws(WireError) { try LinkMessage.encodeOpen(window: o.window, maxData: o.maxData, into: &w) } catch {
             preconditionFailure("an open frame fits")
@@ -375,7 +391,7 @@ public struct StreamRelay: ~Copyable {
         case "down": role = .bridge
         default: return false
         }
-        guard let s = slot(id, role), let slot = slots[s] else { return false }
+        guard let s = slot(id, role), let slot = links[s] else { return false }
         slot.lastActivity = now
         let message: LinkMessage
         // The broker side sends data of at most the max data it was told (brokerOpen); before
@@ -385,8 +401,9 @@ public struct StreamRelay: ~Copyable {
         case .success(let m): message = m
         case .failure(let error):
             drops.count(error)
-            return abort(s, .protocolError, "\(slot.brokerName) sent a malformed frame: \(error)", toBroker: true,
-                         toLink: true, mqtt: &mqtt) || true
+            abort(s, .protocolError, "\(slot.brokerName) sent a malformed frame: \(error)", toBroker: true,
+                  toLink: true, mqtt: &mqtt)
+            return true
         }
         if slot.awaitsAnswer {
             switch message.type {
@@ -412,8 +429,9 @@ public struct StreamRelay: ~Copyable {
         case .data:
             if slot.role == .carrier { counters.framesUp &+= 1 } else { counters.framesDown &+= 1 }
             if let end = slot.toLink.closeEnd, message.number &- end < 0x8000_0000 {
-                return abort(s, .protocolError, "\(slot.brokerName) sent frame \(message.number) after its close at \(end)",
-                             toBroker: true, toLink: true, mqtt: &mqtt) || true
+                abort(s, .protocolError, "\(slot.brokerName) sent frame \(message.number) after its close at \(end)",
+                      toBroker: true, toLink: true, mqtt: &mqtt)
+                return true
             }
             if message.number == slot.toLink.next {
                 // In order: to the link if it takes it now, else behind the frames already
@@ -441,12 +459,14 @@ public struct StreamRelay: ~Copyable {
                     flushToLink(s)
                 }
             } catch {
-                return abort(s, .protocolError, error.description, toBroker: true, toLink: true, mqtt: &mqtt) || true
+                abort(s, .protocolError, error.description, toBroker: true, toLink: true, mqtt: &mqtt)
+                return true
             }
             finishIfDone(s, mqtt: &mqtt)
         case .close:
             do throws(StreamViolation) { try slot.toLink.closed(end: message.number) } catch {
-                return abort(s, .protocolError, error.description, toBroker: true, toLink: true, mqtt: &mqtt) || true
+                abort(s, .protocolError, error.description, toBroker: true, toLink: true, mqtt: &mqtt)
+                return true
             }
             forwardCloseIfDue(s)
             // The broker side learns its close arrived from an ack sent after it (StreamSender).
@@ -473,7 +493,7 @@ public struct StreamRelay: ~Copyable {
 
     /// Queues a broker frame the link has no room for; false when the queue is full.
     mutating func queueForLink(_ s: Int, _ frame: UnsafeRawBufferPointer) -> Bool {
-        guard let slot = slots[s], slot.linkQueue.push(frame) else { return false }
+        guard let slot = links[s], slot.linkQueue.push(frame) else { return false }
         counters.framesQueued &+= 1
         return true
     }
@@ -481,7 +501,7 @@ public struct StreamRelay: ~Copyable {
     /// Sends what waits for the link and the link takes now: the broker side's newest ack, then
     /// the queued frames, oldest first. Nothing goes before the open.
     mutating func flushToLink(_ s: Int) {
-        guard let slot = slots[s], slot.sentOpenToLink else { return }
+        guard let slot = links[s], slot.sentOpenToLink else { return }
         if let ack = slot.ackForLink {
             var w = ByteWriter(frameScratch)
             do throws(WireError) { try LinkMessage.encodeAck(next: ack.next, window: ack.window, into: &w) } catch {
@@ -494,7 +514,7 @@ public struct StreamRelay: ~Copyable {
     }
 
     mutating func forwardCloseIfDue(_ s: Int) {
-        guard let slot = slots[s], slot.sentOpenToLink, !slot.closeSentToLink, slot.linkQueue.isEmpty,
+        guard let slot = links[s], slot.sentOpenToLink, !slot.closeSentToLink, slot.linkQueue.isEmpty,
               let end = slot.toLink.closeEnd, end == slot.toLink.next else { return }
         var w = ByteWriter(frameScratch)
         do throws(WireError) { try LinkMessage.encodeClose(end: end, into: &w) } catch { preconditionFailure("a close fits") }
@@ -502,7 +522,7 @@ public struct StreamRelay: ~Copyable {
     }
 
     mutating func republishLinkAck(_ s: Int, mqtt: inout MQTTClient) {
-        guard let slot = slots[s], let ack = slot.linkAck else { return }
+        guard let slot = links[s], let ack = slot.linkAck else { return }
         var w = ByteWriter(frameScratch)
         do throws(WireError) { try LinkMessage.encodeAck(next: ack.next, window: ack.window, into: &w) } catch {
             preconditionFailure("an ack fits")
@@ -513,37 +533,22 @@ public struct StreamRelay: ~Copyable {
     // MARK: the link side's frames (the device's, or the phone's)
 
     public mutating func pollDescriptors(into fds: inout [pollfd]) {
-        polled.removeAll(keepingCapacity: true)
-        for (i, slot) in slots.enumerated() {
-            guard let slot, slot.channel.fd >= 0 else { continue }
-            var events = Int16(POLLIN)
-            if slot.channel.wantsWrite { events |= Int16(POLLOUT) }
-            fds.append(pollfd(fd: slot.channel.fd, events: events, revents: 0))
-            polled.append((i, slot.serial))
-        }
+        links.pollDescriptors(into: &fds)
     }
 
+    /// The link side's readiness: its frames, one at a time. A frame that ends the stream
+    /// hangs the link up (`end`): what else it sent this turn is read and dropped, the error
+    /// frame if any is said, and no more is read.
     public mutating func poll(fds: ArraySlice<pollfd>, now: Instant, mqtt: inout MQTTClient) {
-        for (k, fd) in zip(polled.indices, fds) where fd.revents != 0 {
-            let s = polled[k].slot
-            guard let slot = slots[s], slot.serial == polled[k].serial else { continue }
-            let readable = fd.revents & Int16(POLLIN | POLLHUP | POLLERR) != 0
-            let writable = fd.revents & Int16(POLLOUT) != 0
-            slot.draining = true
-            slot.channel.poll(readable: readable, writable: writable, buffer: receive) { sdu in
+        for (k, fd) in fds.enumerated() {
+            guard let s = links.ready(k, fd), let serial = links.serial(s) else { continue }
+            let ready = LinkReadiness(fd)
+            links[channel: s].ready(readable: ready.readable, writable: ready.writable, buffer: receive)
+            while links.holds(s, serial: serial), let sdu = links[channel: s].next(into: receive) {
                 fromLink(s, sdu, now: now, mqtt: &mqtt)
             }
-            slot.draining = false
-            if slot.hangUpAfterDrain {
-                // The stream ended on one of the link side's frames (its slot is free already).
-                if let words = slot.lastWords {
-                    words.withUnsafeBytes { b in do throws(LinkError) { _ = try slot.channel.send(b) } catch {} }
-                }
-                slot.channel.close()
-                continue
-            }
-            guard let slot = slots[s], slot.serial == polled[k].serial else { continue }
-            switch slot.channel.state {
+            guard links.holds(s, serial: serial), let slot = links[s] else { continue }
+            switch links[channel: s].state {
             case .open:
                 sendOpenIfReady(s)
                 flushToLink(s)
@@ -555,7 +560,7 @@ public struct StreamRelay: ~Copyable {
                     finishIfDone(s, mqtt: &mqtt)
                 } else {
                     let why = (error ?? .closed).description
-                    _ = abort(s, .unreachable,
+                    abort(s, .unreachable,
                               slot.role == .carrier ? "the link to the device dropped: \(why)" : "the phone's link dropped: \(why)",
                               toBroker: true, toLink: false, mqtt: &mqtt)
                 }
@@ -566,13 +571,13 @@ public struct StreamRelay: ~Copyable {
     }
 
     mutating func fromLink(_ s: Int, _ sdu: UnsafeRawBufferPointer, now: Instant, mqtt: inout MQTTClient) {
-        guard let slot = slots[s] else { return }
+        guard let slot = links[s] else { return }
         slot.lastActivity = now
         let message: LinkMessage
         let payloadMax = slot.linkOpen?.maxData ?? UInt16(clamping: config.streamMaxData)
         do throws(WireError) { message = try LinkMessage.decode(sdu, payloadMax: Int(payloadMax)) } catch {
             drops.count(error)
-            _ = abort(s, .protocolError, "\(slot.linkName) sent a malformed frame: \(error)", toBroker: true, toLink: true,
+            abort(s, .protocolError, "\(slot.linkName) sent a malformed frame: \(error)", toBroker: true, toLink: true,
                       mqtt: &mqtt)
             return
         }
@@ -586,7 +591,7 @@ public struct StreamRelay: ~Copyable {
             // The link side keeps the window it was told and numbers in order: the link keeps
             // order, so anything else is its bug (a phone's data before the carrier's open too).
             guard message.number == slot.toBroker.next, slot.toBroker.canSend else {
-                _ = abort(s, .protocolError, "\(slot.linkName) sent frame \(message.number) outside the window",
+                abort(s, .protocolError, "\(slot.linkName) sent frame \(message.number) outside the window",
                           toBroker: true, toLink: true, mqtt: &mqtt)
                 return
             }
@@ -602,7 +607,7 @@ public struct StreamRelay: ~Copyable {
             finishIfDone(s, mqtt: &mqtt)
         case .close:
             guard message.number == slot.toBroker.next else {
-                _ = abort(s, .protocolError,
+                abort(s, .protocolError,
                           "\(slot.linkName) closed at \(message.number) after sending \(slot.toBroker.next) frames",
                           toBroker: true, toLink: true, mqtt: &mqtt)
                 return
@@ -627,33 +632,32 @@ public struct StreamRelay: ~Copyable {
     }
 
     mutating func finishIfDone(_ s: Int, mqtt: inout MQTTClient) {
-        guard let slot = slots[s], isDone(slot) else { return }
+        guard let slot = links[s], isDone(slot) else { return }
         end(s, clean: true, mqtt: &mqtt)
     }
 
-    /// Tells one or both sides `reason` and ends the stream. Returns false (for `||` chains).
+    /// Tells one or both sides `reason` and ends the stream.
     mutating func abort(_ s: Int, _ reason: StreamReason, _ detail: String, toBroker: Bool, toLink: Bool,
-                        mqtt: inout MQTTClient) -> Bool {
-        guard let slot = slots[s] else { return false }
+                        mqtt: inout MQTTClient) {
+        guard let slot = links[s] else { return }
         if toBroker { publishError(reason, detail, to: slot.brokerOut, mqtt: &mqtt) }
-        // A draining channel is open (it drains only while open) and is not touched now.
-        if toLink, slot.draining || slot.channel.state == .open {
+        var lastWords: UnsafeRawBufferPointer?
+        if toLink {
             var w = ByteWriter(frameScratch)
             do throws(WireError) { try LinkMessage.encodeError(reason, detail: Self.cut(detail, 100), into: &w) } catch {
                 preconditionFailure("an error frame of 100 bytes of detail fits")
             }
-            if slot.draining { slot.lastWords = Array(w.written) } else { _ = sendToLink(s, w.written) }
+            lastWords = w.written
         }
-        end(s, clean: false, mqtt: &mqtt)
-        return false
+        end(s, clean: false, lastWords: lastWords, mqtt: &mqtt)
     }
 
-    mutating func end(_ s: Int, clean: Bool, mqtt: inout MQTTClient) {
-        guard let slot = slots[s] else { return }
+    /// Ends the stream: the link is hung up, saying `lastWords` (an error frame) if it is open.
+    mutating func end(_ s: Int, clean: Bool, lastWords: UnsafeRawBufferPointer? = nil, mqtt: inout MQTTClient) {
+        guard let slot = links[s] else { return }
         if clean { counters.finished &+= 1 } else { counters.aborted &+= 1 }
-        if slot.draining { slot.hangUpAfterDrain = true } else { slot.channel.close() }
-        slots[s] = nil
-        openCount -= 1
+        var channel = links.remove(s)
+        channel.hangUp(lastWords: lastWords, buffer: receive)
         do throws(MQTTError) { try mqtt.unsubscribe(slot.brokerIn) } catch {}
         // `…/S/gateway` is the carrier's claim; a bridge never said it.
         if slot.role == .carrier { publishText(slot.topics.gateway, "", retain: true, mqtt: &mqtt) }
@@ -665,8 +669,8 @@ public struct StreamRelay: ~Copyable {
         guard openCount > 0 else { return nil }
         var next: Instant?
         func consider(_ d: Instant) { if next.map({ d < $0 }) ?? true { next = d } }
-        for slot in slots {
-            guard let slot else { continue }
+        for s in links.indices {
+            guard let slot = links[s] else { continue }
             if slot.awaitsAnswer {
                 consider(slot.openAgainAt)
                 consider(slot.giveUpAt)
@@ -681,8 +685,8 @@ public struct StreamRelay: ~Copyable {
     /// Resends what the broker side has not acknowledged in time; repeats a bridge's open and
     /// gives it up; ends idle streams.
     public mutating func tick(now: Instant, mqtt: inout MQTTClient) {
-        for s in slots.indices {
-            guard let slot = slots[s] else { continue }
+        for s in links.indices {
+            guard let slot = links[s] else { continue }
             if slot.awaitsAnswer, let openTopic = slot.openTopic, let o = slot.brokerOpen {
                 // §7.5: no carrier answered. Not idle (nothing can move yet): the open is said
                 // again every relay.stream-retry, as `baton stream` repeats it (§7.4), until
@@ -692,7 +696,7 @@ public struct StreamRelay: ~Copyable {
                     // As `baton stream` does when it gives up: a carrier that took the open late
                     // lets its device go.
                     publishReset(.cancelled, to: slot.topics.up, mqtt: &mqtt)
-                    _ = abort(s, .unreachable,
+                    abort(s, .unreachable,
                               "no gateway answered the stream open within 2 × relay.fetch-timeout (\(config.fetchTimeout * 2))",
                               toBroker: false, toLink: true, mqtt: &mqtt)
                     continue
@@ -702,7 +706,7 @@ public struct StreamRelay: ~Copyable {
                     slot.openAgainAt = now + config.streamRetry
                 }
             } else if slot.lastActivity + config.streamIdle <= now {
-                _ = abort(s, .idle, "nothing moved for relay.stream-idle (\(config.streamIdle))", toBroker: true,
+                abort(s, .idle, "nothing moved for relay.stream-idle (\(config.streamIdle))", toBroker: true,
                           toLink: true, mqtt: &mqtt)
                 continue
             }
@@ -715,7 +719,7 @@ public struct StreamRelay: ~Copyable {
 
     /// Go-back-N: every unacknowledged link frame, then the close if said.
     mutating func resend(_ s: Int, mqtt: inout MQTTClient) {
-        guard let slot = slots[s] else { return }
+        guard let slot = links[s] else { return }
         var n = slot.toBroker.unacked
         while n != slot.toBroker.next {
             var w = ByteWriter(frameScratch)
@@ -737,8 +741,8 @@ public struct StreamRelay: ~Copyable {
     /// gateway carries each stream (a bridge: ask again for a carrier if none answered yet),
     /// and resend what may have been lost with the old broker.
     public mutating func reconnected(now: Instant, mqtt: inout MQTTClient) {
-        for s in slots.indices {
-            guard let slot = slots[s] else { continue }
+        for s in links.indices {
+            guard let slot = links[s] else { continue }
             do throws(MQTTError) { try mqtt.subscribe(slot.brokerIn, qos: 1) } catch { return }
             switch slot.role {
             case .carrier:
@@ -841,17 +845,41 @@ public struct StreamRelay: ~Copyable {
 
     /// Before a clean stop: every endpoint, device, carrier and phone is told.
     public mutating func stop(mqtt: inout MQTTClient) {
-        for s in slots.indices where slots[s] != nil {
-            _ = abort(s, .gone, "the gateway is stopping", toBroker: true, toLink: true, mqtt: &mqtt)
+        for s in links.indices where links[s] != nil {
+            abort(s, .gone, "the gateway is stopping", toBroker: true, toLink: true, mqtt: &mqtt)
         }
+    }
+
+    // MARK: stats (docs/mqtt.md, the stats topic's `relay.streams`)
+
+    /// This relay's members of the stats topic's `relay.streams` object, in the order they are
+    /// published; the caller writes the key and the braces around them.
+    public func writeStats(into w: inout JSONWriter) throws(WireError) {
+        let sc = counters
+        try w.key("open"); try w.int(Int64(openCount))
+        try w.key("capacity"); try w.int(Int64(config.streams))
+        try w.key("opened"); try w.int(Int64(sc.opened))
+        try w.key("refused"); try w.int(Int64(sc.refused.reduce(0, +)))
+        try w.key("finished"); try w.int(Int64(sc.finished))
+        try w.key("aborted"); try w.int(Int64(sc.aborted))
+        try w.key("frames_up"); try w.int(Int64(sc.framesUp))
+        try w.key("frames_down"); try w.int(Int64(sc.framesDown))
+        try w.key("frames_queued"); try w.int(Int64(sc.framesQueued))
+        try w.key("resent"); try w.int(Int64(sc.resent))
+        try w.key("gone_for_others"); try w.int(Int64(sc.goneForOthers))
+        try w.key("bridged"); try w.int(Int64(sc.bridged))
+        try w.key("unanswered"); try w.int(Int64(sc.unanswered))
+        try w.key("drops"); try w.beginObject()
+        for d in drops.sorted { try w.key(d.reason); try w.int(Int64(d.count)) }
+        try w.endObject()
     }
 
     // MARK: sending
 
     /// One SDU to the link; false when the link cannot take it now.
     mutating func sendToLink(_ s: Int, _ sdu: UnsafeRawBufferPointer) -> Bool {
-        guard let slot = slots[s], slot.channel.state == .open else { return false }
-        do throws(LinkError) { return try slot.channel.send(sdu) } catch { return false }
+        guard links[s] != nil, links[channel: s].state == .open else { return false }
+        do throws(LinkError) { return try links[channel: s].send(sdu) } catch { return false }
     }
 
     mutating func publishOpen(_ window: UInt16, _ maxData: UInt16, to topic: String, mqtt: inout MQTTClient) {
@@ -909,3 +937,6 @@ public struct StreamRelay: ~Copyable {
         return out
     }
 }
+
+/// The loop drives the streams' links as one part (docs/architecture.md "The loop").
+extension StreamRelay: LoopPart {}

@@ -63,6 +63,17 @@ public struct StreamSender: ~Copyable {
 
     deinit { if ownsStorage { storage.deallocate() } }
 
+    /// As new, for the next stream of the slot that lent the storage: nothing kept, no peer yet.
+    public mutating func reset() {
+        window = 0
+        maxData = 0
+        opened = false
+        unacked = 0
+        next = 0
+        closeEnd = nil
+        closeAcknowledged = false
+    }
+
     /// The peer's open: how much it takes. Clamped to what this side keeps.
     public mutating func peerOpened(window: UInt16, maxData: UInt16) {
         self.window = min(Int(window), capacity)
@@ -181,6 +192,12 @@ public struct LinkQueue: ~Copyable {
     }
 
     public static func bytes(capacity: Int, maxFrame: Int) -> Int { capacity * (4 + maxFrame) }
+
+    /// Empty, for the next stream of the slot that lent the storage.
+    public mutating func reset() {
+        head = 0
+        count = 0
+    }
 
     public var isEmpty: Bool { count == 0 }
 

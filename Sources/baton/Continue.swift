@@ -206,9 +206,9 @@ struct ContinueCommand: ParsableCommand {
             fds[1] = pollfd(fd: stop.fd, events: Int16(POLLIN), revents: 0)
             _ = Glibc.poll(&fds, 2, Self.milliseconds(until: deadline))
             if fds[1].revents != 0 { return 130 }
-            // The answer is recorded inside, acted on after: the channel is busy while it drains.
-            channel.poll(readable: fds[0].revents & Int16(POLLIN | POLLHUP | POLLERR) != 0,
-                         writable: fds[0].revents & Int16(POLLOUT) != 0, buffer: buffer) { sdu in
+            channel.ready(readable: fds[0].revents & Int16(POLLIN | POLLHUP | POLLERR) != 0,
+                          writable: fds[0].revents & Int16(POLLOUT) != 0, buffer: buffer)
+            while let sdu = channel.next(into: buffer) {
                 if answer == nil { answer = FetchAnswer(sdu) }
             }
             if !asked, case .open = channel.state {
@@ -488,8 +488,9 @@ struct LinkStream: ~Copyable {
                 return finish(&channel, 130)
             }
             let rx = self.rx
-            channel.poll(readable: fds[0].revents & Int16(POLLIN | POLLHUP | POLLERR) != 0,
-                         writable: fds[0].revents & Int16(POLLOUT) != 0, buffer: rx) { sdu in
+            channel.ready(readable: fds[0].revents & Int16(POLLIN | POLLHUP | POLLERR) != 0,
+                          writable: fds[0].revents & Int16(POLLOUT) != 0, buffer: rx)
+            while let sdu = channel.next(into: rx) {
                 if ending == nil { take(sdu) }
             }
             if ending != nil { continue }

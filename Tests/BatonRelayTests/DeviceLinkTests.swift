@@ -108,14 +108,16 @@ private final class FakeSimulator {
 }
 
 /// One turn of the caller's loop for `channel`: poll() its descriptor as docs/radio.md says,
-/// then `channel.poll`. False when nothing came within `timeoutMs`.
+/// hand the channel what came back (`ready`), then take its SDUs one at a time (`next`).
+/// False when nothing came within `timeoutMs`.
 @discardableResult
 private func turn(_ channel: inout LinkChannel, _ buffer: UnsafeMutableRawBufferPointer, timeoutMs: Int32 = 2000,
                   _ onSDU: (UnsafeRawBufferPointer) -> Void = { _ in Issue.record("unexpected SDU") }) -> Bool {
     let revents = waitFor(channel.fd, POLLIN | (channel.wantsWrite ? POLLOUT : 0), timeoutMs: timeoutMs)
     guard revents != 0 else { return false }
-    channel.poll(readable: revents & Int16(POLLIN | POLLHUP | POLLERR) != 0,
-                 writable: revents & Int16(POLLOUT) != 0, buffer: buffer, onSDU)
+    channel.ready(readable: revents & Int16(POLLIN | POLLHUP | POLLERR) != 0,
+                  writable: revents & Int16(POLLOUT) != 0, buffer: buffer)
+    while let sdu = channel.next(into: buffer) { onSDU(sdu) }
     return true
 }
 
@@ -388,7 +390,7 @@ struct L2CAPLinkTests {
         defer { shutdown(device, Int32(SHUT_RDWR)); close(device) }
         let buffer = makeBuffer(64)
         defer { buffer.deallocate() }
-        var channel = LinkChannel(fd: pair[0], handshake: .none, sendMTU: 100)
+        var channel = LinkChannel(fd: pair[0], sendMTU: 100)
         #expect(channel.state == .connecting)
         #expect(channel.wantsWrite == true)
         try #require(turn(&channel, buffer))
@@ -413,7 +415,7 @@ struct L2CAPLinkTests {
             let device = pair[1]
             let buffer = makeBuffer(64)
             defer { buffer.deallocate() }
-            var channel = LinkChannel(fd: pair[0], handshake: .none, sendMTU: 100)
+            var channel = LinkChannel(fd: pair[0], sendMTU: 100)
             try #require(turn(&channel, buffer))
             // The gateway's frame, which the device never reads: closing leaves ECONNRESET here.
             #expect(try send(&channel, hx("13 00 00 00 00")))
@@ -457,7 +459,7 @@ struct L2CAPLinkTests {
         try #require(r == -1 && e == EINPROGRESS, "connect returned \(r), errno \(e)")
         let buffer = makeBuffer(64)
         defer { buffer.deallocate() }
-        var channel = LinkChannel(fd: fd, handshake: .none, sendMTU: 23)
+        var channel = LinkChannel(fd: fd, sendMTU: 23)
         channel.peer = randomDevice
         try #require(turn(&channel, buffer))
         #expect(channel.state == .closed(.unreachable(
@@ -498,9 +500,9 @@ struct L2CAPLinkTests {
         await #expect(processExitsWith: .failure) {
             var pair: [Int32] = [-1, -1]
             guard socketpair(AF_UNIX, Int32(SOCK_SEQPACKET.rawValue), 0, &pair) == 0 else { return }
-            var channel = LinkChannel(fd: pair[0], handshake: .none, sendMTU: 100)
+            var channel = LinkChannel(fd: pair[0], sendMTU: 100)
             let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 16, alignment: 8)
-            channel.poll(readable: false, writable: true, buffer: buffer) { _ in }
+            channel.ready(readable: false, writable: true, buffer: buffer)
             guard channel.state == .open else { return }  // exits 0: the test fails
             _ = try? channel.send(UnsafeRawBufferPointer(start: nil, count: 0))
         }

@@ -2,7 +2,7 @@
 // (BatonTestSupport.MosquittoBroker) and devices the test plays byte for byte.
 //
 // The relay gets a `DeviceLink` whose `connect` makes a SOCK_SEQPACKET socketpair: the relay's
-// end is a `LinkChannel` with handshake `.none` (it opens on the first POLLOUT, as an L2CAP
+// end is a connecting `LinkChannel` (it opens on the first POLLOUT, as an L2CAP
 // channel does), the test keeps the device's end. On it the test reads the fetch messages the
 // relay sends and writes the device's answers as literal bytes (docs/protocol.md §5.1), or
 // stays silent, or hangs up. Answers are read by a second MQTT client subscribed to the

@@ -2,7 +2,7 @@
 // FetchRelayTests and StreamRelayTests).
 //
 // A relay gets a `DeviceLink` whose `connect` makes a SOCK_SEQPACKET socketpair: the relay's
-// end is a `LinkChannel` with handshake `.none` (it opens on the first POLLOUT, as an L2CAP
+// end is a connecting `LinkChannel` (it opens on the first POLLOUT, as an L2CAP
 // channel does), the test keeps the device's end. On it the test reads the link messages the
 // relay sends and writes the device's as literal bytes (docs/protocol.md §5.1), or stays
 // silent, or hangs up.
@@ -50,7 +50,7 @@ final class Devices {
         if let error = refuse[device.address] { throw error }
         let pair = try makePair(device)
         // The channel makes its end non-blocking itself (LinkChannel.init).
-        return LinkChannel(fd: pair[0], handshake: .none, sendMTU: 65_535)
+        return LinkChannel(fd: pair[0], sendMTU: 65_535)
     }
 
     /// A socketpair for a link to `address`: the far end kept here (non-blocking), the near

@@ -75,8 +75,8 @@ private final class Rig {
     /// The relay's time: moves only by `advance`.
     private(set) var now: Instant
     /// What the gateway's ownership rules say about the next opens (docs/relay.md §7.2):
-    /// nil, the device is this gateway's to reach.
-    var refusal: String?
+    /// nil, the device is this gateway's to reach (`Admission.check`'s answer).
+    var refusal: Refusal?
     /// The gateways whose status is online, as the ownership rules would say (docs/rooms.md §4).
     var online: Set<String> = [gatewayID, "kitchen"]
     /// Everything the endpoint received on `baton/streams/+/down`, in order.
@@ -207,8 +207,10 @@ private final class Rig {
                 probes.insert(m.topic)
             } else if level.count == 4, level[1] == "stream" {
                 let target = known.first { $0.hex == level[2] }?.link
-                relay.open(id: level[3], topics: topics(level[3]), frame: m.payload, target: refusal == nil ? target : nil,
-                           refusal: refusal, now: now, mqtt: &gateway)
+                let admitted: Result<LinkAddress, Refusal> = if let refusal { .failure(refusal) }
+                    else if let target { .success(target) } else { .failure(.unknownDevice) }
+                relay.open(id: level[3], topics: topics(level[3]), frame: m.payload, admitted: admitted, now: now,
+                           mqtt: &gateway)
             } else if level.count == 4, level[1] == "streams", level[3] == "up" {
                 if !relay.fromEndpoint(id: level[2], m.payload, now: now, mqtt: &gateway) { relay.dropped("stream-unknown") }
             } else if level.count == 4, level[1] == "streams", level[3] == "gateway" {
@@ -756,7 +758,7 @@ struct StreamRelayTests {
     @Test("§7.2: an open the gateway must refuse: error unreachable with the reason as its detail; no link")
     func refusal() throws {
         let rig = try Rig()
-        rig.refusal = "the activity does not offer continuation streams"
+        rig.refusal = .noStreams
         try rig.open("s1", reader, hx("10 0800 0004"))
         try rig.waitDown("s1", 1)
         rig.settle()
