@@ -28,17 +28,10 @@ struct GatewayReadvertising {
         }
         try w.endArray()
         try w.key("errors"); try w.int(Int64(errors))
-        let cc = continuing.counters
-        try w.key("phone_links"); try w.int(Int64(cc.links))
-        try w.key("phone_links_open"); try w.int(Int64(continuing.openLinks))
-        try w.key("phone_links_refused"); try w.int(Int64(cc.refused))
-        try w.key("phone_fetches"); try w.int(Int64(cc.fetches))
-        try w.key("phone_payloads"); try w.int(Int64(cc.payloads))
-        try w.key("phone_refusals"); try w.int(Int64(cc.refusals))
-        try w.key("phone_streams"); try w.int(Int64(cc.streams))
+        try continuing.writeStats(into: &w)
         try w.key("drops"); try w.beginObject()
         for d in readvertiser.drops.sorted { try w.key(d.reason); try w.int(Int64(d.count)) }
-        for d in continuing.drops.sorted { try w.key(d.reason); try w.int(Int64(d.count)) }
+        try continuing.writeDrops(into: &w)
         try w.endObject()
         try w.endObject()
     }

@@ -28,38 +28,28 @@ extension Gateway where Radio: ~Copyable {
         }
         relay.supersede(route, mqtt: &broker.mqtt)
         guard answers(for: device) else { return }
+        // Counted as drops too: a malformed request is the requester's bug (docs/mqtt.md §1).
+        if device == nil { relay.dropped("fetch-topic") } else if let bodyError { relay.dropped(bodyError.reasonName) }
+        switch admit(.fetch, device: device, bodyError: bodyError) {
+        case .success(let target):
+            relay.fetch(target, route: route, now: now, mqtt: &broker.mqtt)
+            logLinkFailures()
+        case .failure(let refusal):
+            relay.refuse(refusal, device: device, route: route, mqtt: &broker.mqtt)
+        }
+    }
 
-        guard let device else {
-            relay.dropped("fetch-topic")
-            return relay.answer(.badRequest, device: nil, detail: "the topic's last level must be a device id: 12 lowercase hex digits",
-                                route: route, mqtt: &broker.mqtt)
+    /// The one admission check of fetches and streams (docs/relay.md §4 "Admission"), from
+    /// what this gateway knows of the device: the rooms rule and the activity table.
+    func admit(_ kind: RequestKind, device: UInt64?, bodyError: WireError? = nil) -> Result<FetchTarget, Refusal> {
+        var activity: AdmittedActivity?
+        if let device, let a = table.activity(deviceID: device), a.state == .current {
+            activity = AdmittedActivity(address: a.address, addressType: a.addressType, psm: a.beacon.psm,
+                                        sequence: a.beacon.sequence, supportsStreams: a.beacon.flags.contains(.supportsStreams))
         }
-        if let bodyError {
-            relay.dropped(bodyError.reasonName)
-            return relay.answer(.badRequest, device: device, detail: "the request body: \(bodyError)", route: route,
-                                mqtt: &broker.mqtt)
-        }
-        guard rooms.ownership.owns(device) else {
-            if rooms.ownership.follows(device) {
-                return relay.answer(.notOwner, device: device,
-                                    detail: "no gateway owns this device at the moment (it just arrived, or its gateway went offline); ask again in a second",
-                                    route: route, mqtt: &broker.mqtt)
-            }
-            return relay.answer(.unknownDevice, device: device, detail: "no gateway of this building hears this device",
-                                route: route, mqtt: &broker.mqtt)
-        }
-        guard let a = table.activity(deviceID: device), a.state == .current else {
-            return relay.answer(.unknownDevice, device: device, detail: "the device has no current activity",
-                                route: route, mqtt: &broker.mqtt)
-        }
-        guard a.beacon.psm != 0 else {
-            return relay.answer(.unreachable, device: device, detail: "the device offers no link (PSM 0 in its beacon)",
-                                route: route, mqtt: &broker.mqtt)
-        }
-        let target = FetchTarget(device: device, sequence: a.beacon.sequence,
-                                 link: LinkAddress(address: a.address, addressType: a.addressType, psm: a.beacon.psm))
-        relay.fetch(target, route: route, now: now, mqtt: &broker.mqtt)
-        logLinkFailures()
+        return Admission.check(kind, device: device, bodyError: bodyError,
+                               owns: device.map { rooms.ownership.owns($0) } ?? false,
+                               follows: device.map { rooms.ownership.follows($0) } ?? false, activity: activity)
     }
 
     // MARK: titles (docs/relay.md §4.1)
@@ -115,29 +105,8 @@ extension Gateway where Radio: ~Copyable {
         // A retained open would reopen the stream at every reconnect.
         guard !message.retained else { return streams.dropped("stream-retained-open") }
         guard answers(for: device) else { return }
-        var target: LinkAddress?
-        var refusal: String?
-        if let device {
-            if !rooms.ownership.owns(device) {
-                refusal = rooms.ownership.follows(device)
-                    ? "no gateway owns this device at the moment (it just arrived, or its gateway went offline); open again in a second"
-                    : "no gateway of this building hears this device"
-            } else if let a = table.activity(deviceID: device), a.state == .current {
-                if !a.beacon.flags.contains(.supportsStreams) {
-                    refusal = "the activity does not offer continuation streams"
-                } else if a.beacon.psm == 0 {
-                    refusal = "the device offers no link (PSM 0 in its beacon)"
-                } else {
-                    target = LinkAddress(address: a.address, addressType: a.addressType, psm: a.beacon.psm)
-                }
-            } else {
-                refusal = "the device has no current activity"
-            }
-        } else {
-            refusal = "the topic's device level must be 12 lowercase hex digits"
-        }
-        streams.open(id: id, topics: publisher.topics.stream(id), frame: message.payload, target: target,
-                     refusal: refusal, now: now, mqtt: &broker.mqtt)
+        streams.open(id: id, topics: publisher.topics.stream(id), frame: message.payload,
+                     admitted: admit(.stream, device: device).map { $0.link }, now: now, mqtt: &broker.mqtt)
     }
 
     /// One line per link failure, with the last one's reason (a device walking away is news to

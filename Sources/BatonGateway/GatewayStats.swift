@@ -48,41 +48,10 @@ extension Gateway where Radio: ~Copyable {
         var owned = 0
         table.forEach { if rooms.ownership.owns($0.deviceID) { owned += 1 } }
         try rooms.writeStats(owned: owned, publisher: publisher.counters, into: &w)
-        let rc = relay.counters
         try w.key("relay"); try w.beginObject()
-        try w.key("link"); try w.string(relay.link?.description ?? "none")
-        try w.key("pending"); try w.int(Int64(relay.pendingCount))
-        try w.key("links_open"); try w.int(Int64(relay.openLinks))
-        try w.key("link_opens"); try w.int(Int64(rc.linkOpens))
-        try w.key("link_failures"); try w.int(Int64(rc.linkFailures))
-        try w.key("cache_hits"); try w.int(Int64(rc.cacheHits))
-        try w.key("answers"); try w.beginObject()
-        for status in FetchStatus.allCases { try w.key(status.name); try w.int(Int64(rc.answers[status.rawValue])) }
-        try w.endObject()
-        try w.key("answers_lost"); try w.int(Int64(rc.answersLost))
-        try w.key("continued"); try w.int(Int64(rc.continued))
-        try w.key("continued_told"); try w.int(Int64(rc.continuedTold))
-        try w.key("drops"); try w.beginObject()
-        for d in relay.drops.sorted { try w.key(d.reason); try w.int(Int64(d.count)) }
-        try w.endObject()
-        let sc = streams.counters
+        try relay.writeStats(into: &w)
         try w.key("streams"); try w.beginObject()
-        try w.key("open"); try w.int(Int64(streams.openCount))
-        try w.key("capacity"); try w.int(Int64(config.relay.streams))
-        try w.key("opened"); try w.int(Int64(sc.opened))
-        try w.key("refused"); try w.int(Int64(sc.refused.reduce(0, +)))
-        try w.key("finished"); try w.int(Int64(sc.finished))
-        try w.key("aborted"); try w.int(Int64(sc.aborted))
-        try w.key("frames_up"); try w.int(Int64(sc.framesUp))
-        try w.key("frames_down"); try w.int(Int64(sc.framesDown))
-        try w.key("frames_queued"); try w.int(Int64(sc.framesQueued))
-        try w.key("resent"); try w.int(Int64(sc.resent))
-        try w.key("gone_for_others"); try w.int(Int64(sc.goneForOthers))
-        try w.key("bridged"); try w.int(Int64(sc.bridged))
-        try w.key("unanswered"); try w.int(Int64(sc.unanswered))
-        try w.key("drops"); try w.beginObject()
-        for d in streams.drops.sorted { try w.key(d.reason); try w.int(Int64(d.count)) }
-        try w.endObject()
+        try streams.writeStats(into: &w)
         try w.endObject()
         try readvertising?.writeStats(continuing: continuing, into: &w)
         try w.endObject()

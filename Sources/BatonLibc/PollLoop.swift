@@ -122,3 +122,15 @@ public struct PollLoop: ~Copyable {
     /// Ready or due: the part has work this turn.
     public func hasWork(_ slot: LoopSlot) -> Bool { isReady(slot) || isDue(slot) }
 }
+
+/// Descriptors gathered by hand, as one part: a peer's sockets, a test's far ends of links.
+public struct DescriptorList: LoopPart {
+    public var fds: [pollfd]
+    public var deadline: Instant?
+    public init(_ fds: [pollfd] = [], deadline: Instant? = nil) {
+        self.fds = fds
+        self.deadline = deadline
+    }
+    public mutating func pollDescriptors(into all: inout [pollfd]) { all.append(contentsOf: fds) }
+    public var nextDeadline: Instant? { deadline }
+}

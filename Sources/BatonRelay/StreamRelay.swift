@@ -246,25 +246,12 @@ public struct StreamRelay: ~Copyable {
 
     // MARK: opening (docs/relay.md §7.2, §7.5)
 
-    /// The open of before `Admission`: a refusal as text (always `unreachable`). Kept so
-    /// Gateway.swift builds until it calls `open(id:topics:frame:admitted:now:mqtt:)`.
-    public mutating func open(id: String, topics: StreamTopics, frame: [UInt8], target: LinkAddress?,
-                              refusal: String?, now: Instant, mqtt: inout MQTTClient) {
-        open(id: id, topics: topics, frame: frame, admitted: target.map { .success($0) }, refusalText: refusal,
-             now: now, mqtt: &mqtt)
-    }
-
     /// An endpoint's open, with what `Admission.check` said of its device: the device's link
     /// address, or why it is refused. Said again for a stream this gateway carries already;
     /// refused when the open frame is malformed, the admission refused it, or there is no room
     /// (`Admission.room`).
     public mutating func open(id: String, topics: StreamTopics, frame: [UInt8], admitted: Result<LinkAddress, Refusal>,
                               now: Instant, mqtt: inout MQTTClient) {
-        open(id: id, topics: topics, frame: frame, admitted: admitted, refusalText: nil, now: now, mqtt: &mqtt)
-    }
-
-    mutating func open(id: String, topics: StreamTopics, frame: [UInt8], admitted: Result<LinkAddress, Refusal>?,
-                       refusalText: String?, now: Instant, mqtt: inout MQTTClient) {
         if let s = slot(id, .carrier), let slot = links[s] {
             // The endpoint saw no open frame (the broker lost it): say it again.
             if let o = slot.brokerOpen { publishOpen(o.window, o.maxData, to: slot.topics.down, mqtt: &mqtt) }
@@ -281,12 +268,10 @@ public struct StreamRelay: ~Copyable {
             drops.count("stream-not-open")
             return refuse(topics.down, .protocolError, "the first frame must be open (docs/protocol.md §5.3)", mqtt: &mqtt)
         }
-        if let refusalText { return refuse(topics.down, .unreachable, refusalText, mqtt: &mqtt) }
         let target: LinkAddress
         switch admitted {
         case .success(let address): target = address
         case .failure(let refusal): return refuse(topics.down, refusal, mqtt: &mqtt)
-        case nil: return refuse(topics.down, .gatewayHasNoLink, mqtt: &mqtt)
         }
         if let refusal = Admission.room(.stream, hasLink: link != nil, free: !links.isFull, capacity: config.streams) {
             return refuse(topics.down, refusal, mqtt: &mqtt)

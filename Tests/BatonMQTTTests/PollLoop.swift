@@ -73,7 +73,7 @@ func runLoop(_ a: inout MQTTClient, _ logA: EventLog, _ b: inout MQTTClient, _ l
         loop.begin(now: now)
         let partA = loop.add(&a)
         let partB = loop.add(&b)
-        var peerFDs = PeerPart(fds: peer?.pollDescriptors ?? [])
+        var peerFDs = DescriptorList(peer?.pollDescriptors ?? [])
         let peerPart = loop.add(&peerFDs)
         loop.add(deadline: end)
         let after = loop.wait()
@@ -92,13 +92,6 @@ func runLoop(_ a: inout MQTTClient, _ log: EventLog, peer: (any LoopPeer)? = nil
     // A client never started has no socket and no deadline: it only fills the second slot.
     var idle = try! MQTTClient(config: MQTTConfig(clientID: "idle"))
     return runLoop(&a, log, &idle, EventLog(), peer: peer, limit: limit, until: done)
-}
-
-/// A peer's descriptors, as a part of the loop.
-struct PeerPart: LoopPart {
-    var fds: [pollfd]
-    mutating func pollDescriptors(into all: inout [pollfd]) { all.append(contentsOf: fds) }
-    var nextDeadline: Instant? { nil }
 }
 
 /// POLLERR and POLLHUP count as readable: the read is what reports the error.

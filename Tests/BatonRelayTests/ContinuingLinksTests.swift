@@ -116,19 +116,26 @@ private final class Rig {
     @discardableResult
     func run(limit: Duration = .seconds(10), until done: () -> Bool) -> Bool {
         let end = Instant.now + limit
+        // The gateway's driver; the links' deadlines are on the test's clock, so their
+        // descriptors are a part without one, and a turn waits at most 50 ms.
+        var loop = PollLoop(parts: 5, descriptors: 64, longestWait: .milliseconds(50))
         while true {
             pumpPhones()
             if done() { return true }
             if Instant.now >= end { return false }
-            var fds = [pollDescriptor(gateway), pollDescriptor(owner)]
-            links.pollDescriptors(into: &fds)
-            let linksEnd = fds.count
-            fds += phones.indices.filter { !hungUp[$0] }.map { pollfd(fd: phones[$0], events: Int16(POLLIN), revents: 0) }
-            while Glibc.poll(&fds, nfds_t(fds.count), 50) < 0 && Glibc.errno == EINTR {}
+            loop.begin(now: .now)
+            let g = loop.add(&gateway)
+            let o = loop.add(&owner)
+            var phoneLinks = DescriptorList()
+            links.pollDescriptors(into: &phoneLinks.fds)
+            let linkFDs = loop.add(&phoneLinks)
+            var ends = DescriptorList(phones.indices.filter { !hungUp[$0] }.map { pollfd(fd: phones[$0], events: Int16(POLLIN), revents: 0) })
+            loop.add(&ends)
+            let after = loop.wait()
             var gatewayEvents: [MQTTEvent] = []
             var ownerEvents: [MQTTEvent] = []
-            gateway.poll(now: .now, readable: isReadable(fds[0]), writable: isWritable(fds[0])) { gatewayEvents.append($0) }
-            owner.poll(now: .now, readable: isReadable(fds[1]), writable: isWritable(fds[1])) { ownerEvents.append($0) }
+            gateway.poll(now: after, ready: loop.ready(g)) { gatewayEvents.append($0) }
+            owner.poll(now: after, ready: loop.ready(o)) { ownerEvents.append($0) }
             for case .message(let m) in gatewayEvents {
                 if m.topic == "probe/gateway" { probes.insert(m.topic); continue }
                 let p = m.properties
@@ -139,7 +146,7 @@ private final class Rig {
                                payload: m.payload, now: now)
             }
             for case .message(let m) in ownerEvents { ownerReceived(m) }
-            links.poll(fds: fds[2 ..< linksEnd], now: now, mqtt: &gateway, streams: &streams)
+            links.poll(fds: loop.ready(linkFDs), now: now, mqtt: &gateway, streams: &streams)
             links.tick(now: now)
         }
     }

@@ -101,27 +101,26 @@ private final class Rig {
     @discardableResult
     func run(limit: Duration = .seconds(10), until done: () -> Bool) -> Bool {
         let end = Instant.now + limit
+        // The gateway's driver, with the relay and its MQTT client as parts.
+        var loop = PollLoop(parts: 5, descriptors: 64)
         while true {
             devices.pump()
             if done() { return true }
             let now = Instant.now
             if now >= end { return false }
-            var fds = [pollDescriptor(gateway), pollDescriptor(requester)]
-            relay.pollDescriptors(into: &fds)
-            let relayEnd = fds.count
-            fds += devices.pollDescriptors
-            var wake = end
-            for deadline in [gateway.nextDeadline, requester.nextDeadline, relay.nextDeadline] {
-                if let deadline, deadline < wake { wake = deadline }
-            }
-            let timeout = wake <= now ? 0 : Int32((wake - now) / .milliseconds(1)) + 1
-            while Glibc.poll(&fds, nfds_t(fds.count), timeout) < 0 && Glibc.errno == EINTR {}
-            let after = Instant.now
-            gateway.poll(now: after, readable: isReadable(fds[0]), writable: isWritable(fds[0])) { _ in }
-            requester.poll(now: after, readable: isReadable(fds[1]), writable: isWritable(fds[1])) {
+            loop.begin(now: now)
+            let g = loop.add(&gateway)
+            let r = loop.add(&requester)
+            let links = loop.add(&relay)
+            var ends = DescriptorList(devices.pollDescriptors)
+            loop.add(&ends)
+            loop.add(deadline: end)
+            let after = loop.wait()
+            gateway.poll(now: after, ready: loop.ready(g)) { _ in }
+            requester.poll(now: after, ready: loop.ready(r)) {
                 if case .message(let m) = $0 { messages.append(m) }
             }
-            relay.poll(fds: fds[2 ..< relayEnd], now: after, mqtt: &gateway)
+            relay.poll(fds: loop.ready(links), now: after, mqtt: &gateway)
             relay.tick(now: after, mqtt: &gateway)
         }
     }

@@ -124,14 +124,6 @@ struct TestLink: DeviceLink {
 }
 
 
-// MARK: - Polling an MQTT client from the test's loop
-
-/// The client's socket, with POLLOUT only while libmosquitto has something to write.
-func pollDescriptor(_ c: borrowing MQTTClient) -> pollfd {
-    pollfd(fd: c.socket, events: Int16(POLLIN) | (c.wantsWrite ? Int16(POLLOUT) : 0), revents: 0)
-}
-func isReadable(_ p: pollfd) -> Bool { p.revents & Int16(POLLIN | POLLERR | POLLHUP) != 0 }
-func isWritable(_ p: pollfd) -> Bool { p.revents & Int16(POLLOUT) != 0 }
 
 // MARK: - Phones that open links to the gateway (docs/relay.md §7.5)
 

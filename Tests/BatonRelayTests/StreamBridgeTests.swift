@@ -179,31 +179,32 @@ private final class Rig {
     @discardableResult
     func run(limit: Duration = .seconds(10), until done: () -> Bool) -> Bool {
         let end = Instant.now + limit
+        // The gateway's driver; the relay's deadlines are on the test's clock (as in
+        // StreamRelayTests): its links are a part without a deadline, a turn at most 100 ms.
+        var loop = PollLoop(parts: 5, descriptors: 64, longestWait: .milliseconds(100))
         while true {
             phones.pump()
             devices.pump()
             if done() { return true }
             let wall = Instant.now
             if wall >= end { return false }
-            var fds = [pollDescriptor(gateway), pollDescriptor(carrier)]
-            relay.pollDescriptors(into: &fds)
-            let relayEnd = fds.count
+            loop.begin(now: wall)
+            let g = loop.add(&gateway)
+            let c = loop.add(&carrier)
+            var relayLinks = DescriptorList()
+            relay.pollDescriptors(into: &relayLinks.fds)
+            let links = loop.add(&relayLinks)
             // A paused phone has unread records: polling its end would spin.
-            if !phones.paused { fds += phones.pollDescriptors }
-            fds += devices.pollDescriptors
-            var wake = min(end, wall + .milliseconds(100))
-            for deadline in [gateway.nextDeadline, carrier.nextDeadline] {
-                if let deadline, deadline < wake { wake = deadline }
-            }
-            let timeout = wake <= wall ? 0 : Int32((wake - wall) / .milliseconds(1)) + 1
-            while Glibc.poll(&fds, nfds_t(fds.count), timeout) < 0 && Glibc.errno == EINTR {}
-            let after = Instant.now
+            var ends = DescriptorList((phones.paused ? [] : phones.pollDescriptors) + devices.pollDescriptors)
+            loop.add(&ends)
+            loop.add(deadline: end)
+            let after = loop.wait()
             var events: [MQTTEvent] = []
-            gateway.poll(now: after, readable: isReadable(fds[0]), writable: isWritable(fds[0])) { events.append($0) }
-            carrier.poll(now: after, readable: isReadable(fds[1]), writable: isWritable(fds[1])) { carrierEvent($0) }
+            gateway.poll(now: after, ready: loop.ready(g)) { events.append($0) }
+            carrier.poll(now: after, ready: loop.ready(c)) { carrierEvent($0) }
             // As Gateway.swift: the broker's messages, then the links, then the timer.
             for e in events { gatewayEvent(e) }
-            relay.poll(fds: fds[2 ..< relayEnd], now: now, mqtt: &gateway)
+            relay.poll(fds: loop.ready(links), now: now, mqtt: &gateway)
             relay.tick(now: now, mqtt: &gateway)
         }
     }
@@ -620,14 +621,14 @@ struct StreamBridgeTests {
     @Test("Capacity: relay.streams + 1, carried and bridged together: a phone is told busy and hung up, an endpoint too; a freed slot takes the next")
     func streamsPlusOne() throws {
         let rig = try Rig(RelayConfig(streams: 2))
-        rig.relay.open(id: "k1", topics: topics("k1"), frame: hx("10 0800 0004"), target: reader, refusal: nil,
+        rig.relay.open(id: "k1", topics: topics("k1"), frame: hx("10 0800 0004"), admitted: .success(reader),
                        now: rig.now, mqtt: &rig.gateway)
         try rig.openBridge("s1", pixel)
         #expect(rig.relay.openCount == 2)
 
         try rig.phoneOpens(galaxy, "s2")
         try rig.waitPhoneClosed(galaxy)
-        rig.relay.open(id: "k2", topics: topics("k2"), frame: hx("10 0800 0004"), target: reader, refusal: nil,
+        rig.relay.open(id: "k2", topics: topics("k2"), frame: hx("10 0800 0004"), admitted: .success(reader),
                        now: rig.now, mqtt: &rig.gateway)
         try #require(rig.run { rig.downSeen("k2").count == 1 })
         rig.settle()
@@ -651,7 +652,7 @@ struct StreamBridgeTests {
     func rolesKeepTheirTopics() throws {
         let rig = try Rig()
         try rig.openBridge("b1", pixel)
-        rig.relay.open(id: "c1", topics: topics("c1"), frame: hx("10 0800 0004"), target: reader, refusal: nil,
+        rig.relay.open(id: "c1", topics: topics("c1"), frame: hx("10 0800 0004"), admitted: .success(reader),
                        now: rig.now, mqtt: &rig.gateway)
         try #require(rig.run { rig.devices.received(reader).count == 1 }, "the carried stream's open reached the device")
 
@@ -662,7 +663,7 @@ struct StreamBridgeTests {
 
         // One id in both roles, as an ownership flip could make it.
         try rig.openBridge("s1", galaxy)
-        rig.relay.open(id: "s1", topics: topics("s1"), frame: hx("10 0800 0004"), target: reader, refusal: nil,
+        rig.relay.open(id: "s1", topics: topics("s1"), frame: hx("10 0800 0004"), admitted: .success(reader),
                        now: rig.now, mqtt: &rig.gateway)
         try #require(rig.run { rig.devices.received(reader).count == 2 }, "the second carried stream's open reached the device")
         #expect(rig.relay.fromBroker(id: "s1", leaf: "up", hx("11 00000000 75"), now: rig.now, mqtt: &rig.gateway))
@@ -888,6 +889,8 @@ private final class TwoRooms {
     func run(phone: Peer? = nil, device: Peer? = nil, limit: Duration = .seconds(60), until done: () -> Bool) throws -> Bool {
         let end = Instant.now + limit
         var turn = 0
+        // The two gateways' parts on one driver; the relays' deadlines are on the test's clock.
+        var loop = PollLoop(parts: 6, descriptors: 64)
         while true {
             turn += 1
             phones.paused = turn % 4 != 0
@@ -898,19 +901,22 @@ private final class TwoRooms {
             if done() { return true }
             let wall = Instant.now
             if wall >= end { return false }
-            var fds = [pollDescriptor(hallClient), pollDescriptor(studyClient)]
-            hall.pollDescriptors(into: &fds)
-            let hallEnd = fds.count
-            study.pollDescriptors(into: &fds)
-            let studyEnd = fds.count
-            fds += devices.pollDescriptors
-            if !phones.paused { fds += phones.pollDescriptors }
-            let timeout: Int32 = phones.paused ? 1 : 100
-            while Glibc.poll(&fds, nfds_t(fds.count), timeout) < 0 && Glibc.errno == EINTR {}
-            let after = Instant.now
+            loop.begin(now: wall)
+            let hallPart = loop.add(&hallClient)
+            let studyPart = loop.add(&studyClient)
+            var hallLinks = DescriptorList(), studyLinks = DescriptorList()
+            hall.pollDescriptors(into: &hallLinks.fds)
+            study.pollDescriptors(into: &studyLinks.fds)
+            let hallFDs = loop.add(&hallLinks)
+            let studyFDs = loop.add(&studyLinks)
+            var ends = DescriptorList(devices.pollDescriptors + (phones.paused ? [] : phones.pollDescriptors))
+            loop.add(&ends)
+            // A paused phone is read again within a millisecond.
+            loop.add(deadline: wall + (phones.paused ? .milliseconds(1) : .milliseconds(100)))
+            let after = loop.wait()
             var hallEvents: [MQTTEvent] = [], studyEvents: [MQTTEvent] = []
-            hallClient.poll(now: after, readable: isReadable(fds[0]), writable: isWritable(fds[0])) { hallEvents.append($0) }
-            studyClient.poll(now: after, readable: isReadable(fds[1]), writable: isWritable(fds[1])) { studyEvents.append($0) }
+            hallClient.poll(now: after, ready: loop.ready(hallPart)) { hallEvents.append($0) }
+            studyClient.poll(now: after, ready: loop.ready(studyPart)) { studyEvents.append($0) }
             for e in hallEvents {
                 guard case .message(let m) = e else { continue }
                 let level = m.topic.split(separator: "/", omittingEmptySubsequences: false)
@@ -918,8 +924,8 @@ private final class TwoRooms {
                     probes.insert(m.topic)
                 } else if level.count == 4, level[1] == "stream" {
                     // The hall owns the device (docs/relay.md §4): it takes the open.
-                    hall.open(id: String(level[3]), topics: topics(String(level[3])), frame: m.payload, target: reader,
-                              refusal: nil, now: now, mqtt: &hallClient)
+                    hall.open(id: String(level[3]), topics: topics(String(level[3])), frame: m.payload,
+                              admitted: .success(reader), now: now, mqtt: &hallClient)
                 } else if level.count == 4, level[1] == "streams" {
                     if !hall.fromBroker(id: String(level[2]), leaf: level[3], m.payload, now: now, mqtt: &hallClient) {
                         hall.dropped("stream-unknown")
@@ -935,8 +941,8 @@ private final class TwoRooms {
                     }
                 }
             }
-            hall.poll(fds: fds[2 ..< hallEnd], now: now, mqtt: &hallClient)
-            study.poll(fds: fds[hallEnd ..< studyEnd], now: now, mqtt: &studyClient)
+            hall.poll(fds: loop.ready(hallFDs), now: now, mqtt: &hallClient)
+            study.poll(fds: loop.ready(studyFDs), now: now, mqtt: &studyClient)
             hall.tick(now: now, mqtt: &hallClient)
             study.tick(now: now, mqtt: &studyClient)
         }

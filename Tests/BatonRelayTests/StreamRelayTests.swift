@@ -169,30 +169,31 @@ private final class Rig {
     @discardableResult
     func run(limit: Duration = .seconds(10), until done: () -> Bool) -> Bool {
         let end = Instant.now + limit
+        // The gateway's driver. The relay's deadlines are on the test's clock, not the wall
+        // clock: its links are a part without a deadline, it ticks every turn, and a turn is at
+        // most 100 ms.
+        var loop = PollLoop(parts: 5, descriptors: 64, longestWait: .milliseconds(100))
         while true {
             devices.pump()
             if done() { return true }
             let wall = Instant.now
             if wall >= end { return false }
-            var fds = [pollDescriptor(gateway), pollDescriptor(endpoint)]
-            relay.pollDescriptors(into: &fds)
-            let relayEnd = fds.count
-            fds += devices.pollDescriptors
-            // The relay's deadlines are on the test's clock, not the wall clock: it ticks every
-            // turn, and a turn is at most 100 ms.
-            var wake = min(end, wall + .milliseconds(100))
-            for deadline in [gateway.nextDeadline, endpoint.nextDeadline] {
-                if let deadline, deadline < wake { wake = deadline }
-            }
-            let timeout = wake <= wall ? 0 : Int32((wake - wall) / .milliseconds(1)) + 1
-            while Glibc.poll(&fds, nfds_t(fds.count), timeout) < 0 && Glibc.errno == EINTR {}
-            let after = Instant.now
+            loop.begin(now: wall)
+            let g = loop.add(&gateway)
+            let e = loop.add(&endpoint)
+            var relayLinks = DescriptorList()
+            relay.pollDescriptors(into: &relayLinks.fds)
+            let links = loop.add(&relayLinks)
+            var ends = DescriptorList(devices.pollDescriptors)
+            loop.add(&ends)
+            loop.add(deadline: end)
+            let after = loop.wait()
             var events: [MQTTEvent] = []
-            gateway.poll(now: after, readable: isReadable(fds[0]), writable: isWritable(fds[0])) { events.append($0) }
-            endpoint.poll(now: after, readable: isReadable(fds[1]), writable: isWritable(fds[1])) { endpointEvent($0) }
+            gateway.poll(now: after, ready: loop.ready(g)) { events.append($0) }
+            endpoint.poll(now: after, ready: loop.ready(e)) { endpointEvent($0) }
             // As Gateway.swift: the broker's messages, then the links, then the timer.
             for e in events { gatewayEvent(e) }
-            relay.poll(fds: fds[2 ..< relayEnd], now: now, mqtt: &gateway)
+            relay.poll(fds: loop.ready(links), now: now, mqtt: &gateway)
             relay.tick(now: now, mqtt: &gateway)
         }
     }
