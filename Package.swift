@@ -44,6 +44,9 @@ var targets: [Target] = [
             swiftSettings: wireSettings),
     .target(name: "BatonCore", dependencies: ["BatonLibc", "CLibc", "BatonWire"], swiftSettings: wireSettings),
     .target(name: "BatonKeys", dependencies: ["BatonLibc", "CLibc", "BatonWire", "CCrypto"], swiftSettings: wireSettings),
+    // The ESPHome native API server: each gateway is also a Bluetooth proxy for Home Assistant
+    // (docs/esphome.md). BatonHCI only for its syscall wrapper, as BatonRelay.
+    .target(name: "BatonProxy", dependencies: ["BatonLibc", "CLibc", "BatonWire", "BatonHCI", "CCrypto"], swiftSettings: wireSettings),
     .target(name: "BatonMQTT", dependencies: ["BatonLibc", "CLibc", "CMosquitto"], swiftSettings: wireSettings),
     // Payload fetches and continuation streams (docs/relay.md). Imports BatonHCI only for its
     // one syscall wrapper (Syscall, Errno), so every descriptor is handled by the same rules.
@@ -52,12 +55,14 @@ var targets: [Target] = [
     // The config file is YAML (docs/config.md): what a Home Assistant user already writes, and
     // BatonYAML gives every node its line, so a typo is reported with file, line and key.
     .target(name: "BatonGateway",
-            dependencies: ["BatonLibc", "CLibc", "BatonWire", "BatonHCI", "BatonCore", "BatonMQTT", "BatonRelay", "BatonYAML", "BatonKeys"],
+            dependencies: ["BatonLibc", "CLibc", "BatonWire", "BatonHCI", "BatonCore", "BatonMQTT", "BatonRelay", "BatonYAML", "BatonKeys",
+                           "BatonProxy"],
             swiftSettings: wireSettings),
     .executableTarget(
         name: "baton",
         dependencies: [
             "BatonLibc", "BatonWire", "BatonHCI", "BatonSim", "BatonCore", "BatonMQTT", "BatonRelay", "BatonGateway", "BatonKeys",
+            "BatonProxy",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ]),
     // The firmware's main (docs/firmware.md): scripts/firmware builds it and the modules above
@@ -75,6 +80,8 @@ var targets: [Target] = [
     .testTarget(name: "BatonKeysTests", dependencies: ["BatonLibc", "BatonKeys", "BatonWire", "BatonTestSupport"], exclude: ["Interop"]),
     .testTarget(name: "BatonRelayTests", dependencies: ["BatonLibc", "BatonRelay", "BatonWire", "BatonHCI", "BatonMQTT", "BatonSim",
                                                         "BatonTestSupport"]),
+    .testTarget(name: "BatonProxyTests", dependencies: ["BatonLibc", "BatonProxy", "BatonWire", "BatonTestSupport"],
+                exclude: ["Interop"]),
     .testTarget(name: "BatonMQTTTests", dependencies: ["BatonLibc", "BatonMQTT", "BatonTestSupport"]),
     .testTarget(name: "BatonGatewayTests",
                 dependencies: ["BatonLibc", "BatonGateway", "BatonCore", "BatonMQTT", "BatonRelay", "BatonHCI", "BatonWire", "BatonSim", "BatonKeys",
