@@ -85,7 +85,7 @@ var targets: [Target] = [
     .testTarget(name: "BatonMQTTTests", dependencies: ["BatonLibc", "BatonMQTT", "BatonTestSupport"]),
     .testTarget(name: "BatonGatewayTests",
                 dependencies: ["BatonLibc", "BatonGateway", "BatonCore", "BatonMQTT", "BatonRelay", "BatonHCI", "BatonWire", "BatonSim", "BatonKeys",
-                               "BatonTestSupport", "baton"]),
+                               "BatonProxy", "BatonTestSupport", "baton"]),
 ]
 
 // Fuzz targets: one per decoder of untrusted bytes. Built plain they replay corpus files
@@ -101,6 +101,11 @@ for name in fuzzTargets {
 // The YAML composer under the config and scenario readers (docs/config.md "Errors").
 targets.append(.executableTarget(
     name: "FuzzYAML", dependencies: ["BatonYAML", "FuzzSupport"], path: "Tests/Fuzz/FuzzYAML"))
+// The ESPHome API server's decoders: frames, Home Assistant's messages, the Noise handshake
+// (docs/esphome.md).
+for name in ["FuzzESPHomeFrame", "FuzzESPHomeMessage", "FuzzNoiseHandshake"] {
+    targets.append(.executableTarget(name: name, dependencies: ["BatonProxy", "BatonWire", "FuzzSupport"], path: "Tests/Fuzz/\(name)"))
+}
 // What re-advertising reads off the broker is parsed in the gateway (docs/relay.md §9).
 targets.append(.executableTarget(
     name: "FuzzRelayedActivity", dependencies: ["BatonGateway", "BatonMQTT", "BatonWire", "BatonKeys", "FuzzSupport"],
@@ -136,6 +141,12 @@ if ProcessInfo.processInfo.environment["BATON_BENCH"] != nil {
                        .product(name: "ArgumentParser", package: "swift-argument-parser"),
                        .product(name: "MallocInterposerSwift", package: "malloc-interposer")],
         path: "Tests/Benchmarks/GatewayBench"))
+    // The ESPHome API server: allocations per advertisement with one Noise client subscribed
+    // (docs/performance.md "The ESPHome proxy").
+    targets.append(.executableTarget(
+        name: "ProxyBench",
+        dependencies: ["BatonLibc", "BatonProxy", .product(name: "MallocInterposerSwift", package: "malloc-interposer")],
+        path: "Tests/Benchmarks/ProxyBench"))
 }
 
 let package = Package(

@@ -53,6 +53,9 @@ public struct ProxyServer: ~Copyable, LoopPart {
     public private(set) var scannerState: UInt32 = ScannerState.running
     /// How long a client has to finish the Noise handshake and say hello.
     public var handshakeTimeout: Duration = .seconds(10)
+    /// Our Noise ephemeral private key for every handshake, for the byte vectors of tests and
+    /// the allocation bench only; nil (always, in the gateway): a fresh one each time.
+    public var fixedEphemeralKey: [UInt8]? = nil
 
     let listenFD: Int32
     var slots: [ClientSlot]
@@ -93,6 +96,13 @@ public struct ProxyServer: ~Copyable, LoopPart {
         // (1), the node name and NUL, the MAC as compact hex and NUL (ESPHome 2025.4+).
         serverHello = [1] + info.name + [0] + Array(compactMAC.utf8) + [0]
         helloResponse = HelloResponse(serverInfo: Array("Baton (ESPHome native API)".utf8), name: info.name)
+        log(.notice, "esphome: listening on \(settings.address):\(port) (\(isEncrypted ? "Noise" : "plaintext, esphome.encryption: none"))")
+    }
+
+    /// The server for a gateway: `identity` from its settings, id and room.
+    public init(settings: ProxySettings, identity: ProxyIdentity,
+                log: @escaping (ProxyLogLevel, String) -> Void = { _, _ in }) throws(ProxyStartError) {
+        try self.init(settings: settings, info: identity.info, compactMAC: identity.compactMAC, log: log)
     }
 
     deinit {
@@ -306,7 +316,7 @@ public struct ProxyServer: ~Copyable, LoopPart {
             }
             do throws(NoiseError) {
                 var hs = try NoiseHandshake(psk: key)
-                let (response, transport) = try hs.respond(to: UnsafeRawBufferPointer(rebasing: body[1...]))
+                let (response, transport) = try hs.respond(to: UnsafeRawBufferPointer(rebasing: body[1...]), ephemeralPrivateKey: fixedEphemeralKey)
                 enqueueRaw(i, NoiseFrame.indicator, [0] + response)
                 slots[i].transport = transport
                 slots[i].phase = .ready

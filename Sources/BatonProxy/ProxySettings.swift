@@ -107,3 +107,47 @@ public struct ProxySettings: Sendable, Equatable {
         return s
     }
 }
+
+/// Who the gateway says it is to Home Assistant: DeviceInfoResponse's fields, the MAC in both
+/// forms, made once at start from the settings and the gateway's id and room.
+public struct ProxyIdentity: Sendable, Equatable {
+    public let info: DeviceInfo
+    /// The 48-bit `mac_address`, most significant byte first.
+    public let mac: UInt64
+    /// The ESPHome release whose API this server follows, reported as `esphome_version`:
+    /// Home Assistant shows it as the device's software version.
+    public static let esphomeVersion = "2025.5.0"
+
+    /// `name` and `friendlyName` default to the gateway id and the room; `mac` to
+    /// `ProxySettings.derivedMAC(gatewayID:)`; `bluetoothAddress` (the controller's, when the
+    /// gateway knows it) to the same MAC.
+    public init(settings: ProxySettings, gatewayID: String, room: String, bluetoothAddress: UInt64? = nil) {
+        let mac = settings.mac.flatMap(ProxySettings.parseMAC) ?? ProxySettings.derivedMAC(gatewayID: gatewayID)
+        self.mac = mac
+        let encrypted: Bool
+        if case .noise = settings.encryption { encrypted = true } else { encrypted = false }
+        info = DeviceInfo(name: settings.name.isEmpty ? gatewayID : settings.name, macAddress: ProxySettings.macText(mac),
+                          esphomeVersion: Self.esphomeVersion, model: "Baton gateway", manufacturer: "Baton",
+                          friendlyName: settings.friendlyName.isEmpty ? room : settings.friendlyName,
+                          bluetoothMacAddress: ProxySettings.macText(bluetoothAddress ?? mac), encryptionSupported: encrypted)
+    }
+
+    public var compactMAC: String { ProxySettings.compactMAC(mac) }
+    public var name: String { String(decoding: info.name, as: UTF8.self) }
+    public var friendlyName: String { String(decoding: info.friendlyName, as: UTF8.self) }
+}
+
+extension ProxySettings {
+    /// The MAC a gateway reports when `esphome.mac` is not set: locally administered and
+    /// unicast (first byte 0x02), the other five bytes the low 40 bits of the 64-bit FNV-1a hash
+    /// of "baton-esphome:" + the gateway id. Stable across restarts and reinstalls as long as
+    /// the id stays, and different for every gateway of a building (their ids are).
+    public static func derivedMAC(gatewayID: String) -> UInt64 {
+        var h: UInt64 = 0xcbf2_9ce4_8422_2325
+        for b in ("baton-esphome:" + gatewayID).utf8 {
+            h ^= UInt64(b)
+            h = h &* 0x0000_0100_0000_01B3
+        }
+        return 0x02_00_0000_0000 | (h & 0xFF_FFFF_FFFF)
+    }
+}
