@@ -150,7 +150,7 @@ public struct ProxyServer: ~Copyable, LoopPart {
     public var nextDeadline: Instant? {
         var next: Instant? = nil
         for s in slots where s.fd >= 0 {
-            var d = s.lastReceived + (s.phase == .ready ? settings.idleTimeout : handshakeTimeout)
+            var d = s.phase == .ready ? s.lastReceived + settings.idleTimeout : s.connectedAt + handshakeTimeout
             if let since = s.stalledSince, since + settings.stallTimeout < d { d = since + settings.stallTimeout }
             if next == nil || d < next! { next = d }
         }
@@ -493,7 +493,7 @@ public struct ProxyServer: ~Copyable, LoopPart {
         for i in slots.indices where slots[i].fd >= 0 {
             if let since = slots[i].stalledSince, now - since >= settings.stallTimeout {
                 drop(i, reason: "stopped reading: its \(settings.sendBuffer)-byte send buffer stayed full for \(settings.stallTimeout.components.seconds) s", counter: .stalled)
-            } else if slots[i].phase != .ready, now - slots[i].lastReceived >= handshakeTimeout {
+            } else if slots[i].phase != .ready, now - slots[i].connectedAt >= handshakeTimeout {
                 drop(i, reason: "did not finish the handshake within \(handshakeTimeout.components.seconds) s", counter: .timedOut)
             } else if slots[i].phase == .ready, now - slots[i].lastReceived >= settings.idleTimeout {
                 drop(i, reason: "sent nothing for \(settings.idleTimeout.components.seconds) s", counter: .timedOut)
@@ -672,6 +672,8 @@ struct ClientSlot {
     /// Close once the send buffer is written (after a DisconnectResponse).
     var closing = false
     var lastReceived = Instant(nanoseconds: 0)
+    /// When it connected: the handshake's deadline counts from here, however slowly it trickles.
+    var connectedAt = Instant(nanoseconds: 0)
     var stalledSince: Instant? = nil
 
     init(receive: UnsafeMutableRawBufferPointer, send: UnsafeMutableRawBufferPointer) {
@@ -686,6 +688,7 @@ struct ClientSlot {
         self.peer = peer
         self.phase = phase
         lastReceived = now
+        connectedAt = now
     }
 
     mutating func reset() {

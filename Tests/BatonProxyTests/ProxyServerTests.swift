@@ -15,14 +15,15 @@ struct Bench: ~Copyable {
     var loop: PollLoop
     let log = LogLines()
 
-    init(clients: Int = 2, sendBuffer: Int = 16 * 1024) throws {
-        var s = ProxySettings(encryption: .none)
+    init(clients: Int = 2, sendBuffer: Int = 16 * 1024, encryption: ProxyEncryption = .none) throws {
+        var s = ProxySettings(encryption: encryption)
         s.address = "127.0.0.1"
         s.port = 0
         s.clients = clients
         s.sendBuffer = sendBuffer
         let lines = log
         server = try ProxyServer(settings: s, info: hallInfo, compactMAC: "02ba70000001") { _, l in lines.lines.append(l) }
+        server.fixedEphemeralKey = vectorResponderEphemeral
         loop = PollLoop(parts: 1, descriptors: server.descriptorCount, longestWait: .milliseconds(20))
     }
 
@@ -81,6 +82,34 @@ func received(_ fd: Int32) -> [UInt8]? {
         #expect(received(c) == nil, "closed after the DisconnectResponse")
         #expect(b.server.clientCount == 0)
         #expect(b.log.lines.contains { $0.contains("is \"aioesphomeapi\" (API 1.12)") })
+    }
+
+    @Test func theNoiseExchangeInBytesSection4_1() throws {
+        var b = try Bench(encryption: .noise(key: vectorPSK))
+        let c = b.connectClient()
+        defer { close(c) }
+        b.turn()
+        // The client's hello, its handshake frame (0 = OK, then the §4.3 message), its ping.
+        sendAll(c, hx("01 0000") + hx("01 0031 00") + vectorMessage1 + hx("01 0014") + vectorClientPing)
+        b.turn()
+        #expect(received(c) == hx("01 0013  01 68616c6c 00 303262613730303030303031 00")  // 1, "hall", "02ba70000001"
+                + hx("01 0031 00") + vectorMessage2
+                + hx("01 0014") + vectorServerPong)
+    }
+
+    @Test func anUnfinishedHandshakeTimesOutHoweverSlowlyItTrickles() throws {
+        var b = try Bench(encryption: .noise(key: vectorPSK))
+        let c = b.connectClient()
+        defer { close(c) }
+        b.turn()
+        sendAll(c, hx("01 0000  01 0031 00"))  // the hello, then a handshake frame that never ends
+        b.turn(1, now: .now + .seconds(9))
+        sendAll(c, hx("7b4e"))
+        b.turn(1, now: .now + .seconds(9))
+        #expect(b.server.clientCount == 1)
+        b.turn(1, now: .now + .seconds(11))
+        #expect(b.server.clientCount == 0 && b.server.counters.timedOut == 1)
+        #expect(b.log.lines.contains { $0.contains("did not finish the handshake within 10 s") })
     }
 
     @Test func advertisementsArriveInTheTurnTheyAreHeardSection3_4() throws {

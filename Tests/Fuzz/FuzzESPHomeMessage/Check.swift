@@ -1,7 +1,8 @@
 // Fuzz target: the protobuf decoder of Home Assistant's messages (docs/esphome.md §3). Bytes
 // 0–1 are the message type (big-endian, as in a Noise frame), the rest its body. Invariants:
 //   * the field walk either reaches the body's exact end, its fields tiling it in order (each
-//     length-delimited value inside the body), or throws at a byte inside the body;
+//     length-delimited value inside the body), or throws at a byte inside the body (a read cut
+//     short: at its end at the latest);
 //   * `ClientMessage.decode` throws exactly when the walk throws, with the same error: every
 //     body is walked whole, whatever the type;
 //   * a type the server does not know decodes to `.other(type)`; a hello's client_info lies in
@@ -30,7 +31,10 @@ func walk(_ body: UnsafeRawBufferPointer) -> WireError? {
         return nil
     } catch {
         switch error {
-        case .truncated(let at, _), .badLength(let at, _), .malformed(let at, _):
+        case .truncated(let at, let need):
+            // A read cut short: at the body's end at the latest, needing more than is left.
+            invariant(at >= end && at <= body.count && need > 0, "\(error) outside the body of \(body.count)")
+        case .badLength(let at, _), .malformed(let at, _):
             invariant(at >= end && at < body.count, "\(error) outside the body of \(body.count)")
         default:
             invariant(false, "walk threw \(error)")
