@@ -80,7 +80,7 @@ var targets: [Target] = [
     .testTarget(name: "BatonKeysTests", dependencies: ["BatonLibc", "BatonKeys", "BatonWire", "BatonTestSupport"], exclude: ["Interop"]),
     .testTarget(name: "BatonRelayTests", dependencies: ["BatonLibc", "BatonRelay", "BatonWire", "BatonHCI", "BatonMQTT", "BatonSim",
                                                         "BatonTestSupport"]),
-    .testTarget(name: "BatonProxyTests", dependencies: ["BatonLibc", "BatonProxy", "BatonWire", "BatonTestSupport"],
+    .testTarget(name: "BatonProxyTests", dependencies: ["BatonLibc", "BatonProxy", "BatonWire", "BatonHCI", "BatonSim", "BatonTestSupport"],
                 exclude: ["Interop"]),
     .testTarget(name: "BatonMQTTTests", dependencies: ["BatonLibc", "BatonMQTT", "BatonTestSupport"]),
     .testTarget(name: "BatonGatewayTests",

@@ -172,12 +172,13 @@ public struct ProxyServer: ~Copyable, LoopPart {
     }
 
     /// Called by the gateway's hot path for every advertising report: appends it to the batch
-    /// if any client is subscribed. `address` is the 48-bit address with its most significant
-    /// byte first as written (AA:BB:… is 0xAABB…; HCI's bytes are least significant first),
-    /// `addressType` HCI's (0 public, 1 random), `data` the advertising data and scan
-    /// response as received (at most 62 bytes; longer is counted and skipped).
+    /// if any client is subscribed. `address` is the 48-bit address as a number, AA:BB:… being
+    /// 0xAABB… (`AdvertisingReport.address` as it is), `addressType` HCI's (0 public, 1 random,
+    /// 2 and 3 identity; 0xFF anonymous is skipped), `data` the report's data as received (at
+    /// most 62 bytes; longer is counted as `too_long` and skipped).
     public mutating func heard(address: UInt64, addressType: UInt8, rssi: Int8, data: UnsafeRawBufferPointer) {
-        guard subscribers > 0 else { return }
+        // 0xFF: an anonymous extended advertisement, no address to report.
+        guard subscribers > 0, addressType != 0xFF else { return }
         guard data.count <= RawAdvertisement.dataLimit else {
             counters.tooLong &+= 1
             return

@@ -4,7 +4,9 @@
 // loop, `handle` when it has work, `heard` per advertising report, `flush` every turn), and
 // reads what a simulated controller's advertisements become: the same address, RSSI, type and
 // bytes. Skipped when the venv is missing (scripts/esphome-venv makes it).
+import BatonHCI
 import BatonLibc
+import BatonSim
 import BatonTestSupport
 import CLibc
 import Foundation
@@ -34,9 +36,22 @@ struct ClientRun {
 
 final class LogLines: @unchecked Sendable { var lines: [String] = [] }
 
+/// Feeds the three `simulatedAdvertisements` straight into `heard`, once.
+func feedOnce() -> (inout ProxyServer) -> Void {
+    var fed = false
+    return { server in
+        guard !fed else { return }
+        for a in simulatedAdvertisements {
+            a.data.withUnsafeBytes { server.heard(address: a.address, addressType: a.type, rssi: a.rssi, data: $0) }
+        }
+        fed = true
+    }
+}
+
 /// Runs the client against a server with `encryption` until it exits (at most 600 turns of
-/// at most 50 ms), feeding the simulated advertisements once it has subscribed.
-func runClient(server encryption: ProxyEncryption, clientKey: String?) throws -> ClientRun {
+/// at most 50 ms), feeding advertisements once it has subscribed.
+func runClient(server encryption: ProxyEncryption, clientKey: String?, expect count: Int = simulatedAdvertisements.count,
+               feed: (inout ProxyServer) -> Void = feedOnce()) throws -> ClientRun {
     var settings = ProxySettings(encryption: encryption)
     settings.address = "127.0.0.1"
     settings.port = 0
@@ -52,10 +67,9 @@ func runClient(server encryption: ProxyEncryption, clientKey: String?) throws ->
     try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
     defer { try? FileManager.default.removeItem(atPath: dir) }
     let child = try ChildProcess(esphomePython, [repoRoot + "/Tests/BatonProxyTests/Interop/esphome_client.py", "\(server.port)",
-                                                 clientKey ?? "-", "\(simulatedAdvertisements.count)"],
+                                                 clientKey ?? "-", "\(count)"],
                                  stdout: dir + "/out", stderr: dir + "/err")
     var loop = PollLoop(parts: 1, descriptors: server.descriptorCount, longestWait: .milliseconds(50))
-    var fed = false
     var turns = 0
     while child.isRunning, turns < 600 {
         turns += 1
@@ -63,12 +77,7 @@ func runClient(server encryption: ProxyEncryption, clientKey: String?) throws ->
         let slot = loop.add(&server)
         loop.wait()
         server.handle(ready: loop.ready(slot), now: loop.now)
-        if !fed, server.subscriberCount > 0 {
-            for a in simulatedAdvertisements {
-                a.data.withUnsafeBytes { server.heard(address: a.address, addressType: a.type, rssi: a.rssi, data: $0) }
-            }
-            fed = true
-        }
+        if server.subscriberCount > 0 { feed(&server) }
         server.flush(now: loop.now)
     }
     _ = child.wait(timeout: .seconds(5))
@@ -113,6 +122,47 @@ struct AioesphomeapiTests {
     @Test func encryptedWithTheRightKey() throws {
         let run = try runClient(server: .noise(key: Array(0...31)), clientKey: keyBase64)
         checkSession(run, encrypted: true)
+    }
+
+    /// The gateway's path: a simulated controller speaks H4 to a RadioH4, the decoder walks its
+    /// LE Advertising Reports, and each report goes to `heard` as `Gateway.route` will pass it
+    /// (docs/esphome.md §8). Home Assistant's client receives exactly what the controller
+    /// delivered: address, type, RSSI and bytes.
+    @Test func whatASimulatedControllerDeliversIsWhatHomeAssistantReceives() throws {
+        var h4: [Int32] = [-1, -1]
+        try #require(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &h4) == 0)
+        let controller = VirtualController(fd: h4[1])
+        var radio = try RadioH4(fd: h4[0])
+        try radio.start(now: .now)
+        var decoder = AdvertisementDecoder()
+        var traffic = CaptureGenerator(devices: 6, seed: 22)
+        var delivered: [GeneratedReport] = []
+        let want = 12
+        let run = try runClient(server: .noise(key: Array(0...31)), clientKey: keyBase64, expect: want) { server in
+            controller.poll()
+            if controller.scanning, delivered.count < want {
+                var r = traffic.next()
+                while r.extended || r.data.count > 31 { r = traffic.next() }
+                controller.deliver(r)
+                delivered.append(r)
+            }
+            controller.flush()
+            _ = try? radio.poll(now: .now) { event in
+                decoder.decode(event: event, timestamp: 0) { heard in
+                    let r = heard.report
+                    server.heard(address: r.address, addressType: r.addressType, rssi: r.rssi, data: r.data)
+                }
+            }
+        }
+        // Scanning starts only after the radio's init, which the same turns drive.
+        let ads = run.first("advertisements") as? [[String: Any]] ?? []
+        #expect(ads.count == want, "\(run.lines)")
+        for (got, sent) in zip(ads, delivered) {
+            #expect(got["address"] as? UInt64 == sent.address)
+            #expect(got["address_type"] as? Int == Int(sent.addressType))
+            #expect(got["rssi"] as? Int == Int(sent.rssi))
+            #expect(got["data"] as? String == hexString(sent.data))
+        }
     }
 
     @Test func plaintextWhenTheConfigSaysSo() throws {
