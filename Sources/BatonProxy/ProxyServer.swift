@@ -240,8 +240,12 @@ public struct ProxyServer: ~Copyable, LoopPart {
 
     // MARK: Receiving
 
+    /// Reads and answers what the client sent: at most 16 buffers' worth a turn, so a client
+    /// that floods cannot keep the loop from its other work (the rest waits for the next turn).
     mutating func receive(_ i: Int, now: Instant) {
-        while slots[i].fd >= 0 {
+        var reads = 0
+        while slots[i].fd >= 0, reads < 16 {
+            reads += 1
             let room = slots[i].receive.count - slots[i].received
             guard room > 0 else {
                 // A whole buffer and no frame in it: the decoders refuse lengths over the

@@ -1,6 +1,7 @@
 // The server's exchange and its bad clients (docs/esphome.md §1, §5), over loopback with a
 // plaintext client written in bytes. Time is injected: a "later" turn passes an `Instant` past
 // the bound instead of waiting for it.
+import BatonHCI
 import BatonLibc
 import BatonTestSupport
 import BatonWire
@@ -219,5 +220,17 @@ func received(_ fd: Int32) -> [UInt8]? {
         #expect(xml.contains("<txt-record>api_encryption=Noise_NNpsk0_25519_ChaChaPoly_SHA256</txt-record>"))
         #expect(!MDNSService.avahiXML(name: "hall", friendlyName: "Hall", port: 6053, mac: "02ba70000001", version: "2025.5.0", encrypted: false).contains("api_encryption"))
         #expect(!MDNSService.emptyXML(name: "hall").contains("<service>"))
+    }
+
+    @Test func theServiceFileIsRewrittenInPlaceNeverCreated() throws {
+        let path = "/tmp/baton-esphome-\(getpid()).service"
+        defer { unlink(path) }
+        #expect(throws: Errno.self) { try MDNSService.write("x", to: path) }  // the package creates it
+        let fd = creat(path, 0o644)
+        #expect(fd >= 0)
+        close(fd)
+        try MDNSService.write(MDNSService.emptyXML(name: "hall") + "longer than what follows", to: path)
+        try MDNSService.write(MDNSService.emptyXML(name: "hall"), to: path)
+        #expect(readFile(path).map { String(decoding: $0, as: UTF8.self) } == MDNSService.emptyXML(name: "hall"))
     }
 }
