@@ -50,6 +50,9 @@ var targets: [Target] = [
             swiftSettings: wireSettings),
     .target(name: "BatonCore", dependencies: ["BatonLibc", "CLibc", "BatonWire"], swiftSettings: wireSettings),
     .target(name: "BatonKeys", dependencies: ["BatonLibc", "CLibc", "BatonWire", "CCrypto"], swiftSettings: wireSettings),
+    // The ESPHome native API server: each gateway is also a Bluetooth proxy for Home Assistant
+    // (docs/esphome.md). BatonHCI only for its syscall wrapper, as BatonRelay.
+    .target(name: "BatonProxy", dependencies: ["BatonLibc", "CLibc", "BatonWire", "BatonHCI", "CCrypto"], swiftSettings: wireSettings),
     .target(name: "BatonMQTT", dependencies: ["BatonLibc", "CLibc", "CMosquitto"], swiftSettings: wireSettings),
     // Payload fetches and continuation streams (docs/relay.md). Imports BatonHCI only for its
     // one syscall wrapper (Syscall, Errno), so every descriptor is handled by the same rules.
@@ -58,12 +61,14 @@ var targets: [Target] = [
     // The config file is YAML (docs/config.md): what a Home Assistant user already writes, and
     // BatonYAML gives every node its line, so a typo is reported with file, line and key.
     .target(name: "BatonGateway",
-            dependencies: ["BatonLibc", "CLibc", "BatonWire", "BatonHCI", "BatonCore", "BatonMQTT", "BatonRelay", "BatonYAML", "BatonKeys"],
+            dependencies: ["BatonLibc", "CLibc", "BatonWire", "BatonHCI", "BatonCore", "BatonMQTT", "BatonRelay", "BatonYAML", "BatonKeys",
+                           "BatonProxy"],
             swiftSettings: wireSettings),
     .executableTarget(
         name: "baton",
         dependencies: [
             "BatonLibc", "BatonWire", "BatonHCI", "BatonDevice", "BatonSim", "BatonCore", "BatonMQTT", "BatonRelay", "BatonGateway", "BatonKeys",
+            "BatonProxy",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ]),
     // The firmware's main (docs/firmware.md): scripts/firmware builds it and the modules above
@@ -86,10 +91,12 @@ var targets: [Target] = [
     .testTarget(name: "BatonKeysTests", dependencies: ["BatonLibc", "BatonKeys", "BatonWire", "BatonTestSupport"], exclude: ["Interop"]),
     .testTarget(name: "BatonRelayTests", dependencies: ["BatonLibc", "BatonRelay", "BatonWire", "BatonHCI", "BatonMQTT", "BatonSim",
                                                         "BatonTestSupport"]),
+    .testTarget(name: "BatonProxyTests", dependencies: ["BatonLibc", "BatonProxy", "BatonWire", "BatonHCI", "BatonSim", "BatonTestSupport"],
+                exclude: ["Interop"]),
     .testTarget(name: "BatonMQTTTests", dependencies: ["BatonLibc", "BatonMQTT", "BatonTestSupport"]),
     .testTarget(name: "BatonGatewayTests",
                 dependencies: ["BatonLibc", "BatonGateway", "BatonCore", "BatonMQTT", "BatonRelay", "BatonHCI", "BatonWire", "BatonSim", "BatonKeys",
-                               "BatonTestSupport", "baton"]),
+                               "BatonProxy", "BatonTestSupport", "baton"]),
 ]
 
 // Fuzz targets: one per decoder of untrusted bytes. Built plain they replay corpus files
@@ -105,6 +112,11 @@ for name in fuzzTargets {
 // The YAML composer under the config and scenario readers (docs/config.md "Errors").
 targets.append(.executableTarget(
     name: "FuzzYAML", dependencies: ["BatonYAML", "FuzzSupport"], path: "Tests/Fuzz/FuzzYAML"))
+// The ESPHome API server's decoders: frames, Home Assistant's messages, the Noise handshake
+// (docs/esphome.md).
+for name in ["FuzzESPHomeFrame", "FuzzESPHomeMessage", "FuzzNoiseHandshake"] {
+    targets.append(.executableTarget(name: name, dependencies: ["BatonProxy", "BatonWire", "FuzzSupport"], path: "Tests/Fuzz/\(name)"))
+}
 // What re-advertising reads off the broker is parsed in the gateway (docs/relay.md §9).
 targets.append(.executableTarget(
     name: "FuzzRelayedActivity", dependencies: ["BatonGateway", "BatonMQTT", "BatonWire", "BatonKeys", "FuzzSupport"],
@@ -140,6 +152,12 @@ if ProcessInfo.processInfo.environment["BATON_BENCH"] != nil {
                        .product(name: "ArgumentParser", package: "swift-argument-parser"),
                        .product(name: "MallocInterposerSwift", package: "malloc-interposer")],
         path: "Tests/Benchmarks/GatewayBench"))
+    // The ESPHome API server: allocations per advertisement with one Noise client subscribed
+    // (docs/performance.md "The ESPHome proxy").
+    targets.append(.executableTarget(
+        name: "ProxyBench",
+        dependencies: ["BatonLibc", "BatonProxy", .product(name: "MallocInterposerSwift", package: "malloc-interposer")],
+        path: "Tests/Benchmarks/ProxyBench"))
 }
 
 let package = Package(

@@ -14,6 +14,7 @@ import BatonMQTT
 import BatonRelay
 import BatonKeys
 import BatonWire
+import BatonProxy
 
 /// Every key the file may hold, section by section, in the order docs/config.md lists them.
 /// Unknown-key suggestions search it; the tests check docs/config.md and board/baton.yaml
@@ -21,7 +22,7 @@ import BatonWire
 enum ConfigSchema {
     static let sections: [(path: String, keys: [String])] = [
         ("", ["gateway", "broker", "topics", "radio", "table", "apple", "rooms", "relay", "security", "status", "log",
-              "activity-types"]),
+              "activity-types", "esphome"]),
         ("gateway", ["id", "room"]),
         ("broker", ["url", "client-id", "username", "password", "password-file", "keepalive", "protocol",
                     "reconnect-min", "reconnect-max", "tls"]),
@@ -37,6 +38,8 @@ enum ConfigSchema {
         ("security", ["beacon-key", "beacon-key-file", "identities", "unkeyed"]),
         ("status", ["interval"]),
         ("log", ["level"]),
+        ("esphome", ["encryption-key", "encryption", "address", "port", "clients", "name", "friendly-name", "mac",
+                     "mdns-service-file"]),
     ]
 
     static func keys(of path: String) -> [String] {
@@ -238,6 +241,7 @@ struct ConfigFileReader {
         if let s = subsection(top["status"]) {
             if let e = s["interval"], let d = duration(e, atLeast: .seconds(1)) { c.statusInterval = d }
         }
+        if let e = top["esphome"], let s = subsection(e) { readESPHome(e, s, into: &c) }
         if let s = subsection(top["log"]) {
             if let e = s["level"], let level = choice(e, Logger.Level.allCases.map { ($0.rawValue, $0.rawValue) }) {
                 c.logLevel = level
@@ -462,6 +466,50 @@ struct ConfigFileReader {
         if let e = s["unkeyed"], let p = choice(e, [("publish", UnkeyedGroupPolicy.publish), ("ignore", .ignore)]) {
             c.security.unkeyed = p
         }
+    }
+
+    /// docs/esphome.md §6: the ESPHome API server, off unless the section is there, and then
+    /// encrypted unless it says `encryption: none`.
+    mutating func readESPHome(_ entry: ConfigEntry, _ s: Section, into c: inout GatewayConfig) {
+        var settings = ProxySettings(encryption: .none)
+        switch (s["encryption-key"], s["encryption"]) {
+        case (.some, .some(let e)):
+            report(e.value, e.key, "give esphome.encryption-key or esphome.encryption: none, not both")
+            return
+        case (.some(let e), nil):
+            guard let t = text(e, expected: "32 bytes in base64") else { return }
+            guard let key = ProxySettings.key(base64: t) else {
+                report(e.value, e.key, "expected 32 bytes in base64 (44 characters ending in \"=\", as `openssl rand -base64 32` writes), got \(t.utf8.count) characters")
+                return
+            }
+            settings.encryption = .noise(key: key)
+        case (nil, .some(let e)):
+            guard choice(e, [("none", true)]) != nil else { return }
+            settings.encryption = .none
+        case (nil, nil):
+            report(line: entry.keyLine, entry.key, "needs encryption-key (32 bytes in base64, which Home Assistant asks for) or, to serve it unencrypted, encryption: none")
+            return
+        }
+        if let e = s["address"], let a = text(e, expected: "an IPv4 or IPv6 address") {
+            if ConfigValue.isIPAddress(a) { settings.address = a } else {
+                report(e.value, e.key, "expected an IPv4 or IPv6 address (0.0.0.0: every IPv4 address, :: every address), got \(quoted(a))")
+            }
+        }
+        if let e = s["port"], let n = integer(e, 1...65_535) { settings.port = UInt16(n) }
+        if let e = s["clients"], let n = integer(e, 1...16) { settings.clients = n }
+        if let e = s["name"], let n = value(e, ConfigValue.gatewayID) {
+            if n.utf8.count > 31 { report(e.value, e.key, "at most 31 characters (ESPHome's node name)") } else { settings.name = n }
+        }
+        if let e = s["friendly-name"], let n = value(e, ConfigValue.room) { settings.friendlyName = n }
+        if let e = s["mac"], let t = text(e, expected: "a MAC address like 02:BA:70:12:34:56") {
+            if let m = ProxySettings.parseMAC(t) { settings.mac = ProxySettings.macText(m) } else {
+                report(e.value, e.key, "expected a MAC address like 02:BA:70:12:34:56, got \(quoted(t))")
+            }
+        }
+        if let e = s["mdns-service-file"], let t = text(e, expected: "a file path, or \"\" for none") {
+            settings.mdnsServiceFile = t.isEmpty ? "" : resolve(t)
+        }
+        c.esphome = settings
     }
 
     mutating func readGateway(_ s: Section, into c: inout GatewayConfig) {

@@ -7,7 +7,9 @@ public import BatonMQTT
 public import BatonRelay
 public import BatonYAML
 public import BatonKeys
+public import BatonProxy
 import BatonWire
+import CLibc
 
 /// Where advertising reports come from (`radio.source`, `--radio`).
 public enum RadioSourceSpec: Sendable, Equatable {
@@ -77,6 +79,9 @@ public struct GatewayConfig: Sendable, Equatable {
     /// `relay.fetch-titles`: the owner fetches an open group's payload for its type, title and
     /// webpage URL (docs/relay.md §4.1).
     public var fetchTitles = true
+    /// `esphome:`: the ESPHome API server, Home Assistant's Bluetooth proxy (docs/esphome.md);
+    /// nil when the section is absent (off).
+    public var esphome: ProxySettings? = nil
 
     /// What `relay.link` comes to with this radio.
     public var resolvedRelayLink: RelayLinkSpec {
@@ -189,6 +194,13 @@ func hasControlCharacter(_ text: String) -> Bool {
 }
 
 enum ConfigValue {
+    /// `esphome.address`: an IPv4 or IPv6 address in the forms inet_pton(3) reads.
+    static func isIPAddress(_ text: String) -> Bool {
+        var v4 = in_addr()
+        var v6 = in6_addr()
+        return text.withCString { inet_pton(AF_INET, $0, &v4) == 1 || inet_pton(AF_INET6, $0, &v6) == 1 }
+    }
+
     /// `gateway.id` / `--id`: a level in every topic and Home Assistant's device id.
     static func gatewayID(_ text: String) throws(ConfigValueError) -> String {
         guard !text.isEmpty else { throw ConfigValueError("must not be empty") }

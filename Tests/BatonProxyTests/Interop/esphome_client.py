@@ -1,0 +1,64 @@
+"""Home Assistant's side of the ESPHome API, for Tests/BatonProxyTests/AioesphomeapiTests.swift.
+
+aioesphomeapi (pinned in scripts/esphome-venv) connects to the gateway's ESPHome API server the
+way Home Assistant's ESPHome integration does: hello (and the Noise handshake when a key is
+given), device info, a subscription to raw advertisements and to the scanner state. Prints one
+JSON line per step on stdout; the Swift test reads them after the process exits.
+
+    esphome_client.py PORT KEY|- ADVERTISEMENTS
+"""
+import asyncio
+import json
+import sys
+
+from aioesphomeapi import APIClient
+
+
+def say(**kw):
+    print(json.dumps(kw), flush=True)
+
+
+async def main() -> None:
+    port, key, want = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    client = APIClient("127.0.0.1", port, None, noise_psk=None if key == "-" else key,
+                       client_info="baton-test", keepalive=60)
+    try:
+        await asyncio.wait_for(client.connect(login=False), 15)
+    except Exception as e:  # noqa: BLE001 - the test asserts on the class name
+        say(error=type(e).__name__, message=str(e))
+        return
+    say(api_version=[client.api_version.major, client.api_version.minor])
+    info = await client.device_info()
+    say(device_info={
+        "name": info.name, "mac_address": info.mac_address, "esphome_version": info.esphome_version,
+        "model": info.model, "manufacturer": info.manufacturer, "friendly_name": info.friendly_name,
+        "bluetooth_mac_address": info.bluetooth_mac_address,
+        "bluetooth_proxy_feature_flags": info.bluetooth_proxy_feature_flags,
+        "api_encryption_supported": info.api_encryption_supported,
+    })
+    got, states = [], []
+    done = asyncio.Event()
+
+    def on_state(s):
+        states.append([int(s.state), int(s.mode)])
+
+    def on_raw(resp):
+        for a in resp.advertisements:
+            got.append({"address": a.address, "rssi": a.rssi, "address_type": a.address_type, "data": a.data.hex()})
+        if len(got) >= want:
+            done.set()
+
+    client.subscribe_bluetooth_scanner_state(on_state)
+    client.subscribe_bluetooth_le_raw_advertisements(on_raw)
+    say(subscribed=True)
+    try:
+        await asyncio.wait_for(done.wait(), 15)
+    except TimeoutError:
+        pass
+    await asyncio.sleep(0.2)  # a scanner state sent with the subscription
+    say(advertisements=got, scanner=states)
+    await client.disconnect()
+    say(disconnected=True)
+
+
+asyncio.run(main())

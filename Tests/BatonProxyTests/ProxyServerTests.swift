@@ -1,0 +1,236 @@
+// The server's exchange and its bad clients (docs/esphome.md §1, §5), over loopback with a
+// plaintext client written in bytes. Time is injected: a "later" turn passes an `Instant` past
+// the bound instead of waiting for it.
+import BatonHCI
+import BatonLibc
+import BatonTestSupport
+import BatonWire
+import CLibc
+import Glibc
+import Testing
+@testable import BatonProxy
+
+/// A server on 127.0.0.1 and a way to turn it, as the gateway's loop does.
+struct Bench: ~Copyable {
+    var server: ProxyServer
+    var loop: PollLoop
+    let log = LogLines()
+
+    init(clients: Int = 2, sendBuffer: Int = 16 * 1024, encryption: ProxyEncryption = .none) throws {
+        var s = ProxySettings(encryption: encryption)
+        s.address = "127.0.0.1"
+        s.port = 0
+        s.clients = clients
+        s.sendBuffer = sendBuffer
+        let lines = log
+        server = try ProxyServer(settings: s, info: hallInfo, compactMAC: "02ba70000001") { _, l in lines.lines.append(l) }
+        server.fixedEphemeralKey = vectorResponderEphemeral
+        loop = PollLoop(parts: 1, descriptors: server.descriptorCount, longestWait: .milliseconds(20))
+    }
+
+    /// A few turns at `now` (default: the clock).
+    mutating func turn(_ times: Int = 5, now: Instant? = nil) {
+        for _ in 0..<times {
+            loop.begin(now: now ?? .now)
+            let slot = loop.add(&server)
+            loop.wait()
+            server.handle(ready: loop.ready(slot), now: now ?? loop.now)
+            server.flush(now: now ?? loop.now)
+        }
+    }
+
+    func connectClient() -> Int32 {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        var a = sockaddr_in()
+        a.sin_family = sa_family_t(AF_INET)
+        a.sin_port = server.port.bigEndian
+        a.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let r = withUnsafePointer(to: &a) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
+        #expect(r == 0)
+        return fd
+    }
+}
+
+func sendAll(_ fd: Int32, _ bytes: [UInt8]) {
+    #expect(bytes.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, 0) } == bytes.count)
+}
+
+/// What the client has received so far (non-blocking); nil once the server closed.
+func received(_ fd: Int32) -> [UInt8]? {
+    var out: [UInt8] = []
+    var buf = [UInt8](repeating: 0, count: 65536)
+    while true {
+        let n = buf.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
+        if n > 0 { out += buf[..<n]; continue }
+        if n == 0 { return out.isEmpty ? nil : out }
+        return out
+    }
+}
+
+@Suite(.serialized) struct ProxyServerTests {
+    @Test func helloDeviceInfoListPingAndGoodbyeSection1() throws {
+        var b = try Bench()
+        let c = b.connectClient()
+        defer { close(c) }
+        b.turn()
+        // HelloRequest "aioesphomeapi" 1.12, DeviceInfoRequest, ListEntitiesRequest,
+        // SubscribeStatesRequest, PingRequest, an unknown message 200, DisconnectRequest.
+        sendAll(c, hx("00 13 01 0a0d61696f657370686f6d656170691001180c") + hx("00 00 09  00 00 0b  00 00 14  00 00 07  00 00 c801  00 00 05"))
+        b.turn()
+        let hello = try written(type: 2, HelloResponse(serverInfo: Array("Baton (ESPHome native API)".utf8), name: Array("hall".utf8)))
+        let info = try written(type: 10, DeviceInfoResponse(hallInfo))
+        #expect(received(c) == hello + info + hx("00 00 13  00 00 08  00 00 06"))
+        #expect(received(c) == nil, "closed after the DisconnectResponse")
+        #expect(b.server.clientCount == 0)
+        #expect(b.log.lines.contains { $0.contains("is \"aioesphomeapi\" (API 1.12)") })
+    }
+
+    @Test func theNoiseExchangeInBytesSection4_1() throws {
+        var b = try Bench(encryption: .noise(key: vectorPSK))
+        let c = b.connectClient()
+        defer { close(c) }
+        b.turn()
+        // The client's hello, its handshake frame (0 = OK, then the §4.3 message), its ping.
+        sendAll(c, hx("01 0000") + hx("01 0031 00") + vectorMessage1 + hx("01 0014") + vectorClientPing)
+        b.turn()
+        #expect(received(c) == hx("01 0013  01 68616c6c 00 303262613730303030303031 00")  // 1, "hall", "02ba70000001"
+                + hx("01 0031 00") + vectorMessage2
+                + hx("01 0014") + vectorServerPong)
+    }
+
+    @Test func anUnfinishedHandshakeTimesOutHoweverSlowlyItTrickles() throws {
+        var b = try Bench(encryption: .noise(key: vectorPSK))
+        let c = b.connectClient()
+        defer { close(c) }
+        b.turn()
+        sendAll(c, hx("01 0000  01 0031 00"))  // the hello, then a handshake frame that never ends
+        b.turn(1, now: .now + .seconds(9))
+        sendAll(c, hx("7b4e"))
+        b.turn(1, now: .now + .seconds(9))
+        #expect(b.server.clientCount == 1)
+        b.turn(1, now: .now + .seconds(11))
+        #expect(b.server.clientCount == 0 && b.server.counters.timedOut == 1)
+        #expect(b.log.lines.contains { $0.contains("did not finish the handshake within 10 s") })
+    }
+
+    @Test func advertisementsArriveInTheTurnTheyAreHeardSection3_4() throws {
+        var b = try Bench()
+        let c = b.connectClient()
+        defer { close(c) }
+        b.turn()
+        sendAll(c, hx("00 02 42 08 01"))
+        b.turn()
+        #expect(received(c) == hx("00 02 7e 08 02"), "the scanner's state with the subscription")
+        bthomeData.withUnsafeBytes { b.server.heard(address: bthomeAddress, addressType: 0, rssi: -67, data: $0) }
+        b.server.flush(now: .now)
+        #expect(received(c) == hx("00 1f 5d  0a 1d 08 ef9bafc5939829 10 8501 22 10 0201060b16d2fc4000c402ca0903bf13"))
+        // 16 in one turn make one full message; the 17th waits for the turn's end.
+        for i in 0..<17 { bthomeData.withUnsafeBytes { b.server.heard(address: UInt64(i), addressType: 0, rssi: -50, data: $0) } }
+        #expect(b.server.counters.batchesSent == 2)
+        b.server.flush(now: .now)
+        #expect(b.server.counters.batchesSent == 3 && b.server.counters.advertisementsSent == 18)
+        // Too long for ESPHome's 62 bytes: counted, not sent.
+        [UInt8](repeating: 0, count: 63).withUnsafeBytes { b.server.heard(address: 1, addressType: 0, rssi: -50, data: $0) }
+        #expect(b.server.counters.tooLong == 1)
+        sendAll(c, hx("00 00 57"))  // UnsubscribeBluetoothLEAdvertisementsRequest (87)
+        b.turn()
+        #expect(b.server.subscriberCount == 0)
+    }
+
+    @Test func garbageIsDisconnectedAndCounted() throws {
+        var b = try Bench()
+        let c = b.connectClient()
+        defer { close(c) }
+        b.turn()
+        sendAll(c, hx("00 02 42 0b 01"))  // wire type 3 in the body
+        b.turn()
+        #expect(received(c) == nil)
+        #expect(b.server.counters.badFrames == 1 && b.server.clientCount == 0)
+        #expect(b.log.lines.contains { $0.contains("that is not protobuf") && $0.hasSuffix("disconnected") })
+        let d = b.connectClient()
+        defer { close(d) }
+        sendAll(d, hx("00 ffff03 01"))  // a body of 65,535 bytes for a 1 KiB buffer
+        b.turn()
+        #expect(received(d) == nil && b.server.counters.badFrames == 2)
+    }
+
+    @Test func aConnectionBeyondTheSlotsIsClosedAtOnce() throws {
+        var b = try Bench(clients: 1)
+        let c = b.connectClient(), d = b.connectClient()
+        defer { close(c); close(d) }
+        b.turn()
+        #expect(b.server.clientCount == 1 && b.server.counters.refusedFull == 1)
+        #expect(received(d) == nil)
+        #expect(b.log.lines.contains { $0.contains("all 1 client slots are taken (raise esphome.clients)") })
+    }
+
+    @Test func aClientThatStopsReadingIsDroppedAfterTheBound() throws {
+        var b = try Bench(sendBuffer: 4096)
+        let c = b.connectClient()
+        defer { close(c) }
+        var small: Int32 = 4096
+        setsockopt(c, SOL_SOCKET, SO_RCVBUF, &small, socklen_t(4))
+        b.turn()
+        sendAll(c, hx("00 02 42 08 01"))
+        b.turn()
+        // The client reads nothing: the kernel's buffers fill, then ours.
+        let data = [UInt8](repeating: 0x5A, count: 62)
+        var i = 0
+        while b.server.counters.advertisementsDropped == 0, i < 200_000 {
+            data.withUnsafeBytes { b.server.heard(address: UInt64(i), addressType: 0, rssi: -60, data: $0) }
+            i += 1
+            if i % 16 == 0 { b.server.flush(now: .now) }
+        }
+        #expect(b.server.counters.advertisementsDropped > 0, "its batches are dropped once its buffer is full")
+        b.turn(1)
+        #expect(b.server.clientCount == 1, "not yet: the bound is 10 s")
+        b.turn(1, now: .now + .seconds(11))
+        #expect(b.server.clientCount == 0 && b.server.counters.stalled == 1 && b.server.subscriberCount == 0)
+        #expect(b.log.lines.contains { $0.contains("stopped reading: its 4096-byte send buffer stayed full for 10 s") })
+    }
+
+    @Test func aSilentClientAndAnUnfinishedHandshakeTimeOut() throws {
+        var b = try Bench()
+        let c = b.connectClient()
+        defer { close(c) }
+        b.turn()
+        b.turn(1, now: .now + .seconds(89))
+        #expect(b.server.clientCount == 1)
+        b.turn(1, now: .now + .seconds(91))
+        #expect(b.server.clientCount == 0 && b.server.counters.timedOut == 1)
+    }
+
+    @Test func theStatsSection() throws {
+        let b = try Bench()
+        var out = [UInt8](repeating: 0, count: 1024)
+        let text = try out.withUnsafeMutableBytes { buf in
+            var w = JSONWriter(buf)
+            try b.server.writeStats(into: &w)
+            return String(decoding: w.written, as: UTF8.self)
+        }
+        #expect(text == "{\"port\":\(b.server.port),\"encryption\":\"none\",\"clients\":0,\"slots\":2,\"subscribed\":0,\"accepted\":0,\"refused_full\":0,\"wrong_key\":0,\"bad_frames\":0,\"stalled\":0,\"timed_out\":0,\"advertisements\":0,\"batches\":0,\"dropped\":0,\"too_long\":0}")
+    }
+
+    @Test func theAvahiServiceFileSection7() {
+        let xml = MDNSService.avahiXML(name: "hall", friendlyName: "Hall & <Co>", port: 6053, mac: "02ba70000001", version: "2025.5.0", encrypted: true)
+        #expect(xml.contains("<type>_esphomelib._tcp</type>"))
+        #expect(xml.contains("<port>6053</port>"))
+        #expect(xml.contains("<txt-record>mac=02ba70000001</txt-record>"))
+        #expect(xml.contains("<txt-record>friendly_name=Hall &amp; &lt;Co&gt;</txt-record>"))
+        #expect(xml.contains("<txt-record>api_encryption=Noise_NNpsk0_25519_ChaChaPoly_SHA256</txt-record>"))
+        #expect(!MDNSService.avahiXML(name: "hall", friendlyName: "Hall", port: 6053, mac: "02ba70000001", version: "2025.5.0", encrypted: false).contains("api_encryption"))
+        #expect(!MDNSService.emptyXML(name: "hall").contains("<service>"))
+    }
+
+    @Test func theServiceFileIsRewrittenInPlaceNeverCreated() throws {
+        let path = "/tmp/baton-esphome-\(getpid()).service"
+        defer { unlink(path) }
+        #expect(throws: Errno.self) { try MDNSService.write("x", to: path) }  // the package creates it
+        let fd = creat(path, 0o644)
+        #expect(fd >= 0)
+        close(fd)
+        try MDNSService.write(MDNSService.emptyXML(name: "hall") + "longer than what follows", to: path)
+        try MDNSService.write(MDNSService.emptyXML(name: "hall"), to: path)
+        #expect(readFile(path).map { String(decoding: $0, as: UTF8.self) } == MDNSService.emptyXML(name: "hall"))
+    }
+}
