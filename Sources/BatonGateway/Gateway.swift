@@ -20,6 +20,7 @@ public import BatonHCI
 public import BatonMQTT
 import BatonRelay
 import BatonKeys
+public import BatonProxy
 import BatonWire
 import CLibc
 
@@ -48,6 +49,9 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     /// phones' links to them (docs/relay.md §9).
     var readvertising: GatewayReadvertising?
     var continuing: ContinuingLinks
+    /// The ESPHome API server, Home Assistant's Bluetooth proxy (`esphome:`, docs/esphome.md);
+    /// nil when the config has none.
+    var proxy: ProxyServer?
     /// Link failures said in the log so far (one line per failure, not per turn).
     var linkFailuresLogged = 0
     // What the parts share: this room's state, the building's, and the retained state's keeper.
@@ -71,7 +75,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     /// (`GatewayLauncher` makes them, where a libcrypto failure can be reported).
     public init(config: GatewayConfig, radio: consuming Radio, reopen: (() throws(RadioError) -> Radio)? = nil,
                 mqtt: consuming MQTTClient, keys: GatewayKeys = .none, readvertising: (any AdvertisingController)? = nil,
-                log: Logger, environment: [String: String], now: Instant, unixMicroseconds: Int64) {
+                proxy: consuming ProxyServer? = nil, log: Logger, environment: [String: String], now: Instant, unixMicroseconds: Int64) {
         precondition(keys.matches(config), "the gateway's keys are GatewayKeys.make(config)")
         self.config = config
         self.radio = GatewayRadio(source: radio, reopen: reopen, config: config, keys: keys, log: log, now: now)
@@ -106,9 +110,12 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         }
         self.continuing = ContinuingLinks(config: config.relay, topics: topics, room: config.room)
         // Radio, broker, stop pipe; fetch and continuing links; streams; re-advertising's
-        // listeners and its management socket; the timers: reserved once, so no turn grows them.
-        self.loop = PollLoop(parts: 8, descriptors: 3 + 2 * config.relay.links + config.relay.streams
-                                                     + (config.readvertise > 0 ? config.readvertise + 1 : 0),
+        // listeners and its management socket; the ESPHome server's listener and clients; the
+        // timers: reserved once, so no turn grows them.
+        let proxyDescriptors = proxy?.descriptorCount ?? 0
+        self.proxy = proxy
+        self.loop = PollLoop(parts: 10, descriptors: 3 + 2 * config.relay.links + config.relay.streams
+                                                      + (config.readvertise > 0 ? config.readvertise + 1 : 0) + proxyDescriptors,
                              now: now)
         self.notifier = SystemdNotifier(environment: environment)
         self.log = log
@@ -171,12 +178,13 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         let streamsPart = loop.add(&streams)
         let phones = readvertising == nil ? nil : loop.add(&readvertising!)
         let continuingPart = loop.add(&continuing)
+        let proxyPart = proxy == nil ? nil : loop.add(&proxy!)
         loop.add(deadline: timersDeadline)
         loop.add(deadline: notifier.nextDeadline)
         let now = loop.wait()
 
         radio.serve(ready: loop.isReady(radioPart), now: now, table: &table, apple: &apple, publisher: &publisher,
-                    mqtt: &broker.mqtt, ownership: rooms.ownership, clock: clock)
+                    mqtt: &broker.mqtt, ownership: rooms.ownership, proxy: &proxy, clock: clock)
         if radio.statsOwed {
             radio.statsOwed = false
             publishStats(now: now)
@@ -198,6 +206,11 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         if let due = continuing.nextDeadline, due <= now { continuing.tick(now: now) }
         if let due = streams.nextDeadline, due <= now { streams.tick(now: now, mqtt: &broker.mqtt) }
         logLinkFailures()
+
+        // Home Assistant's clients: requests, then this turn's advertisements as they arrived
+        // (a batch goes out every turn, not every N seconds).
+        if let proxyPart, loop.hasWork(proxyPart) { proxy!.handle(ready: loop.ready(proxyPart), now: now) }
+        proxy?.flush(now: now)
 
         runTimers(now: now)
         notifier.pingIfDue(now: now)

@@ -9,6 +9,7 @@ import BatonCore
 import BatonHCI
 import BatonMQTT
 import BatonKeys
+import BatonProxy
 import BatonWire
 import CLibc
 
@@ -97,11 +98,11 @@ struct GatewayRadio<Radio: RadioSource & ~Copyable>: ~Copyable {
     /// capture replay has no descriptor), the retry, the watchdog.
     mutating func serve(ready: Bool, now: Instant, table: inout ActivityTable, apple: inout AppleDeviceTable,
                         publisher: inout Publisher, mqtt: inout MQTTClient, ownership: borrowing RoomOwnership,
-                        clock: WallClock) {
+                        proxy: inout ProxyServer?, clock: WallClock) {
         if source.state != .finished, retryAt == nil {
             let due = source.nextDeadline.map { $0 <= now } ?? false
             if ready || due || source.fd < 0 && source.state != .stopped {
-                poll(now: now, &table, &apple, &publisher, &mqtt, ownership, clock: clock)
+                poll(now: now, &table, &apple, &publisher, &mqtt, ownership, &proxy, clock: clock)
             }
         }
         if let retry = retryAt, retry <= now {
@@ -120,10 +121,11 @@ struct GatewayRadio<Radio: RadioSource & ~Copyable>: ~Copyable {
 
     mutating func poll(now: Instant, _ table: inout ActivityTable, _ apple: inout AppleDeviceTable,
                        _ publisher: inout Publisher, _ mqtt: inout MQTTClient, _ ownership: borrowing RoomOwnership,
-                       clock: WallClock) {
+                       _ proxy: inout ProxyServer?, clock: WallClock) {
         let reportsBefore = decoder.tally.reports
         do throws(RadioError) {
-            _ = try Self.poll(&source, &decoder, keys, &table, &apple, &publisher, &mqtt, ownership, now: now, clock: clock)
+            _ = try Self.poll(&source, &decoder, keys, &table, &apple, &publisher, &mqtt, ownership, &proxy,
+                              now: now, clock: clock)
         } catch {
             failed(error, now: now)
         }
@@ -147,11 +149,12 @@ struct GatewayRadio<Radio: RadioSource & ~Copyable>: ~Copyable {
     /// its own inout, so the closures borrow disjoint state.
     static func poll(_ source: inout Radio, _ decoder: inout AdvertisementDecoder, _ keys: Keys,
                      _ table: inout ActivityTable, _ apple: inout AppleDeviceTable, _ publisher: inout Publisher,
-                     _ mqtt: inout MQTTClient, _ ownership: borrowing RoomOwnership,
+                     _ mqtt: inout MQTTClient, _ ownership: borrowing RoomOwnership, _ proxy: inout ProxyServer?,
                      now: Instant, clock: WallClock) throws(RadioError) -> Int {
         let timestamp = clock.unixMicroseconds(now)
         return try source.poll(now: now) { event in
-            route(event: event, timestamp: timestamp, now: now, &decoder, keys, &table, &apple, &publisher, &mqtt, ownership)
+            route(event: event, timestamp: timestamp, now: now, &decoder, keys, &table, &apple, &publisher, &mqtt, ownership,
+                  &proxy)
         }
     }
 
@@ -159,9 +162,12 @@ struct GatewayRadio<Radio: RadioSource & ~Copyable>: ~Copyable {
     static func route(event: UnsafeRawBufferPointer, timestamp: Int64, now: Instant,
                       _ decoder: inout AdvertisementDecoder, _ keys: Keys, _ table: inout ActivityTable,
                       _ apple: inout AppleDeviceTable, _ publisher: inout Publisher, _ mqtt: inout MQTTClient,
-                      _ ownership: borrowing RoomOwnership) {
+                      _ ownership: borrowing RoomOwnership, _ proxy: inout ProxyServer?) {
         decoder.decode(event: event, timestamp: timestamp) { heard in
             let r = heard.report
+            // Home Assistant hears every advertisement, as an ESPHome proxy passes them on
+            // (docs/esphome.md): batched until the end of the turn, nothing allocated.
+            proxy?.heard(address: r.address, addressType: r.addressType, rssi: r.rssi, data: r.data)
             if var beacon = heard.content.beacon {
                 // A relayed copy is for phones, not rooms (docs/table.md): before verification,
                 // so it is counted as what it is.

@@ -6,6 +6,7 @@ import BatonCore
 import BatonHCI
 import BatonKeys
 import BatonMQTT
+import BatonProxy
 import BatonRelay
 import BatonWire
 
@@ -56,6 +57,10 @@ extension Gateway where Radio: ~Copyable {
         try readvertising?.writeStats(continuing: continuing, into: &w)
         try w.endObject()
         try publisher.writeStats(typesKnown: config.activityTypes.count, into: &w)
+        if proxy != nil {
+            try w.key("esphome")
+            try proxy?.writeStats(into: &w)
+        }
         try w.endObject()
     }
 }

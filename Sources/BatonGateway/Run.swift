@@ -5,6 +5,7 @@ import BatonCore
 import BatonHCI
 import BatonKeys
 import BatonMQTT
+import BatonProxy
 import BatonRelay
 import CLibc
 
@@ -96,15 +97,69 @@ public enum GatewayLauncher {
             }
             log.info("relay: re-advertising up to \(config.readvertise) activities of other rooms on \(adapter), PSMs \(readvertising!.psms.map { "0x" + Topics.hex(UInt64($0), digits: 4) }.joined(separator: ", "))")
         }
+        let proxy: ProxyServer?
+        switch startProxy(config: config, log: log) {
+        case .started(let server): proxy = consume server
+        case .off: proxy = nil
+        case .failed: return 1
+        }
         var tv = timespec()
         clock_gettime(CLOCK_REALTIME, &tv)
         var gateway = Gateway(config: config, radio: radio, reopen: reopen, mqtt: mqtt, keys: keys,
-                              readvertising: readvertising, log: log,
+                              readvertising: readvertising, proxy: proxy, log: log,
                               environment: processEnvironment(), now: .now,
                               unixMicroseconds: Int64(tv.tv_sec) * 1_000_000 + Int64(tv.tv_nsec) / 1000)
         switch gateway.run() {
         case .stopped: return 0
         case .radioFailed: return 1
+        }
+    }
+
+    enum ProxyStart: ~Copyable {
+        case started(ProxyServer)
+        case off
+        case failed
+    }
+
+    /// The ESPHome API server (`esphome:`, docs/esphome.md), listening before the loop starts,
+    /// and the avahi service file that announces it to Home Assistant (§7): rewritten at every
+    /// start, so its `mac` and port come from the same settings as the server's. A file that
+    /// cannot be written is said and the server runs anyway (Home Assistant can be given the
+    /// host and port by hand); a server that cannot listen stops the start.
+    static func startProxy(config: GatewayConfig, log: Logger) -> ProxyStart {
+        guard let settings = config.esphome else {
+            // Off: a file left by an earlier config announces nothing now (absent is fine).
+            do throws(Errno) {
+                try MDNSService.write(MDNSService.emptyXML(name: config.gatewayID), to: ProxySettings.defaultServiceFile)
+            } catch {}
+            return .off
+        }
+        let identity = ProxyIdentity(settings: settings, gatewayID: config.gatewayID, room: config.room)
+        let server: ProxyServer
+        do throws(ProxyStartError) {
+            server = try ProxyServer(settings: settings, identity: identity) { level, line in
+                switch level {
+                case .debug: log.debug(line)
+                case .info: log.info(line)
+                case .notice: log.notice(line)
+                case .warning: log.warning(line)
+                case .error: log.error(line)
+                }
+            }
+        } catch {
+            log.critical("esphome: \(error)")
+            return .failed
+        }
+        announce(identity, port: server.port, encrypted: server.isEncrypted, file: settings.mdnsServiceFile, log: log)
+        return .started(server)
+    }
+
+    static func announce(_ identity: ProxyIdentity, port: UInt16, encrypted: Bool, file: String, log: Logger) {
+        guard !file.isEmpty else { return }
+        let xml = MDNSService.avahiXML(name: identity.name, friendlyName: identity.friendlyName, port: port,
+                                       mac: identity.compactMAC, version: ProxyIdentity.esphomeVersion, encrypted: encrypted)
+        do throws(Errno) { try MDNSService.write(xml, to: file) } catch {
+            log.warning("esphome: cannot write \(file) for avahi (\(error)); Home Assistant will not discover this gateway, add it by host and port \(port)")
         }
     }
 

@@ -33,7 +33,9 @@ public struct ProxySettings: Sendable, Equatable {
     public var friendlyName: String = ""
     /// The avahi service file the gateway writes at start, so Home Assistant discovers it
     /// (docs/esphome.md §7); empty: none.
-    public var mdnsServiceFile: String = "/etc/avahi/services/baton-esphome.service"
+    public var mdnsServiceFile: String = ProxySettings.defaultServiceFile
+    /// Where the package puts the avahi service file (docs/install.md).
+    public static let defaultServiceFile = "/etc/avahi/services/baton-esphome.service"
     /// `DeviceInfoResponse.mac_address`, "AA:BB:CC:DD:EE:FF"; nil: derived at start.
     public var mac: String? = nil
 
