@@ -127,12 +127,12 @@ extension Gateway where Radio: ~Copyable {
         case .streamOpen(let device, let id):
             streamOpenRequested(message, device: device, id: id, now: now)
         case .streamUp(let id):
-            if !streams.fromBroker(id: id, leaf: "up", message.payload, now: now, mqtt: &broker.mqtt) {
+            if !streams.fromBroker(id: id, .up, message.payload, now: now, mqtt: &broker.mqtt) {
                 streams.dropped("stream-unknown")
             }
         case .streamDown(let id):
             // The carrier's frames of a stream this gateway bridges for a phone (§7.5).
-            if !streams.fromBroker(id: id, leaf: "down", message.payload, now: now, mqtt: &broker.mqtt) {
+            if !streams.fromBroker(id: id, .down, message.payload, now: now, mqtt: &broker.mqtt) {
                 streams.dropped("stream-unknown")
             }
         case .streamCarrier(let id):

@@ -67,7 +67,6 @@ struct GatewayRooms: ~Copyable {
 extension Gateway where Radio: ~Copyable {
     /// A gateway's status: online, or its will.
     mutating func statusReceived(_ message: MQTTMessage, gateway id: Substring, now: Instant) {
-        let topics = publisher.topics
         let online = message.payload.elementsEqual("online".utf8)
         // A gateway coming online subscribed to the sightings before it said so, but missed
         // the ones sent before: send ours again now, within its `rooms.settle`, rather than
@@ -99,8 +98,7 @@ extension Gateway where Radio: ~Copyable {
         }
         // Its streams' endpoints are told by the first online gateway (docs/relay.md §7.3).
         if !online, id != config.gatewayID, rooms.ownership.firstOnline == rooms.ownership.selfSlot {
-            streams.gatewayWentOffline(id, downTopic: { topics.stream($0).down }, gatewayTopic: { topics.stream($0).gateway },
-                                       mqtt: &broker.mqtt)
+            streams.gatewayWentOffline(id, topics: publisher.topics, mqtt: &broker.mqtt)
         }
     }
 

@@ -362,19 +362,19 @@ public struct StreamRelay: ~Copyable {
     /// stream (the topic is someone else's, or the stream just ended).
     public mutating func fromEndpoint(id: String, _ bytes: [UInt8], now: Instant,
                                       mqtt: inout MQTTClient) -> Bool {
-        fromBroker(id: id, leaf: "up", bytes, now: now, mqtt: &mqtt)
+        fromBroker(id: id, .up, bytes, now: now, mqtt: &mqtt)
     }
 
-    /// A frame from the broker on `…/S/up` (leaf "up": the streams this gateway carries) or
-    /// `…/S/down` (leaf "down": the streams it bridges for phones, §7.5); false when no stream
-    /// of that role has id `id` (the topic is someone else's, or the stream just ended).
-    public mutating func fromBroker(id: String, leaf: Substring, _ bytes: [UInt8], now: Instant,
+    /// A frame from the broker on `…/S/up` (`.up`: the streams this gateway carries) or
+    /// `…/S/down` (`.down`: the streams it bridges for phones, §7.5), as `Topics.classify`
+    /// says; false when no stream of that role has id `id` (the topic is someone else's, or the
+    /// stream just ended).
+    public mutating func fromBroker(id: String, _ side: StreamSide, _ bytes: [UInt8], now: Instant,
                                     mqtt: inout MQTTClient) -> Bool {
         let role: Role
-        switch leaf {
-        case "up": role = .carrier
-        case "down": role = .bridge
-        default: return false
+        switch side {
+        case .up: role = .carrier
+        case .down: role = .bridge
         }
         guard let s = slot(id, role), let slot = links[s] else { return false }
         slot.lastActivity = now
@@ -818,11 +818,11 @@ public struct StreamRelay: ~Copyable {
     /// A gateway went offline; this one is the first online gateway: tell the endpoints of its
     /// streams (docs/relay.md §7.3) and clear their entries. A stream this gateway bridges is
     /// told too: the `gone` on its `…/S/down` reaches the phone.
-    public mutating func gatewayWentOffline(_ gateway: Substring, downTopic: (String) -> String,
-                                            gatewayTopic: (String) -> String, mqtt: inout MQTTClient) {
+    public mutating func gatewayWentOffline(_ gateway: Substring, topics: Topics, mqtt: inout MQTTClient) {
         for (id, claim) in claims where claim.carrier == gateway && slot(id, .carrier) == nil {
-            publishError(.gone, "gateway \(gateway) went offline", to: downTopic(id), mqtt: &mqtt)
-            publishText(gatewayTopic(id), "", retain: true, mqtt: &mqtt)
+            let stream = topics.stream(id)
+            publishError(.gone, "gateway \(gateway) went offline", to: stream.down, mqtt: &mqtt)
+            publishText(stream.gateway, "", retain: true, mqtt: &mqtt)
             forget(id)
             counters.goneForOthers &+= 1
         }

@@ -239,3 +239,9 @@ public struct Topics: Sendable, Equatable {
         return String(repeating: "0", count: max(0, digits - s.count)) + s
     }
 }
+
+/// Which of a stream's two broker topics a frame came on (docs/relay.md §7.1): `up` from the
+/// endpoint to the carrier, `down` from the carrier to the endpoint.
+public enum StreamSide: Sendable, Equatable {
+    case up, down
+}

@@ -221,7 +221,7 @@ private final class Rig {
             let level = m.topic.split(separator: "/", omittingEmptySubsequences: false)
             guard level.count == 4, level[1] == "streams", level[3] == "up" || level[3] == "down" else { return }
             gatewayGot.append(m)
-            if !relay.fromBroker(id: String(level[2]), leaf: level[3], m.payload, now: now, mqtt: &gateway) {
+            if !relay.fromBroker(id: String(level[2]), level[3] == "up" ? .up : .down, m.payload, now: now, mqtt: &gateway) {
                 relay.dropped("stream-unknown")
             }
         default:
@@ -607,7 +607,7 @@ struct StreamBridgeTests {
         let rig = try Rig()
         try rig.openBridge("s1", pixel)
         _ = rig.relay.carried(stream: "s1", payload: Array("hall".utf8), retained: true, isOnline: { _ in true }, now: .now)
-        rig.relay.gatewayWentOffline("hall", downTopic: { topics($0).down }, gatewayTopic: { topics($0).gateway },
+        rig.relay.gatewayWentOffline("hall", topics: Topics(prefix: "baton"),
                                      mqtt: &rig.gateway)
         try rig.waitPhoneClosed(pixel)
         rig.settle()
@@ -656,18 +656,17 @@ struct StreamBridgeTests {
                        now: rig.now, mqtt: &rig.gateway)
         try #require(rig.run { rig.devices.received(reader).count == 1 }, "the carried stream's open reached the device")
 
-        #expect(!rig.relay.fromBroker(id: "b1", leaf: "up", hx("11 00000000 61"), now: rig.now, mqtt: &rig.gateway))
+        #expect(!rig.relay.fromBroker(id: "b1", .up, hx("11 00000000 61"), now: rig.now, mqtt: &rig.gateway))
         #expect(!rig.relay.fromEndpoint(id: "b1", hx("11 00000000 61"), now: rig.now, mqtt: &rig.gateway))
-        #expect(!rig.relay.fromBroker(id: "c1", leaf: "down", hx("11 00000000 61"), now: rig.now, mqtt: &rig.gateway))
-        #expect(!rig.relay.fromBroker(id: "b1", leaf: "gateway", hx("11 00000000 61"), now: rig.now, mqtt: &rig.gateway))
+        #expect(!rig.relay.fromBroker(id: "c1", .down, hx("11 00000000 61"), now: rig.now, mqtt: &rig.gateway))
 
         // One id in both roles, as an ownership flip could make it.
         try rig.openBridge("s1", galaxy)
         rig.relay.open(id: "s1", topics: topics("s1"), frame: hx("10 0800 0004"), admitted: .success(reader),
                        now: rig.now, mqtt: &rig.gateway)
         try #require(rig.run { rig.devices.received(reader).count == 2 }, "the second carried stream's open reached the device")
-        #expect(rig.relay.fromBroker(id: "s1", leaf: "up", hx("11 00000000 75"), now: rig.now, mqtt: &rig.gateway))
-        #expect(rig.relay.fromBroker(id: "s1", leaf: "down", hx("11 00000000 64"), now: rig.now, mqtt: &rig.gateway))
+        #expect(rig.relay.fromBroker(id: "s1", .up, hx("11 00000000 75"), now: rig.now, mqtt: &rig.gateway))
+        #expect(rig.relay.fromBroker(id: "s1", .down, hx("11 00000000 64"), now: rig.now, mqtt: &rig.gateway))
         try #require(rig.run { rig.devices.received(reader).count == 3 && rig.toPhone(galaxy).count == 2 })
         rig.settle()
         #expect(rig.devices.received(reader).last == hx("11 00000000 75"), "up: to the carried stream's device")
@@ -927,7 +926,7 @@ private final class TwoRooms {
                     hall.open(id: String(level[3]), topics: topics(String(level[3])), frame: m.payload,
                               admitted: .success(reader), now: now, mqtt: &hallClient)
                 } else if level.count == 4, level[1] == "streams" {
-                    if !hall.fromBroker(id: String(level[2]), leaf: level[3], m.payload, now: now, mqtt: &hallClient) {
+                    if !hall.fromBroker(id: String(level[2]), level[3] == "up" ? .up : .down, m.payload, now: now, mqtt: &hallClient) {
                         hall.dropped("stream-unknown")
                     }
                 }
@@ -936,7 +935,7 @@ private final class TwoRooms {
                 guard case .message(let m) = e else { continue }
                 let level = m.topic.split(separator: "/", omittingEmptySubsequences: false)
                 if level.count == 4, level[1] == "streams" {
-                    if !study.fromBroker(id: String(level[2]), leaf: level[3], m.payload, now: now, mqtt: &studyClient) {
+                    if !study.fromBroker(id: String(level[2]), level[3] == "up" ? .up : .down, m.payload, now: now, mqtt: &studyClient) {
                         study.dropped("stream-unknown")
                     }
                 }

@@ -857,7 +857,7 @@ struct StreamRelayTests {
         // A stale entry naming kitchen for a stream this gateway carries now.
         _ = rig.relay.carried(stream: "h1", payload: utf8("kitchen"), retained: true, isOnline: { _ in true }, now: rig.now)
 
-        rig.relay.gatewayWentOffline("kitchen", downTopic: { topics($0).down }, gatewayTopic: { topics($0).gateway },
+        rig.relay.gatewayWentOffline("kitchen", topics: Topics(prefix: "baton"),
                                      mqtt: &rig.gateway)
         try rig.waitDown("k1", 1)
         try rig.waitDown("k2", 1)
