@@ -148,7 +148,7 @@ if ProcessInfo.processInfo.environment["BATON_BENCH"] != nil {
     targets.append(.executableTarget(
         name: "GatewayBench",
         dependencies: ["BatonLibc", "BatonGateway", "BatonCore", "BatonMQTT", "BatonHCI", "BatonRelay", "BatonSim", "BatonWire", "BatonKeys",
-                       "BatonTestSupport", "CMosquitto",
+                       "BatonProxy", "BatonTestSupport", "CMosquitto",
                        .product(name: "ArgumentParser", package: "swift-argument-parser"),
                        .product(name: "MallocInterposerSwift", package: "malloc-interposer")],
         path: "Tests/Benchmarks/GatewayBench"))

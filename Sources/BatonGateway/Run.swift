@@ -5,7 +5,7 @@ import BatonCore
 import BatonHCI
 import BatonKeys
 import BatonMQTT
-import BatonProxy
+public import BatonProxy
 import BatonRelay
 import CLibc
 
@@ -115,7 +115,7 @@ public enum GatewayLauncher {
         }
     }
 
-    enum ProxyStart: ~Copyable {
+    public enum ProxyStart: ~Copyable {
         case started(ProxyServer)
         case off
         case failed
@@ -126,7 +126,7 @@ public enum GatewayLauncher {
     /// start, so its `mac` and port come from the same settings as the server's. A file that
     /// cannot be written is said and the server runs anyway (Home Assistant can be given the
     /// host and port by hand); a server that cannot listen stops the start.
-    static func startProxy(config: GatewayConfig, log: Logger) -> ProxyStart {
+    public static func startProxy(config: GatewayConfig, log: Logger) -> ProxyStart {
         guard let settings = config.esphome else {
             // Off: a file left by an earlier config announces nothing now (absent is fine).
             do throws(Errno) {

@@ -177,8 +177,20 @@ def check_gateway(gateway, budget, problems):
             problems.append("the fragmented pass counted no fragments: it did not measure reassembly")
         if f["published_during_window"] != 0:
             problems.append(f"the gateway published {f['published_during_window']} changes during the fragmented pass")
+    # Home Assistant's Bluetooth proxy on, one client subscribed (docs/esphome.md): every report
+    # also goes into a batch to the client, and the same budget holds.
+    e = gateway.get("allocations_esphome")
+    esphome = None
+    if e is not None:
+        esphome = e["allocations_per_unchanged_advertisement"]
+        if esphome > limit:
+            ok = False
+            problems.append(f"with the ESPHome proxy and a client subscribed, gateway allocations per report {esphome} "
+                            f"exceed the budget {limit}")
+        if e["esphome_bytes"] == 0:
+            problems.append("the ESPHome pass sent its client nothing while counting: it did not measure the proxy")
     return {"per_unchanged_advertisement": per, "keyed_per_unchanged_advertisement": keyed,
-            "per_fragment": fragmented, "budget": limit, "within_budget": ok}
+            "per_fragment": fragmented, "esphome_per_unchanged_advertisement": esphome, "budget": limit, "within_budget": ok}
 
 
 def compare_firmware(g, budget, problems):

@@ -25,6 +25,7 @@ import BatonGateway
 import BatonKeys
 import BatonHCI
 import BatonMQTT
+import BatonProxy
 import BatonRelay
 import BatonSim
 import BatonTestSupport
@@ -55,6 +56,9 @@ struct AllocationFigures {
     var fragments = 0
     var assembled = 0
     var drops = 0
+    /// The `esphome` pass: bytes Home Assistant's subscribed client received while counting
+    /// (the batches of every report, docs/esphome.md §3.4); 0 proves nothing was measured.
+    var esphomeBytes = 0
 
     var perReport: Double { Double(mallocs) / Double(reports) }
     var perFragment: Double { fragments == 0 ? 0 : Double(mallocs) / Double(fragments) }
@@ -68,7 +72,7 @@ struct AllocationFigures {
         "library_calibration_mallocs": \(libraryCalibrationMallocs), \
         "published_during_window": \(publishedDuringWindow), "status_interval_s": \(statusIntervalSeconds), \
         "keepalive_s": \(keepaliveSeconds), "fragments": \(fragments), "assembled": \(assembled), \
-        "drops": \(drops), "allocations_per_fragment": \(perFragment)}
+        "drops": \(drops), "allocations_per_fragment": \(perFragment), "esphome_bytes": \(esphomeBytes)}
         """
     }
 }
@@ -164,7 +168,7 @@ func calibrateLibraryCounter() -> Int {
 /// activity, with their listeners polled every turn.
 func measureAllocations(broker: MosquittoBroker, devices: Int, warmup: Int, measured: Int, seed: UInt64,
                         statusInterval: Duration, keepalive: Int, keyed: Bool = false,
-                        fragmented: Bool = false) throws -> AllocationFigures {
+                        fragmented: Bool = false, esphome: Bool = false) throws -> AllocationFigures {
     let calibration = calibrateCounter()
     guard calibration >= 1000 else {
         throw BenchError("the malloc counter saw \(calibration) allocations for 1000 objects: is the interposer linked?")
@@ -218,6 +222,22 @@ func measureAllocations(broker: MosquittoBroker, devices: Int, warmup: Int, meas
             "has_web_url":false,"relayed":false,"psm":128,"verified":true,"gateway":"hall"}
             """.utf8), retain: true)
     }
+    var proxy: ProxyServer?
+    var homeAssistant: ESPHomeSubscriber?
+    if esphome {
+        // Home Assistant's Bluetooth proxy on (docs/esphome.md), plaintext to keep the bench's
+        // client a socket: every report goes to `heard`, every turn flushes a batch.
+        var settings = ProxySettings(encryption: .none)
+        settings.address = "127.0.0.1"
+        settings.port = 0
+        settings.mdnsServiceFile = ""
+        config.esphome = settings
+        guard case .started(let server) = GatewayLauncher.startProxy(config: config, log: Logger()) else {
+            throw BenchError("the ESPHome API server did not start")
+        }
+        homeAssistant = try ESPHomeSubscriber(port: server.port)
+        proxy = consume server
+    }
     let keys = try GatewayKeys.make(config)
     var mqtt = try MQTTClient(config: GatewayLauncher.mqttConfig(config))
     var radio = try RadioCapture(file: capture.file, pace: .timestamps(speed: 1))
@@ -228,8 +248,8 @@ func measureAllocations(broker: MosquittoBroker, devices: Int, warmup: Int, meas
     var tv = timespec()
     clock_gettime(CLOCK_REALTIME, &tv)
     let log = Logger()
-    var gateway = Gateway(config: config, radio: radio, mqtt: mqtt, keys: keys, readvertising: controller, log: log,
-                          environment: [:], now: start,
+    var gateway = Gateway(config: config, radio: radio, mqtt: mqtt, keys: keys, readvertising: controller, proxy: proxy,
+                          log: log, environment: [:], now: start,
                           unixMicroseconds: Int64(tv.tv_sec) * 1_000_000 + Int64(tv.tv_nsec) / 1000)
 
     // Warm-up and settling: every device heard, every unchanged path run, the broker quiet.
@@ -237,6 +257,7 @@ func measureAllocations(broker: MosquittoBroker, devices: Int, warmup: Int, meas
     while Instant.now < start + .milliseconds(900) || gateway.tally.reports < beforeMeasured {
         _ = gateway.turn()
         subscriber.pump(timeoutMs: 0, count)
+        homeAssistant?.drain()
         guard Instant.now < start + .seconds(30) else {
             throw BenchError("the gateway heard \(gateway.tally.reports) of the \(beforeMeasured) warm-up reports in 30 s")
         }
@@ -254,11 +275,16 @@ func measureAllocations(broker: MosquittoBroker, devices: Int, warmup: Int, meas
     let t0 = gateway.tally
     let turns0 = gateway.counters.loopTurns
     let total = beforeMeasured + capture.measured
+    if let homeAssistant, homeAssistant.received == 0 {
+        throw BenchError("Home Assistant's client received nothing from the ESPHome server during the warm-up: did it subscribe?")
+    }
+    let esphomeBefore = homeAssistant?.received ?? 0
     let windowStart = Instant.now
     MallocInterposerSwift.initialize()
     MallocInterposerSwift.hook()
     while gateway.tally.reports < total, Instant.now < windowStart + .seconds(30) {
         _ = gateway.turn()
+        homeAssistant?.drain()
     }
     MallocInterposerSwift.unhook()
     let windowEnd = Instant.now
@@ -286,7 +312,48 @@ func measureAllocations(broker: MosquittoBroker, devices: Int, warmup: Int, meas
         turns: gateway.counters.loopTurns - turns0, windowMilliseconds: microseconds(windowEnd - windowStart) / 1000,
         calibrationMallocs: calibration, libraryCalibrationMallocs: libraryCalibration, publishedDuringWindow: published - publishedBefore,
         statusIntervalSeconds: statusInterval.components.seconds, keepaliveSeconds: keepalive,
-        fragments: t1.fragments - t0.fragments, assembled: t1.assembled - t0.assembled, drops: t1.drops.total - t0.drops.total)
+        fragments: t1.fragments - t0.fragments, assembled: t1.assembled - t0.assembled, drops: t1.drops.total - t0.drops.total,
+        esphomeBytes: (homeAssistant?.received ?? 0) - esphomeBefore)
+}
+
+/// Home Assistant's side of the ESPHome API as the bench needs it: a plaintext client that
+/// subscribes to raw advertisements (docs/esphome.md §2.1, §3.3: message 66, flags 1) and reads
+/// and discards what comes, into a buffer made once, so its reads count no allocation.
+final class ESPHomeSubscriber {
+    let fd: Int32
+    let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 16, alignment: 8)
+    var received = 0
+
+    init(port: UInt16) throws {
+        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = port.bigEndian
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let r = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        guard r == 0 else { throw BenchError("connecting to the ESPHome server: errno \(Glibc.errno)") }
+        // Plaintext frame: 0x00, length 2, type 66, body `08 01` (flags: raw advertisements).
+        let subscribe: [UInt8] = [0x00, 0x02, 0x42, 0x08, 0x01]
+        guard subscribe.withUnsafeBytes({ Glibc.send(fd, $0.baseAddress, $0.count, 0) }) == subscribe.count else {
+            throw BenchError("subscribing to the ESPHome server's advertisements failed")
+        }
+        _ = Glibc.fcntl(fd, F_SETFL, Glibc.fcntl(fd, F_GETFL) | O_NONBLOCK)
+    }
+
+    deinit {
+        close(fd)
+        buffer.deallocate()
+    }
+
+    func drain() {
+        while true {
+            let n = recv(fd, buffer.baseAddress, buffer.count, 0)
+            if n <= 0 { return }
+            received += n
+        }
+    }
 }
 
 /// A controller for re-advertising that is never disturbed: listeners nobody connects to, no

@@ -117,6 +117,7 @@ struct GatewayBench: ParsableCommand {
         var allocations: AllocationFigures?
         var keyedAllocations: AllocationFigures?
         var fragmentedAllocations: AllocationFigures?
+        var esphomeAllocations: AllocationFigures?
         var latency: LatencyFigures?
         var memory: [(String, MemoryFigures)] = []
         var sizes: [(String, BinarySize)] = []
@@ -139,6 +140,11 @@ struct GatewayBench: ParsableCommand {
                                                            measured: allocationReports, seed: seed,
                                                            statusInterval: .seconds(allocationStatusInterval),
                                                            keepalive: allocationKeepalive, fragmented: true)
+            say("allocations again with Home Assistant's Bluetooth proxy on and one client subscribed (docs/esphome.md)")
+            esphomeAllocations = try measureAllocations(broker: broker, devices: allocationDevices, warmup: 5_000,
+                                                        measured: allocationReports, seed: seed,
+                                                        statusInterval: .seconds(allocationStatusInterval),
+                                                        keepalive: allocationKeepalive, esphome: true)
         }
         if wanted.contains(.latency), let baton {
             say("latency: \(changes) changes (after \(warmup) warm-up) through \(baton) gateway")
@@ -167,14 +173,14 @@ struct GatewayBench: ParsableCommand {
         }
         let full = memory.first { $0.0 == "full" }?.1
         let fw = memory.first { $0.0 == "firmware" }?.1
-        print(json ? jsonText(latency, full, allocations, keyedAllocations, fragmentedAllocations, fw, sizes, throughput, heaptrack)
-                   : text(latency, full, allocations, keyedAllocations, fragmentedAllocations, fw, sizes, throughput, heaptrack))
+        print(json ? jsonText(latency, full, allocations, keyedAllocations, fragmentedAllocations, esphomeAllocations, fw, sizes, throughput, heaptrack)
+                   : text(latency, full, allocations, keyedAllocations, fragmentedAllocations, esphomeAllocations, fw, sizes, throughput, heaptrack))
     }
 
     func say(_ s: String) { FileHandle.standardError.write(Data("gateway bench: \(s)\n".utf8)) }
 
     func jsonText(_ l: LatencyFigures?, _ m: MemoryFigures?, _ a: AllocationFigures?, _ k: AllocationFigures?,
-                  _ f: AllocationFigures?, _ fw: MemoryFigures?, _ sizes: [(String, BinarySize)],
+                  _ f: AllocationFigures?, _ e: AllocationFigures?, _ fw: MemoryFigures?, _ sizes: [(String, BinarySize)],
                   _ t: [ThroughputFigures], _ h: [HeaptrackFigures]) -> String {
         var fields: [String] = []
         if let fw { fields.append("\"firmware_memory\": \(fw.json)") }
@@ -186,11 +192,12 @@ struct GatewayBench: ParsableCommand {
         if let a { fields.append("\"allocations\": \(a.json)") }
         if let k { fields.append("\"allocations_keyed\": \(k.json)") }
         if let f { fields.append("\"allocations_fragmented\": \(f.json)") }
+        if let e { fields.append("\"allocations_esphome\": \(e.json)") }
         return "{" + fields.joined(separator: ", ") + "}"
     }
 
     func text(_ l: LatencyFigures?, _ m: MemoryFigures?, _ a: AllocationFigures?, _ k: AllocationFigures?,
-              _ f: AllocationFigures?, _ fw: MemoryFigures?, _ sizes: [(String, BinarySize)],
+              _ f: AllocationFigures?, _ e: AllocationFigures?, _ fw: MemoryFigures?, _ sizes: [(String, BinarySize)],
               _ t: [ThroughputFigures], _ h: [HeaptrackFigures]) -> String {
         var lines: [String] = []
         if let fw {
@@ -222,6 +229,9 @@ struct GatewayBench: ParsableCommand {
         }
         if let f {
             lines.append("allocations with long advertisements in fragments: \(f.mallocs) mallocs over \(f.reports) unchanged reports (\(f.fragments) fragments, \(f.assembled) advertisements assembled, \(f.drops) drops) in \(f.turns) turns = \(f.perReport) per report, \(f.perFragment) per fragment; published meanwhile \(f.publishedDuringWindow)")
+        }
+        if let e {
+            lines.append("allocations with the ESPHome proxy and one client subscribed: \(e.mallocs) mallocs over \(e.reports) unchanged reports in \(e.turns) turns = \(e.perReport) per report; \(e.esphomeBytes) bytes to the client; published meanwhile \(e.publishedDuringWindow)")
         }
         return lines.joined(separator: "\n")
     }
