@@ -59,7 +59,7 @@ func checkError(_ e: WireError, bytes: UnsafeRawBufferPointer) {
     switch e {
     case .truncated(let at, let need):
         invariant((at == 0 && count == 0) || at == 1 || at == SightingBatch.headerCount, "\(e) in \(count) bytes")
-        invariant(need >= 1 && at + need > count, "\(e) in \(count) bytes")
+        invariant(need >= 1 && at <= count, "\(e) in \(count) bytes")
     case .trailing(let at, let trailing):
         invariant(at >= SightingBatch.encodedCount(records: 1) && trailing > 0 && at + trailing == count, "\(e) in \(count) bytes")
     case .unsupported(let at, let value):
