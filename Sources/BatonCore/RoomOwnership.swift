@@ -123,6 +123,38 @@ public enum SightingDrop: Error, Sendable, Equatable {
     }
 }
 
+/// What `RoomOwnership.batch` did with a batch's records: how many it took in, and how many
+/// it dropped by reason (each record as one sighting, counted in `OwnershipCounters` too).
+public struct BatchOutcome: Sendable, Equatable {
+    public var accepted = 0
+    public var unknownGateway = 0
+    public var replayed = 0
+    public var impostor = 0
+    public var devicesFull = 0
+    public init() {}
+
+    public var dropped: Int { unknownGateway + replayed + impostor + devicesFull }
+
+    mutating func count(_ reason: SightingDrop) {
+        switch reason {
+        case .unknownGateway: unknownGateway &+= 1
+        case .replayed: replayed &+= 1
+        case .impostor: impostor &+= 1
+        case .devicesFull: devicesFull &+= 1
+        case .gatewaysFull: break  // status messages only
+        }
+    }
+
+    /// The drops by reason, for a stats counter keyed by `SightingDrop.name`; reasons with none
+    /// are skipped.
+    public func forEachDrop(_ body: (SightingDrop, Int) -> Void) {
+        if unknownGateway > 0 { body(.unknownGateway, unknownGateway) }
+        if replayed > 0 { body(.replayed, replayed) }
+        if impostor > 0 { body(.impostor, impostor) }
+        if devicesFull > 0 { body(.devicesFull, devicesFull) }
+    }
+}
+
 /// What the rule did, for the stats topic (docs/rooms.md §3 "Counters").
 public struct OwnershipCounters: Sendable, Equatable {
     public var sightingsAccepted = 0
@@ -301,7 +333,35 @@ public struct RoomOwnership: ~Copyable {
     public mutating func sighting(_ s: Sighting, gateway: Substring, device: UInt64, now: Instant,
                                   _ onChange: (OwnershipChange) -> Void) -> SightingDrop? {
         let now = clock.clamp(now)
-        guard let g = find(gateway), gateways[g].online else { return drop(.unknownGateway) }
+        return take(s, from: find(gateway), device: device, now: now, onChange)
+    }
+
+    /// A batch of sightings from `gateway` (docs/protocol.md §6, docs/rooms.md §8): record i is
+    /// taken in as the sighting (rssi, since, n + i) of its device, in order, under exactly the
+    /// rule `sighting` applies to one, so a batch and the same sightings sent one by one leave
+    /// the same state and report the same changes. The sender is looked up once. Allocates
+    /// nothing.
+    public mutating func batch(_ b: SightingBatch, gateway: Substring, now: Instant,
+                               _ onChange: (OwnershipChange) -> Void) -> BatchOutcome {
+        let now = clock.clamp(now)
+        let g = find(gateway)
+        var outcome = BatchOutcome()
+        for i in 0 ..< b.count {
+            let record = b[i]
+            let s = Sighting(rssi: record.rssi, since: b.since, n: b.n &+ UInt64(i))
+            if let reason = take(s, from: g, device: record.device, now: now, onChange) {
+                outcome.count(reason)
+            } else {
+                outcome.accepted &+= 1
+            }
+        }
+        return outcome
+    }
+
+    /// `sighting`'s rule, with the sender already looked up (nil: not registered).
+    private mutating func take(_ s: Sighting, from sender: Int?, device: UInt64, now: Instant,
+                               _ onChange: (OwnershipChange) -> Void) -> SightingDrop? {
+        guard let g = sender, gateways[g].online else { return drop(.unknownGateway) }
         if g == 0 && s.since != selfSince { return drop(.impostor) }
         let sender = gateways[g]
         // (since, n) in lexicographic order: a larger `since` is a new run, whose `n` restarts.

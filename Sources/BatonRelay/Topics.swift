@@ -45,6 +45,19 @@ public enum InboundTopic: Sendable, Equatable {
     case unknown
 }
 
+/// A sighting batch's topic (docs/rooms.md §8): which gateway sent it, and to whom.
+public enum BatchTopic: Sendable, Equatable {
+    /// `<prefix>/rooms/<gateway>`: the gateway's batch for its neighbourhood, every tick it
+    /// owes sightings. Read by the gateways that hear the same devices (its neighbours).
+    case neighbourhood(gateway: Substring)
+    /// `<prefix>/building/<gateway>`: the low-rate building-wide batch (newcomers and the
+    /// answers to them, docs/rooms.md §8.3). Read by every gateway.
+    case building(gateway: Substring)
+    /// Under `<prefix>/rooms/` or `<prefix>/building/` but not one gateway id (empty, or with
+    /// more levels): counted as `batch-topic`, as `sighting-topic` is.
+    case malformed
+}
+
 public struct Topics: Sendable, Equatable {
     public let prefix: String
     public let discoveryPrefix: String
@@ -113,6 +126,16 @@ public struct Topics: Sendable, Equatable {
         }
     }
 
+    /// A batch topic, or nil for any other topic (docs/rooms.md §8). Total, like `classify`.
+    /// Apart from `classify` while the gateway's receive switch is being rewritten (issue 21):
+    /// the lead folds it into `InboundTopic` as `.batch(BatchTopic)` when wiring batches in.
+    public func classifyBatch(_ topic: String) -> BatchTopic? {
+        guard let (level, rest) = Self.level(of: topic, after: prefix) else { return nil }
+        guard level == "rooms" || level == "building" else { return nil }
+        guard !rest.isEmpty, !rest.contains("/") else { return .malformed }
+        return level == "rooms" ? .neighbourhood(gateway: rest) : .building(gateway: rest)
+    }
+
     /// The level after `<prefix>/` and everything after it and its slash.
     static func level(of topic: String, after prefix: String) -> (Substring, Substring)? {
         guard topic.hasPrefix(prefix) else { return nil }
@@ -150,6 +173,18 @@ public struct Topics: Sendable, Equatable {
         "\(prefix)/sightings/\(gatewayID)/\(Self.deviceText(deviceID))"
     }
     public var sightingPattern: String { "\(prefix)/sightings/+/+" }
+
+    /// This gateway's sighting batches for its neighbourhood: QoS 0, not retained
+    /// (docs/rooms.md §8, body docs/protocol.md §6).
+    public var batch: String { batch(of: gatewayID) }
+    /// A neighbour's batches: a gateway subscribes to each neighbour's, and to its own.
+    public func batch(of gateway: String) -> String { "\(prefix)/rooms/\(gateway)" }
+    /// Every gateway's batches: the layout without neighbourhoods (every gateway reads all).
+    public var batchPattern: String { "\(prefix)/rooms/+" }
+    /// This gateway's building-wide batches (docs/rooms.md §8.3): QoS 1, not retained.
+    public var buildingBatch: String { "\(prefix)/building/\(gatewayID)" }
+    /// Every gateway's building-wide batches: every gateway subscribes.
+    public var buildingBatchPattern: String { "\(prefix)/building/+" }
 
     // MARK: the relay (docs/relay.md)
 

@@ -33,6 +33,30 @@ struct TopicsTests {
         #expect(hall.sightingPattern == "baton/sightings/+/+")
     }
 
+    @Test func roomsMd_sightingBatches() {
+        #expect(hall.batch == "baton/rooms/hall")
+        #expect(hall.batch(of: "kitchen") == "baton/rooms/kitchen")
+        #expect(hall.batchPattern == "baton/rooms/+")
+        #expect(hall.buildingBatch == "baton/building/hall")
+        #expect(hall.buildingBatchPattern == "baton/building/+")
+    }
+
+    /// docs/rooms.md §8: a batch's topic says who sent it and whether it is for the
+    /// neighbourhood or the whole building; anything else under those levels is `batch-topic`.
+    @Test func roomsMd_whatABatchTopicIs() {
+        #expect(hall.classifyBatch("baton/rooms/kitchen") == .neighbourhood(gateway: "kitchen"))
+        #expect(hall.classifyBatch(hall.batch) == .neighbourhood(gateway: "hall"))
+        #expect(hall.classifyBatch("baton/building/kitchen") == .building(gateway: "kitchen"))
+        #expect(hall.classifyBatch("baton/rooms/") == .malformed)
+        #expect(hall.classifyBatch("baton/rooms/kitchen/5a123456789a") == .malformed)
+        #expect(hall.classifyBatch("baton/building/a/b") == .malformed)
+        #expect(hall.classifyBatch("baton/rooms") == nil)
+        #expect(hall.classifyBatch("other/rooms/kitchen") == nil)
+        #expect(hall.classifyBatch("baton/sightings/kitchen/5a123456789a") == nil)
+        // Today's classify does not read these levels (the gateway ignores them until wired).
+        #expect(hall.classify("baton/rooms/kitchen") == .unknown)
+    }
+
     @Test func relayMd_fetchesAnswersAndContinued() {
         #expect(hall.fetch(device) == "baton/fetch/5a123456789a")
         #expect(hall.fetchPattern == "baton/fetch/+")

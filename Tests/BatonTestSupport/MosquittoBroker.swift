@@ -207,7 +207,12 @@ public final class MosquittoBroker: @unchecked Sendable {
     /// A plain MQTT 3.1.1 client on a TCP socket: CONNECT, the PUBLISH packets back to back,
     /// then PINGREQ. mosquitto handles one client's packets in the order they arrive, so its
     /// PINGRESP comes after every PUBLISH before it is in the retained store (3.1.1 §3.12).
-    public func publishRetained(_ messages: [(topic: String, payload: [UInt8])]) throws {
+    ///
+    /// `qos` 1 stores them as a gateway publishes its activities (QoS 1, so a subscriber at
+    /// QoS 1 gets them at QoS 1, through its inflight window and queue: docs/broker.md
+    /// "Retained floods"); the broker's PUBACKs are read and skipped before the PINGRESP.
+    public func publishRetained(_ messages: [(topic: String, payload: [UInt8])], qos: Int = 0) throws {
+        precondition(qos == 0 || qos == 1, "publishRetained sends QoS 0 or 1")
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         guard fd >= 0 else { throw BrokerError("socket(): \(String(cString: strerror(errno)))") }
         defer { close(fd) }
@@ -236,18 +241,47 @@ public final class MosquittoBroker: @unchecked Sendable {
         guard connack == [0x20, 0x02, 0x00, 0x00] else { throw BrokerError("CONNECT refused: \(connack)") }
 
         var bytes: [UInt8] = []
-        for m in messages {
-            // 3.1.1 §3.3.1: PUBLISH, QoS 0, RETAIN set.
-            bytes += Self.packet(0x31, Self.utf8String(m.topic) + m.payload)
+        for (i, m) in messages.enumerated() {
+            // 3.1.1 §3.3.1: PUBLISH, QoS 0 or 1, RETAIN set; QoS 1 carries a packet id (1…65535).
+            if qos == 0 {
+                bytes += Self.packet(0x31, Self.utf8String(m.topic) + m.payload)
+            } else {
+                let id = UInt16(i % 65535 + 1)
+                bytes += Self.packet(0x33, Self.utf8String(m.topic) + [UInt8(id >> 8), UInt8(id & 0xFF)] + m.payload)
+            }
             if bytes.count >= 1 << 16 {
                 try Self.send(fd, bytes)
                 bytes.removeAll(keepingCapacity: true)
             }
         }
         try Self.send(fd, bytes + [0xC0, 0x00])                   // PINGREQ
-        let pingresp = try Self.receive(fd, count: 2)
+        var pingresp = try Self.receive(fd, count: 2)
+        while qos == 1 && pingresp == [0x40, 0x02] {              // a PUBACK: skip its packet id
+            _ = try Self.receive(fd, count: 2)
+            pingresp = try Self.receive(fd, count: 2)
+        }
         guard pingresp == [0xD0, 0x00] else { throw BrokerError("expected PINGRESP, got \(pingresp)") }
         try Self.send(fd, [0xE0, 0x00])                           // DISCONNECT: no will, a clean close
+    }
+
+    /// The broker-wide settings of `board/mosquitto-building.conf` (docs/broker.md "Retained
+    /// floods"), for `extraConfig`: every setting but those that belong to an installation
+    /// (listeners, persistence, logins, ACLs, TLS files), so a test runs the building's limits
+    /// on its own throwaway broker.
+    public static func buildingConfig(file: String = #filePath) throws -> [String] {
+        // …/Tests/<target>/<file>.swift → the package root.
+        var root = URL(fileURLWithPath: file)
+        for _ in 0 ..< 3 { root.deleteLastPathComponent() }
+        let path = root.appendingPathComponent("board/mosquitto-building.conf").path
+        let text = try String(contentsOfFile: path, encoding: .utf8)
+        let installation: Set<Substring> = ["persistence", "persistence_location", "listener", "allow_anonymous",
+                                            "password_file", "acl_file", "cafile", "certfile", "keyfile", "user"]
+        return text.split(separator: "\n").compactMap { line in
+            let trimmed = line.drop { $0 == " " || $0 == "\t" }
+            guard !trimmed.isEmpty, !trimmed.hasPrefix("#"),
+                  let key = trimmed.split(separator: " ").first, !installation.contains(key) else { return nil }
+            return String(trimmed)
+        }
     }
 
     /// Writes a mosquitto password file with `mosquitto_passwd -b` (hashed the broker's way).
