@@ -162,6 +162,8 @@ extension Gateway where Radio: ~Copyable {
         case .apple(let id):
             publisher.received(&broker.mqtt, message, on: .apple(id), table: table, apple: apple,
                                ownership: rooms.ownership, now: now)
+        case .batch(let topic):
+            batchReceived(message, topic: topic, now: now)
         case .continued, .unknown:
             // Not subscribed to, or not ours to read.
             break

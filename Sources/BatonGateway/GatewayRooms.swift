@@ -12,9 +12,9 @@ import BatonWire
 struct GatewayRooms: ~Copyable {
     var ownership: RoomOwnership
     var sightings: SightingSchedule
-    /// This run's start (unix ms) and sighting counter: the `since` and `n` of its sightings.
-    let since: Int64
-    var sightingCounter: UInt64 = 0
+    /// Packs a tick's due sightings into batches, carrying this run's `since` and sighting
+    /// counter `n` (docs/rooms.md §8.1, docs/protocol.md §6).
+    var batcher: SightingBatcher
     /// When the table is next walked for due sightings. A fixed cadence, not the schedule's
     /// exact deadline: that deadline moves with every report's RSSI, and finding it walks the
     /// whole table, which every loop turn would pay (docs/rooms.md §2).
@@ -26,13 +26,14 @@ struct GatewayRooms: ~Copyable {
     /// Sightings dropped, by reason (stats `rooms.drops`).
     var drops = DropCounts()
     var sightingsReceived = 0
+    var batchesReceived = 0
     /// When the rejoin window after a reconnect closes (docs/rooms.md §7).
     var standInsDue: Instant?
 
     init(config: GatewayConfig, unixMicroseconds: Int64, now: Instant) {
         var rooms = config.rooms
         rooms.forgetAfter = config.table.expiry
-        self.since = unixMicroseconds / 1000
+        self.batcher = SightingBatcher(since: unixMicroseconds / 1000)
         self.ownership = RoomOwnership(config: rooms, selfID: config.gatewayID, selfSince: unixMicroseconds / 1000)
         // The named Apple devices are sighted too, so one room owns each (docs/security.md §10).
         self.sightings = SightingSchedule(config: rooms, capacity: config.table.capacity + config.appleIRKs.count)
@@ -44,6 +45,7 @@ struct GatewayRooms: ~Copyable {
 
     /// The rooms' part of the stats topic (docs/mqtt.md §1).
     func writeStats(owned: Int, publisher: PublisherCounters, into w: inout JSONWriter) throws(WireError) {
+        // Sightings are counted record by record, sent in batches or received in either form.
         let oc = ownership.counters
         try w.key("rooms"); try w.beginObject()
         try w.key("devices"); try w.int(Int64(ownership.count))
@@ -52,8 +54,10 @@ struct GatewayRooms: ~Copyable {
         try w.key("ownership_changes"); try w.int(Int64(oc.changes))
         try w.key("takeovers"); try w.int(Int64(oc.takeovers))
         try w.key("forgotten"); try w.int(Int64(oc.forgotten))
-        try w.key("sightings_sent"); try w.int(Int64(publisher.sightingsSent))
+        try w.key("sightings_sent"); try w.int(Int64(batcher.recordsSent))
+        try w.key("batches_sent"); try w.int(Int64(batcher.batchesSent))
         try w.key("sightings_received"); try w.int(Int64(sightingsReceived))
+        try w.key("batches_received"); try w.int(Int64(batchesReceived))
         try w.key("cleared_for_others"); try w.int(Int64(publisher.clearedForOthers))
         try w.key("corrections"); try w.int(Int64(publisher.corrections))
         // Apart from the radio's drops: a sighting's `truncated` is not an advert's.
@@ -117,6 +121,37 @@ extension Gateway where Radio: ~Copyable {
         if let drop = rooms.ownership.sighting(sighting, gateway: gateway, device: device, now: now,
                                                { rooms.changes.append($0) }) {
             rooms.drops.count(drop.name)
+        }
+        handleOwnershipChanges(now: now)
+    }
+
+    /// A gateway's batch of sightings (docs/rooms.md §8.1), our own coming back included: each
+    /// record under the rule as a single sighting is.
+    mutating func batchReceived(_ message: MQTTMessage, topic: BatchTopic, now: Instant) {
+        let gateway: Substring
+        switch topic {
+        case .neighbourhood(let g), .building(let g): gateway = g
+        case .malformed: return rooms.drops.count("batch-topic")
+        }
+        rooms.batchesReceived &+= 1
+        // Array.withUnsafeBytes rethrows untyped: the outcome travels out as a value.
+        let outcome: Result<BatchOutcome, WireError> = message.payload.withUnsafeBytes { bytes in
+            do throws(WireError) {
+                let batch = try SightingBatch.decode(bytes)
+                return .success(rooms.ownership.batch(batch, gateway: gateway, now: now) { rooms.changes.append($0) })
+            } catch {
+                return .failure(error)
+            }
+        }
+        switch outcome {
+        case .failure(let error):
+            rooms.drops.count(error)
+        case .success(let o):
+            rooms.sightingsReceived &+= o.accepted + o.dropped
+            if o.unknownGateway > 0 { rooms.drops.count(SightingDrop.unknownGateway.name, o.unknownGateway) }
+            if o.replayed > 0 { rooms.drops.count(SightingDrop.replayed.name, o.replayed) }
+            if o.impostor > 0 { rooms.drops.count(SightingDrop.impostor.name, o.impostor) }
+            if o.devicesFull > 0 { rooms.drops.count(SightingDrop.devicesFull.name, o.devicesFull) }
         }
         handleOwnershipChanges(now: now)
     }
@@ -207,11 +242,9 @@ extension Gateway where Radio: ~Copyable {
     /// This gateway's sightings that are due (docs/rooms.md §2).
     mutating func sendSightings(now: Instant) {
         rooms.nextSightingCheck = now + rooms.sightingCheckInterval
-        let since = rooms.since
-        rooms.sightings.due(table: table, apple: apple, now: now) { due in
-            rooms.sightingCounter &+= 1  // 64 bits at a million a second: half a million years
-            publisher.publishSighting(&broker.mqtt, device: due.device,
-                                      Sighting(rssi: due.rssi, since: since, n: rooms.sightingCounter))
+        // What is due goes out as one message, not one per device (docs/rooms.md §8.1).
+        rooms.batcher.collect(&rooms.sightings, table: table, apple: apple, now: now) { batch in
+            publisher.publishBatch(&broker.mqtt, batch)
         }
     }
 

@@ -19,8 +19,6 @@ public struct PublisherCounters: Sendable, Equatable {
     public var orphansCleared = 0
     public var publishErrors = 0
     public var connects = 0
-    /// Sightings of this gateway's devices sent (docs/rooms.md §2).
-    public var sightingsSent = 0
     /// Activities of other, offline gateways that nobody hears any more, cleared by this one
     /// as the first online gateway (docs/rooms.md §4).
     public var clearedForOthers = 0
@@ -253,20 +251,12 @@ public struct Publisher: ~Copyable {
         if forOthers { counters.clearedForOthers &+= 1 }
     }
 
-    /// One sighting, QoS 0 and not retained: it is news, not state, and the next heartbeat
-    /// replaces a lost one (docs/rooms.md §2).
-    public mutating func publishSighting(_ mqtt: inout MQTTClient, device: UInt64, _ sighting: Sighting) {
+    /// One tick's sighting batch (docs/rooms.md §8.1, docs/protocol.md §6), QoS 0 and not
+    /// retained: it is news, not state, and the next heartbeat replaces a lost one (§2).
+    public mutating func publishBatch(_ mqtt: inout MQTTClient, _ batch: UnsafeRawBufferPointer) {
         guard mqtt.isConnected else { return }
-        var w = JSONWriter(scratch)
-        do throws(WireError) {
-            try sighting.write(into: &w)
-        } catch {
-            return log.error("sighting JSON did not fit 4 KiB (our bug): \(error)")
-        }
         do throws(MQTTError) {
-            try mqtt.publish(topic: topics.sighting(device), payload: w.written, qos: 0, retain: false,
-                             properties: Self.jsonProperties)
-            counters.sightingsSent &+= 1
+            try mqtt.publish(topic: topics.batch, payload: batch, qos: 0, retain: false, properties: nil)
         } catch {
             counters.publishErrors &+= 1
         }
@@ -422,6 +412,9 @@ public struct Publisher: ~Copyable {
         // statuses come first, so the retained scan below knows who is online.
         do throws(MQTTError) {
             try mqtt.subscribe(topics.statusPattern, qos: 1)
+            // The gateways' sighting batches (docs/rooms.md §8.1), and single JSON sightings
+            // from gateways older than batches (§2), so a building can be upgraded room by room.
+            try mqtt.subscribe(topics.batchPattern, qos: 0)
             try mqtt.subscribe(topics.sightingPattern, qos: 0)
             // Payload fetches for any device: the owner answers (docs/relay.md §4).
             try mqtt.subscribe(topics.fetchPattern, qos: 1)
@@ -478,7 +471,8 @@ public struct Publisher: ~Copyable {
 
     /// Before a clean stop: nothing more is wanted from the broker.
     public mutating func stopListening(_ mqtt: inout MQTTClient) {
-        var patterns = [topics.statusPattern, topics.sightingPattern, topics.fetchPattern, topics.streamOpenPattern,
+        var patterns = [topics.statusPattern, topics.batchPattern, topics.sightingPattern, topics.fetchPattern,
+                        topics.streamOpenPattern,
                         topics.streamCarrierPattern, topics.activityPattern]
         if retainedScanEnds != nil { patterns.append(topics.applePattern) }
         for pattern in patterns {

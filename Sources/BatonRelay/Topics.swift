@@ -40,6 +40,9 @@ public enum InboundTopic: Sendable, Equatable {
     case apple(UInt32)
     /// `<prefix>/continued/<device>` (docs/relay.md §3).
     case continued(device: UInt64)
+    /// `<prefix>/rooms/<gateway>` or `<prefix>/building/<gateway>`: a sighting batch
+    /// (docs/rooms.md §8, docs/protocol.md §6).
+    case batch(BatchTopic)
     /// Anything else: another prefix, another gateway's answers, a level we do not read, or one
     /// of ours whose id is malformed. Ignored.
     case unknown
@@ -121,14 +124,15 @@ public struct Topics: Sendable, Equatable {
             return Self.appleID(rest).map { .apple($0) } ?? .unknown
         case "continued":
             return Self.deviceID(rest).map { .continued(device: $0) } ?? .unknown
+        case "rooms", "building":
+            return classifyBatch(topic).map { .batch($0) } ?? .unknown
         default:
             return .unknown
         }
     }
 
-    /// A batch topic, or nil for any other topic (docs/rooms.md §8). Total, like `classify`.
-    /// Apart from `classify` while the gateway's receive switch is being rewritten (issue 21):
-    /// the lead folds it into `InboundTopic` as `.batch(BatchTopic)` when wiring batches in.
+    /// A batch topic, or nil for any other topic (docs/rooms.md §8). Total, like `classify`,
+    /// which returns what it says as `.batch`.
     public func classifyBatch(_ topic: String) -> BatchTopic? {
         guard let (level, rest) = Self.level(of: topic, after: prefix) else { return nil }
         guard level == "rooms" || level == "building" else { return nil }

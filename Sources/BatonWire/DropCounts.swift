@@ -21,14 +21,17 @@ public struct DropCounts {
 
     public mutating func count(_ error: WireError) { count(error.reasonName) }
 
-    public mutating func count(_ reason: StaticString) {
+    public mutating func count(_ reason: StaticString) { count(reason, 1) }
+
+    /// `times` drops of one reason at once (a batch's records, docs/rooms.md §8.1).
+    public mutating func count(_ reason: StaticString, _ times: Int) {
         for i in names.indices where names[i].utf8Start == reason.utf8Start || Malformed(names[i]) == Malformed(reason) {
-            counts[i] &+= 1
+            counts[i] &+= times
             return
         }
-        guard names.count < Self.capacity else { overflow &+= 1; return }
+        guard names.count < Self.capacity else { overflow &+= times; return }
         names.append(reason)
-        counts.append(1)
+        counts.append(times)
     }
 
     /// (reason, count) pairs, sorted by reason, for printing.

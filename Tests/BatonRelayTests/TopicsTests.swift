@@ -53,8 +53,10 @@ struct TopicsTests {
         #expect(hall.classifyBatch("baton/rooms") == nil)
         #expect(hall.classifyBatch("other/rooms/kitchen") == nil)
         #expect(hall.classifyBatch("baton/sightings/kitchen/5a123456789a") == nil)
-        // Today's classify does not read these levels (the gateway ignores them until wired).
-        #expect(hall.classify("baton/rooms/kitchen") == .unknown)
+        // What the gateway's receive switch sees.
+        #expect(hall.classify("baton/rooms/kitchen") == .batch(.neighbourhood(gateway: "kitchen")))
+        #expect(hall.classify("baton/building/kitchen") == .batch(.building(gateway: "kitchen")))
+        #expect(hall.classify("baton/rooms/kitchen/5a123456789a") == .batch(.malformed))
     }
 
     @Test func relayMd_fetchesAnswersAndContinued() {
