@@ -47,6 +47,24 @@ public struct SightingBatcher: ~Copyable {
         flush(&open, send)
     }
 
+    /// What is due, one sighting at a time, with the same counter (`rooms.batches: false`: one
+    /// JSON message per device, docs/rooms.md §2); counted as batches of one.
+    public mutating func collectEach(_ schedule: inout SightingSchedule, table: borrowing ActivityTable,
+                                     apple: borrowing AppleDeviceTable, now: Instant,
+                                     send: (UInt64, Sighting) -> Void) {
+        let since = self.since
+        var counter = self.counter
+        var sent = 0
+        schedule.due(table: table, apple: apple, now: now) { due in
+            counter &+= 1  // 64 bits at a million a second: half a million years
+            sent &+= 1
+            send(due.device, Sighting(rssi: due.rssi, since: since, n: counter))
+        }
+        self.counter = counter
+        batchesSent &+= sent
+        recordsSent &+= sent
+    }
+
     /// `collect` over the activity table alone.
     public mutating func collect(_ schedule: inout SightingSchedule, table: borrowing ActivityTable, now: Instant,
                                  send: (UnsafeRawBufferPointer) -> Void) {

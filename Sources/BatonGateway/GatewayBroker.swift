@@ -20,6 +20,9 @@ struct GatewayBroker: ~Copyable {
     var lastFailure: String?
     var failureSaid: Instant?
     var failuresUnsaid = 0
+    /// Messages the broker delivered to this gateway (stats `broker.messages_received`): what
+    /// the building's layout costs each gateway (docs/rooms.md §8).
+    var messagesReceived = 0
 
     init(mqtt: consuming MQTTClient, config: GatewayConfig) {
         self.mqtt = mqtt
@@ -106,6 +109,7 @@ extension Gateway where Radio: ~Copyable {
             case .disconnected(let reason):
                 broker.lost(reason, now: now, log: log)
             case .message(let message):
+                broker.messagesReceived &+= 1
                 received(message, now: now)
             }
         }

@@ -79,6 +79,10 @@ public struct GatewayConfig: Sendable, Equatable {
     /// `relay.fetch-titles`: the owner fetches an open group's payload for its type, title and
     /// webpage URL (docs/relay.md §4.1).
     public var fetchTitles = true
+    /// `rooms.batches`: send sightings as one batch per tick (docs/rooms.md §8.1); false sends
+    /// one JSON message per device as gateways before 0.5 did, for a building whose other
+    /// gateways are not upgraded yet (they read only those).
+    public var sightingBatches = true
     /// `esphome:`: the ESPHome API server, Home Assistant's Bluetooth proxy (docs/esphome.md);
     /// nil when the section is absent (off).
     public var esphome: ProxySettings? = nil

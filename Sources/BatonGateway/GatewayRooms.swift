@@ -242,9 +242,16 @@ extension Gateway where Radio: ~Copyable {
     /// This gateway's sightings that are due (docs/rooms.md §2).
     mutating func sendSightings(now: Instant) {
         rooms.nextSightingCheck = now + rooms.sightingCheckInterval
-        // What is due goes out as one message, not one per device (docs/rooms.md §8.1).
-        rooms.batcher.collect(&rooms.sightings, table: table, apple: apple, now: now) { batch in
-            publisher.publishBatch(&broker.mqtt, batch)
+        // What is due goes out as one message, not one per device (docs/rooms.md §8.1); or, for
+        // a building of older gateways, as one JSON message per device (§2).
+        if config.sightingBatches {
+            rooms.batcher.collect(&rooms.sightings, table: table, apple: apple, now: now) { batch in
+                publisher.publishBatch(&broker.mqtt, batch)
+            }
+        } else {
+            rooms.batcher.collectEach(&rooms.sightings, table: table, apple: apple, now: now) { device, sighting in
+                publisher.publishSighting(&broker.mqtt, device: device, sighting)
+            }
         }
     }
 

@@ -56,7 +56,7 @@ extension Gateway where Radio: ~Copyable {
         try w.endObject()
         try readvertising?.writeStats(continuing: continuing, into: &w)
         try w.endObject()
-        try publisher.writeStats(typesKnown: config.activityTypes.count, into: &w)
+        try publisher.writeStats(typesKnown: config.activityTypes.count, messagesReceived: broker.messagesReceived, into: &w)
         if proxy != nil {
             try w.key("esphome")
             try proxy?.writeStats(into: &w)
@@ -95,7 +95,7 @@ extension AppleDeviceTable {
 
 extension Publisher {
     /// The titles' and the broker connection's sections (docs/mqtt.md §1).
-    func writeStats(typesKnown: Int, into w: inout JSONWriter) throws(WireError) {
+    func writeStats(typesKnown: Int, messagesReceived: Int, into w: inout JSONWriter) throws(WireError) {
         let nc = names.counters
         try w.key("titles"); try w.beginObject()
         try w.key("fetching"); try w.bool(names.fetchTitles)
@@ -116,6 +116,7 @@ extension Publisher {
         try w.key("orphans_cleared"); try w.int(Int64(counters.orphansCleared))
         try w.key("orphan_rescans"); try w.int(Int64(counters.orphanRescans))
         try w.key("publish_errors"); try w.int(Int64(counters.publishErrors))
+        try w.key("messages_received"); try w.int(Int64(messagesReceived))
         try w.endObject()
     }
 }

@@ -251,6 +251,24 @@ public struct Publisher: ~Copyable {
         if forOthers { counters.clearedForOthers &+= 1 }
     }
 
+    /// One sighting as JSON on its own topic, QoS 0 and not retained (docs/rooms.md §2): the
+    /// form of gateways before batches, sent with `rooms.batches: false`.
+    public mutating func publishSighting(_ mqtt: inout MQTTClient, device: UInt64, _ sighting: Sighting) {
+        guard mqtt.isConnected else { return }
+        var w = JSONWriter(scratch)
+        do throws(WireError) {
+            try sighting.write(into: &w)
+        } catch {
+            return log.error("sighting JSON did not fit 8 KiB (our bug): \(error)")
+        }
+        do throws(MQTTError) {
+            try mqtt.publish(topic: topics.sighting(device), payload: w.written, qos: 0, retain: false,
+                             properties: Self.jsonProperties)
+        } catch {
+            counters.publishErrors &+= 1
+        }
+    }
+
     /// One tick's sighting batch (docs/rooms.md §8.1, docs/protocol.md §6), QoS 0 and not
     /// retained: it is news, not state, and the next heartbeat replaces a lost one (§2).
     public mutating func publishBatch(_ mqtt: inout MQTTClient, _ batch: UnsafeRawBufferPointer) {
