@@ -115,6 +115,10 @@ extension Gateway where Radio: ~Copyable {
         // these (docs/rooms.md §7).
         if online, id != config.gatewayID, !message.retained || !rooms.ownership.isOnline(gateway: id) {
             rooms.sightings.reset()
+            // It knows no neighbours now: its next shared record is answered (§8.3).
+            if let g = rooms.ownership.slot(of: id), rooms.neighbourhood?.forget(g) == true {
+                neighbour(g, subscribe: false)
+            }
         }
         let wasFirst = rooms.ownership.firstOnline == rooms.ownership.selfSlot
         defer {
@@ -171,9 +175,10 @@ extension Gateway where Radio: ~Copyable {
         let outcome: Result<BatchOutcome, WireError> = message.payload.withUnsafeBytes { bytes in
             do throws(WireError) {
                 let batch = try SightingBatch.decode(bytes)
-                let o = rooms.ownership.batch(batch, gateway: gateway, now: now) { rooms.changes.append($0) }
+                // Before the rule takes a building batch in: whether we held its sender's
+                // sightings fresh is what tells a newcomer (docs/rooms.md §8.3).
                 if rooms.neighbourhood != nil { learnNeighbours(batch, topic: topic, from: gateway, now: now) }
-                return .success(o)
+                return .success(rooms.ownership.batch(batch, gateway: gateway, now: now) { rooms.changes.append($0) })
             } catch {
                 return .failure(error)
             }
@@ -193,9 +198,10 @@ extension Gateway where Radio: ~Copyable {
 
     /// A batch's records as neighbourhood evidence (docs/rooms.md §8.3): a record that heard a
     /// device this gateway hears or owns makes its sender a neighbour (subscribed to at once);
-    /// from the building-wide channel, a sender that was not one yet is also owed our own
-    /// sighting of the device in our next building batch. Allocates nothing but the topic of
-    /// a new neighbour.
+    /// from the building-wide channel, a sender that was not one yet, or one whose sightings
+    /// of the device we did not hold fresh (it has just started hearing it), is also owed our
+    /// own sighting of the device in our next building batch. Allocates nothing but the
+    /// topic of a new neighbour.
     mutating func learnNeighbours(_ batch: SightingBatch, topic: BatchTopic, from gateway: Substring, now: Instant) {
         guard let from = rooms.ownership.slot(of: gateway), from != rooms.ownership.selfSlot else { return }
         var building = false
@@ -203,13 +209,30 @@ extension Gateway where Radio: ~Copyable {
         for i in 0 ..< batch.count {
             let r = batch[i]
             guard r.rssi != nil else { continue }
-            let shared = rooms.sightings.hears(r.device) || rooms.ownership.owns(r.device)
-            guard shared else { continue }
-            let change = building
-                ? rooms.neighbourhood?.buildingRecord(device: r.device, from: from, shared: true, now: now)
-                : rooms.neighbourhood?.record(from: from, shared: true, now: now)
-            if case .subscribe(let g)? = change { neighbour(g, subscribe: true) }
+            guard hears(r.device, now: now) || rooms.ownership.owns(r.device) else { continue }
+            guard building else {
+                if case .subscribe(let g)? = rooms.neighbourhood?.record(from: from, shared: true, now: now) {
+                    neighbour(g, subscribe: true)
+                }
+                continue
+            }
+            var fresh = false
+            rooms.ownership.sightings(of: r.device, now: now) { g, _ in if g == from { fresh = true } }
+            switch rooms.neighbourhood?.buildingRecord(device: r.device, from: from, shared: true, now: now) {
+            case .subscribe(let g)?: neighbour(g, subscribe: true)
+            case nil: if !fresh { rooms.neighbourhood?.answer(r.device) }
+            }
         }
+    }
+
+    /// Whether this gateway hears `device` now: its last sighting sent heard it, or, since the
+    /// schedule forgets what it sent whenever a gateway comes online (§7), its tables heard it
+    /// within `lost-after`. O(1), allocates nothing.
+    func hears(_ device: UInt64, now: Instant) -> Bool {
+        if rooms.sightings.hears(device) { return true }
+        if let a = table.activity(deviceID: device) { return now < a.lastSeen + config.rooms.lostAfter }
+        if let d = namedApple(device) { return now < d.lastSeen + config.rooms.lostAfter }
+        return false
     }
 
     /// Start or stop receiving a gateway's batches (docs/rooms.md §8.3); change-rate, so the
