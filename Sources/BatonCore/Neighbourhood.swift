@@ -69,6 +69,22 @@ public struct Neighbourhood {
         return change
     }
 
+    /// A building-wide record of `device` from a gateway that is a neighbour already, but whose
+    /// sightings of that device this gateway did not hold fresh: it has just started hearing
+    /// it (a newcomer), and need not hold ours, since neighbourhoods are learned on each side
+    /// apart (one side may have forgotten or restarted). Owes it the answer a stranger gets.
+    /// An answer never earns an answer back: its sender's sightings are fresh by then.
+    public mutating func answer(_ device: UInt64) { owe(device) }
+
+    /// A gateway that (re)started: it knows no neighbours now, so it is nobody's until its
+    /// next shared record, which then gets the answer a stranger gets. True when it was a
+    /// neighbour (the loop unsubscribes).
+    public mutating func forget(_ g: GatewaySlot) -> Bool {
+        guard isNeighbour(g) else { return false }
+        slots[g.index] = Slot()
+        return true
+    }
+
     /// The devices owed as answers, each once, in the order owed; then none.
     public mutating func takeAnswers(_ body: (UInt64) -> Void) {
         for d in answers { body(d) }

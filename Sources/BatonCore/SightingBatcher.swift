@@ -47,6 +47,29 @@ public struct SightingBatcher: ~Copyable {
         flush(&open, send)
     }
 
+    /// `collect`, handing each newcomer's sighting (`SightingSchedule.dueMarkingNewcomers`,
+    /// docs/rooms.md §8.3) to `newcomer` too, after it is in the batch: the gateway keeps them
+    /// for its building-wide batch (`collect(records:send:)`), sent after this tick's batch.
+    public mutating func collect(_ schedule: inout SightingSchedule, table: borrowing ActivityTable,
+                                 apple: borrowing AppleDeviceTable, now: Instant,
+                                 newcomer: (DueSighting) -> Void,
+                                 send: (UnsafeRawBufferPointer) -> Void) {
+        var open = Open()
+        schedule.dueMarkingNewcomers(table: table, apple: apple, now: now) { due, isNew in
+            add(due, &open, send)
+            if isNew { newcomer(due) }
+        }
+        flush(&open, send)
+    }
+
+    /// Sightings already chosen (the building-wide batch: newcomers and answers, docs/rooms.md
+    /// §8.3) as batches, numbered after everything sent so far. Allocates nothing.
+    public mutating func collect(records: [DueSighting], send: (UnsafeRawBufferPointer) -> Void) {
+        var open = Open()
+        for due in records { add(due, &open, send) }
+        flush(&open, send)
+    }
+
     /// What is due, one sighting at a time, with the same counter (`rooms.batches: false`: one
     /// JSON message per device, docs/rooms.md §2); counted as batches of one.
     public mutating func collectEach(_ schedule: inout SightingSchedule, table: borrowing ActivityTable,

@@ -73,6 +73,8 @@ public struct SightingSchedule: ~Copyable {
         var at: Instant?
         /// The `due` pass that last found the device in the table.
         var pass: UInt64 = 0
+        /// When `due` last called the device a newcomer (docs/rooms.md §8.3).
+        var announced: Instant?
     }
 
     private var entries: [Sent]
@@ -121,6 +123,28 @@ public struct SightingSchedule: ~Copyable {
     public mutating func due<A: SightingSource & ~Copyable, B: SightingSource & ~Copyable>(
         _ a: borrowing A, _ b: borrowing B, now: Instant, _ body: (DueSighting) -> Void
     ) {
+        dueMarkingNewcomers(a, b, now: now) { due, _ in body(due) }
+    }
+
+    /// `due` over the activity table and the named Apple devices, telling `body` which sightings
+    /// are a *newcomer*'s (docs/rooms.md §8.3): the first sighting of a device this gateway
+    /// starts hearing (taken in for the first time, or heard again after its `rssi: null`), at
+    /// most once per device per `sightingInterval`. The gateway also sends those building-wide.
+    public mutating func dueMarkingNewcomers(table: borrowing ActivityTable, apple: borrowing AppleDeviceTable,
+                                             now: Instant, _ body: (DueSighting, _ newcomer: Bool) -> Void) {
+        dueMarkingNewcomers(table, apple, now: now, body)
+    }
+
+    /// `dueMarkingNewcomers` over whatever `each` hands out, for tests; as `due(now:each:)`.
+    public mutating func dueMarkingNewcomers(now: Instant, each: ((SightedDevice) -> Void) -> Void,
+                                             _ body: (DueSighting, _ newcomer: Bool) -> Void) {
+        withoutActuallyEscaping(each) { each in dueMarkingNewcomers(ClosureSightings(each: each), NoSightings(), now: now, body) }
+    }
+
+    /// `due` over two sources, each sighting with whether it is a newcomer's.
+    public mutating func dueMarkingNewcomers<A: SightingSource & ~Copyable, B: SightingSource & ~Copyable>(
+        _ a: borrowing A, _ b: borrowing B, now: Instant, _ body: (DueSighting, _ newcomer: Bool) -> Void
+    ) {
         pass &+= 1
         var newDevices = false
         func walkKnown(_ s: SightedDevice) {
@@ -136,7 +160,7 @@ public struct SightingSchedule: ~Copyable {
         // Departed devices first, so their entries are free for the newcomers.
         if count > 0 {
             for e in entries.indices where entries[e].inUse && entries[e].pass != pass {
-                if entries[e].rssi != nil { body(DueSighting(device: entries[e].device, rssi: nil)) }
+                if entries[e].rssi != nil { body(DueSighting(device: entries[e].device, rssi: nil), false) }
                 remove(e)
             }
         }
@@ -150,9 +174,10 @@ public struct SightingSchedule: ~Copyable {
             // A device already lost when first walked gets an entry that owes nothing, so
             // `nextDeadline` does not keep calling it due.
             let heard = heard(s, now: now)
-            entries[e] = Sent(inUse: true, device: s.deviceID, rssi: heard ? rssi : nil, at: now, pass: pass)
+            entries[e] = Sent(inUse: true, device: s.deviceID, rssi: heard ? rssi : nil, at: now, pass: pass,
+                              announced: heard ? now : nil)
             index.insert(s.deviceID, slot: slot)
-            if heard { body(DueSighting(device: s.deviceID, rssi: rssi)) }
+            if heard { body(DueSighting(device: s.deviceID, rssi: rssi), true) }
         }
         a.forEachSighted(takeIn)
         b.forEachSighted(takeIn)
@@ -168,6 +193,16 @@ public struct SightingSchedule: ~Copyable {
     public func nextDeadline(each: ((SightedDevice) -> Void) -> Void) -> Instant? {
         withoutActuallyEscaping(each) { each in nextDeadline(ClosureSightings(each: each), NoSightings()) }
     }
+
+    /// What this gateway last sent of `device` (`rssi` nil: `rssi: null`, it does not hear it
+    /// now); nil when the schedule does not follow it. O(1), allocates nothing.
+    public func lastSent(_ device: UInt64) -> DueSighting? {
+        guard let slot = index.find(device) else { return nil }
+        return DueSighting(device: device, rssi: entries[Int(slot)].rssi)
+    }
+
+    /// True when the last sighting this gateway sent of `device` heard it.
+    public func hears(_ device: UInt64) -> Bool { lastSent(device)?.rssi != nil }
 
     /// Forget what was sent (the broker connection was lost: everything is due again on connect).
     public mutating func reset() {
@@ -224,7 +259,7 @@ public struct SightingSchedule: ~Copyable {
 
     // MARK: - internals
 
-    private mutating func visit(_ e: Int, _ a: SightedDevice, now: Instant, _ body: (DueSighting) -> Void) {
+    private mutating func visit(_ e: Int, _ a: SightedDevice, now: Instant, _ body: (DueSighting, Bool) -> Void) {
         let s = entries[e]
         guard heard(a, now: now), let rssi = Self.rssi(a) else {
             // Not heard for lostAfter: one `rssi: null`, then silence until heard again. The
@@ -232,7 +267,7 @@ public struct SightingSchedule: ~Copyable {
             entries[e].at = now
             guard s.rssi != nil else { return }
             entries[e].rssi = nil
-            body(DueSighting(device: a.deviceID, rssi: nil))
+            body(DueSighting(device: a.deviceID, rssi: nil), false)
             return
         }
         let due: Bool
@@ -244,9 +279,12 @@ public struct SightingSchedule: ~Copyable {
             due = true  // heard again after a `rssi: null`
         }
         guard due else { return }
+        // Heard again after its `rssi: null`: a newcomer, unless it was one within the interval.
+        let newcomer = s.rssi == nil && (s.announced.map { now - $0 >= config.sightingInterval } ?? true)
         entries[e].rssi = rssi
         entries[e].at = now
-        body(DueSighting(device: a.deviceID, rssi: rssi))
+        if newcomer { entries[e].announced = now }
+        body(DueSighting(device: a.deviceID, rssi: rssi), newcomer)
     }
 
     /// Heard within `lostAfter` (at exactly lastSeen + lostAfter it is lost).

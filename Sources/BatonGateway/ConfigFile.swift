@@ -32,7 +32,7 @@ enum ConfigSchema {
         ("table", ["capacity", "expiry"]),
         ("apple", ["tracking", "capacity", "expiry", "publish-address", "irks"]),
         ("rooms", ["sighting-interval", "sighting-step", "sighting-min-interval", "sighting-fresh", "lost-after",
-                   "settle", "margin", "dwell", "capacity", "gateways", "batches"]),
+                   "settle", "margin", "dwell", "capacity", "gateways", "batches", "neighbourhoods"]),
         ("relay", ["link", "fetch-timeout", "link-idle", "fetches", "cache", "links", "payload-max", "streams",
                    "stream-window", "stream-max-data", "stream-retry", "stream-idle", "readvertise", "fetch-titles"]),
         ("security", ["beacon-key", "beacon-key-file", "identities", "unkeyed"]),
@@ -278,6 +278,7 @@ struct ConfigFileReader {
         if let e = s["capacity"], let n = integer(e, 1...100_000) { c.rooms.capacity = n }
         if let e = s["gateways"], let n = integer(e, 1...1024) { c.rooms.gateways = n }
         if let e = s["batches"], let b = bool(e) { c.sightingBatches = b }
+        if let e = s["neighbourhoods"], let b = bool(e) { c.neighbourhoods = b }
     }
 
     /// docs/relay.md §5.

@@ -90,6 +90,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
             discovery: config.discovery, appleAddresses: config.appleAddresses, orphanGrace: config.table.expiry,
             ownedCapacity: config.table.capacity + config.apple.capacity, log: log)
         self.publisher.keyedGroup = keys.verifier?.groupHash
+        self.publisher.neighbourhoods = config.neighbourhoods && config.sightingBatches
         self.publisher.appleNames = config.appleIRKs.map({ $0.name })
         self.rooms = GatewayRooms(config: config, unixMicroseconds: unixMicroseconds, now: now)
         let link = Self.deviceLink(config)

@@ -91,6 +91,8 @@ extension Gateway where Radio: ~Copyable {
                 // What this gateway knew of the building's sightings is from before the
                 // outage (docs/rooms.md §7).
                 rooms.ownership.rejoin(now: now)
+                // The session is clean: no neighbour is subscribed any more (docs/rooms.md §8.3).
+                rooms.neighbourhood?.reset()
                 rooms.standInsDue = now + config.rooms.sightingInterval
                 publisher.connected(&broker.mqtt, table: table, apple: apple, ownership: rooms.ownership, now: now)
                 publishStats(now: now)

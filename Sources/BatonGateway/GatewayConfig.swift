@@ -83,6 +83,10 @@ public struct GatewayConfig: Sendable, Equatable {
     /// one JSON message per device as gateways before 0.5 did, for a building whose other
     /// gateways are not upgraded yet (they read only those).
     public var sightingBatches = true
+    /// `rooms.neighbourhoods`: receive only the batches of the gateways that hear the same
+    /// devices, learned over the building-wide channel (docs/rooms.md §8.3); false receives
+    /// every gateway's batches. Only with `rooms.batches`.
+    public var neighbourhoods = true
     /// `esphome:`: the ESPHome API server, Home Assistant's Bluetooth proxy (docs/esphome.md);
     /// nil when the section is absent (off).
     public var esphome: ProxySettings? = nil

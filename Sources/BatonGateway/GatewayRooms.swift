@@ -29,6 +29,15 @@ struct GatewayRooms: ~Copyable {
     var batchesReceived = 0
     /// When the rejoin window after a reconnect closes (docs/rooms.md §7).
     var standInsDue: Instant?
+    /// `rooms.neighbourhoods` (docs/rooms.md §8.3): whose batches this gateway subscribes to,
+    /// beside its own and the building-wide ones; nil: every gateway's (`<prefix>/rooms/+`).
+    var neighbourhood: Neighbourhood?
+    /// This tick's building-wide records: newcomers, then answers. Reserved at init for every
+    /// device the schedule follows, twice (all newcomers after a reconnect, and as many answers).
+    var building: [DueSighting]
+    let buildingCapacity: Int
+    /// Building-wide records that did not fit `building` (never in practice: see its size).
+    var buildingDropped = 0
 
     init(config: GatewayConfig, unixMicroseconds: Int64, now: Instant) {
         var rooms = config.rooms
@@ -39,6 +48,19 @@ struct GatewayRooms: ~Copyable {
         self.sightings = SightingSchedule(config: rooms, capacity: config.table.capacity + config.appleIRKs.count)
         self.changes = []
         self.changes.reserveCapacity(rooms.capacity)
+        let followed = config.table.capacity + config.appleIRKs.count
+        if config.neighbourhoods && config.sightingBatches {
+            // A neighbour is forgotten after 60 s without a shared device, or three heartbeats
+            // when those are slower: a neighbour's heartbeats keep it while it shares one.
+            self.neighbourhood = Neighbourhood(gateways: rooms.gateways, answerCapacity: followed,
+                                               forgetAfter: max(.seconds(60), rooms.sightingInterval * 3))
+            self.buildingCapacity = 2 * followed
+        } else {
+            self.neighbourhood = nil
+            self.buildingCapacity = 0
+        }
+        self.building = []
+        self.building.reserveCapacity(buildingCapacity)
         self.sightingCheckInterval = min(rooms.sightingMinInterval, .milliseconds(250))
         self.nextSightingCheck = now
     }
@@ -58,6 +80,17 @@ struct GatewayRooms: ~Copyable {
         try w.key("batches_sent"); try w.int(Int64(batcher.batchesSent))
         try w.key("sightings_received"); try w.int(Int64(sightingsReceived))
         try w.key("batches_received"); try w.int(Int64(batchesReceived))
+        if let n = neighbourhood {
+            // Whose batches this gateway receives besides its own (docs/rooms.md §8.3).
+            try w.key("neighbours"); try w.beginArray()
+            var failed: WireError?
+            n.forEachNeighbour { g in
+                guard failed == nil else { return }
+                do throws(WireError) { try w.string(ownership.id(of: g)) } catch { failed = error }
+            }
+            if let failed { throw failed }
+            try w.endArray()
+        }
         try w.key("cleared_for_others"); try w.int(Int64(publisher.clearedForOthers))
         try w.key("corrections"); try w.int(Int64(publisher.corrections))
         // Apart from the radio's drops: a sighting's `truncated` is not an advert's.
@@ -82,6 +115,10 @@ extension Gateway where Radio: ~Copyable {
         // these (docs/rooms.md §7).
         if online, id != config.gatewayID, !message.retained || !rooms.ownership.isOnline(gateway: id) {
             rooms.sightings.reset()
+            // It knows no neighbours now: its next shared record is answered (§8.3).
+            if let g = rooms.ownership.slot(of: id), rooms.neighbourhood?.forget(g) == true {
+                neighbour(g, subscribe: false)
+            }
         }
         let wasFirst = rooms.ownership.firstOnline == rooms.ownership.selfSlot
         defer {
@@ -138,6 +175,9 @@ extension Gateway where Radio: ~Copyable {
         let outcome: Result<BatchOutcome, WireError> = message.payload.withUnsafeBytes { bytes in
             do throws(WireError) {
                 let batch = try SightingBatch.decode(bytes)
+                // Before the rule takes a building batch in: whether we held its sender's
+                // sightings fresh is what tells a newcomer (docs/rooms.md §8.3).
+                if rooms.neighbourhood != nil { learnNeighbours(batch, topic: topic, from: gateway, now: now) }
                 return .success(rooms.ownership.batch(batch, gateway: gateway, now: now) { rooms.changes.append($0) })
             } catch {
                 return .failure(error)
@@ -154,6 +194,64 @@ extension Gateway where Radio: ~Copyable {
             if o.devicesFull > 0 { rooms.drops.count(SightingDrop.devicesFull.name, o.devicesFull) }
         }
         handleOwnershipChanges(now: now)
+    }
+
+    /// A batch's records as neighbourhood evidence (docs/rooms.md §8.3): a record that heard a
+    /// device this gateway hears or owns makes its sender a neighbour (subscribed to at once);
+    /// from the building-wide channel, a sender that was not one yet, or one whose sightings
+    /// of the device we did not hold fresh (it has just started hearing it), is also owed our
+    /// own sighting of the device in our next building batch. Allocates nothing but the
+    /// topic of a new neighbour.
+    mutating func learnNeighbours(_ batch: SightingBatch, topic: BatchTopic, from gateway: Substring, now: Instant) {
+        guard let from = rooms.ownership.slot(of: gateway), from != rooms.ownership.selfSlot else { return }
+        var building = false
+        if case .building = topic { building = true }
+        for i in 0 ..< batch.count {
+            let r = batch[i]
+            guard r.rssi != nil else { continue }
+            guard hears(r.device, now: now) || rooms.ownership.owns(r.device) else { continue }
+            guard building else {
+                if case .subscribe(let g)? = rooms.neighbourhood?.record(from: from, shared: true, now: now) {
+                    neighbour(g, subscribe: true)
+                }
+                continue
+            }
+            var fresh = false
+            rooms.ownership.sightings(of: r.device, now: now) { g, _ in if g == from { fresh = true } }
+            switch rooms.neighbourhood?.buildingRecord(device: r.device, from: from, shared: true, now: now) {
+            case .subscribe(let g)?: neighbour(g, subscribe: true)
+            case nil: if !fresh { rooms.neighbourhood?.answer(r.device) }
+            }
+        }
+    }
+
+    /// Whether this gateway hears `device` now: its last sighting sent heard it, or, since the
+    /// schedule forgets what it sent whenever a gateway comes online (§7), its tables heard it
+    /// within `lost-after`. O(1), allocates nothing.
+    func hears(_ device: UInt64, now: Instant) -> Bool {
+        if rooms.sightings.hears(device) { return true }
+        if let a = table.activity(deviceID: device) { return now < a.lastSeen + config.rooms.lostAfter }
+        if let d = namedApple(device) { return now < d.lastSeen + config.rooms.lostAfter }
+        return false
+    }
+
+    /// Start or stop receiving a gateway's batches (docs/rooms.md §8.3); change-rate, so the
+    /// topic is built here.
+    mutating func neighbour(_ g: GatewaySlot, subscribe: Bool) {
+        Self.neighbour(g, subscribe: subscribe, ownership: rooms.ownership, topics: publisher.topics,
+                       mqtt: &broker.mqtt, log: log)
+    }
+
+    static func neighbour(_ g: GatewaySlot, subscribe: Bool, ownership: borrowing RoomOwnership, topics: Topics,
+                          mqtt: inout MQTTClient, log: Logger) {
+        let id = ownership.id(of: g)
+        let topic = topics.batch(of: id)
+        do throws(MQTTError) {
+            if subscribe { try mqtt.subscribe(topic, qos: 0) } else { try mqtt.unsubscribe(topic) }
+            log.debug("neighbour \(id): \(subscribe ? "subscribed to" : "unsubscribed from") its batches")
+        } catch {
+            log.warning("\(subscribe ? "subscribing to" : "unsubscribing from") \(topic) failed: \(error)")
+        }
     }
 
     /// The rule's own deadlines: a settle window ending, an owner's sightings lapsing.
@@ -244,7 +342,16 @@ extension Gateway where Radio: ~Copyable {
         rooms.nextSightingCheck = now + rooms.sightingCheckInterval
         // What is due goes out as one message, not one per device (docs/rooms.md §8.1); or, for
         // a building of older gateways, as one JSON message per device (§2).
-        if config.sightingBatches {
+        if config.sightingBatches, rooms.neighbourhood != nil {
+            // Newcomers go building-wide too, after the tick's batch (docs/rooms.md §8.3).
+            rooms.batcher.collect(&rooms.sightings, table: table, apple: apple, now: now, newcomer: { due in
+                guard rooms.building.count < rooms.buildingCapacity else { return rooms.buildingDropped &+= 1 }
+                rooms.building.append(due)
+            }) { batch in
+                publisher.publishBatch(&broker.mqtt, batch)
+            }
+            sendBuildingBatch(now: now)
+        } else if config.sightingBatches {
             rooms.batcher.collect(&rooms.sightings, table: table, apple: apple, now: now) { batch in
                 publisher.publishBatch(&broker.mqtt, batch)
             }
@@ -253,6 +360,28 @@ extension Gateway where Radio: ~Copyable {
                 publisher.publishSighting(&broker.mqtt, device: device, sighting)
             }
         }
+    }
+
+    /// Neighbours that shared nothing for a while are unsubscribed; the answers owed and this
+    /// tick's newcomers go out as one building-wide batch (docs/rooms.md §8.3).
+    mutating func sendBuildingBatch(now: Instant) {
+        rooms.neighbourhood?.expire(now: now) { g in
+            Self.neighbour(g, subscribe: false, ownership: rooms.ownership, topics: publisher.topics,
+                           mqtt: &broker.mqtt, log: log)
+        }
+        // Our current sighting of each device owed: heard, or `rssi: null` from its owner that
+        // no longer hears it (the newcomer then knows the owner is no candidate).
+        rooms.neighbourhood?.takeAnswers { d in
+            guard rooms.building.count < rooms.buildingCapacity else { return rooms.buildingDropped &+= 1 }
+            if let s = rooms.sightings.lastSent(d), s.rssi != nil {
+                rooms.building.append(s)
+            } else if rooms.ownership.owns(d) {
+                rooms.building.append(DueSighting(device: d, rssi: nil))
+            }
+        }
+        guard !rooms.building.isEmpty else { return }
+        rooms.batcher.collect(records: rooms.building) { batch in publisher.publishBuildingBatch(&broker.mqtt, batch) }
+        rooms.building.removeAll(keepingCapacity: true)
     }
 
     /// Entries that were not heard for their expiry leave the tables; the owner clears them.

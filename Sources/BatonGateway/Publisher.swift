@@ -56,6 +56,9 @@ public struct Publisher: ~Copyable {
     public let appleAddresses: Bool
     /// The group whose beacons this gateway verifies, if any: its activities say `verified`.
     public var keyedGroup: UInt32?
+    /// `rooms.neighbourhoods` (docs/rooms.md §8.3): on connect, subscribe to this gateway's own
+    /// batches and the building-wide ones, not every gateway's; the loop adds the neighbours.
+    public var neighbourhoods = false
     /// The names of `apple.irks`, in file order: a named device's entry says its name.
     public var appleNames: [String] = []
     /// What each activity is called, and the fetches for its title (docs/mqtt.md §2).
@@ -280,6 +283,18 @@ public struct Publisher: ~Copyable {
         }
     }
 
+    /// A building-wide batch (docs/rooms.md §8.3): newcomers and answers, QoS 1 (rare, and
+    /// what a newcomer's neighbourhood is learned from), not retained. Sent after the tick's
+    /// own batch, whose records it numbers after.
+    public mutating func publishBuildingBatch(_ mqtt: inout MQTTClient, _ batch: UnsafeRawBufferPointer) {
+        guard mqtt.isConnected else { return }
+        do throws(MQTTError) {
+            try mqtt.publish(topic: topics.buildingBatch, payload: batch, qos: 1, retain: false, properties: nil)
+        } catch {
+            counters.publishErrors &+= 1
+        }
+    }
+
     /// `qos` 0 only for orphans (clearOrphans says why).
     private mutating func clear(_ mqtt: inout MQTTClient, _ topic: OwnedTopic, removeDiscovery: Bool, qos: Int32 = 1) {
         if case .activity(let id) = topic { stoppedOwning(id) }
@@ -432,7 +447,14 @@ public struct Publisher: ~Copyable {
             try mqtt.subscribe(topics.statusPattern, qos: 1)
             // The gateways' sighting batches (docs/rooms.md §8.1), and single JSON sightings
             // from gateways older than batches (§2), so a building can be upgraded room by room.
-            try mqtt.subscribe(topics.batchPattern, qos: 0)
+            // With neighbourhoods (§8.3), our own and the building-wide ones; the neighbours'
+            // follow as the loop learns them.
+            if neighbourhoods {
+                try mqtt.subscribe(topics.batch, qos: 0)
+                try mqtt.subscribe(topics.buildingBatchPattern, qos: 1)
+            } else {
+                try mqtt.subscribe(topics.batchPattern, qos: 0)
+            }
             try mqtt.subscribe(topics.sightingPattern, qos: 0)
             // Payload fetches for any device: the owner answers (docs/relay.md §4).
             try mqtt.subscribe(topics.fetchPattern, qos: 1)
@@ -489,7 +511,8 @@ public struct Publisher: ~Copyable {
 
     /// Before a clean stop: nothing more is wanted from the broker.
     public mutating func stopListening(_ mqtt: inout MQTTClient) {
-        var patterns = [topics.statusPattern, topics.batchPattern, topics.sightingPattern, topics.fetchPattern,
+        var patterns = [topics.statusPattern, topics.batchPattern, topics.batch, topics.buildingBatchPattern,
+                        topics.sightingPattern, topics.fetchPattern,
                         topics.streamOpenPattern,
                         topics.streamCarrierPattern, topics.activityPattern]
         if retainedScanEnds != nil { patterns.append(topics.applePattern) }

@@ -75,4 +75,27 @@ struct NeighbourhoodTests {
         #expect(owed.isEmpty)
         #expect(n.record(from: kitchen, shared: true, now: at(1)) == .subscribe(kitchen))
     }
+
+    /// A neighbour that has just started hearing a device (no fresh sighting of it from that
+    /// gateway) is answered too; a restarted gateway is forgotten, and answered as a stranger.
+    @Test func aNewcomerNeighbourIsAnsweredAndARestartedGatewayIsAStrangerAgain() {
+        var n = Neighbourhood(gateways: 4, answerCapacity: 8, forgetAfter: .seconds(60))
+        #expect(n.record(from: kitchen, shared: true, now: at(0)) == .subscribe(kitchen))
+        #expect(n.buildingRecord(device: phone, from: kitchen, shared: true, now: at(1)) == nil, "a neighbour already")
+        n.answer(phone)
+        n.answer(phone)
+        var owed: [UInt64] = []
+        n.takeAnswers { owed.append($0) }
+        #expect(owed == [phone], "owed once")
+
+        let forgotten = n.forget(kitchen)
+        #expect(forgotten)
+        #expect(!n.isNeighbour(kitchen))
+        let again = n.forget(kitchen)
+        #expect(!again, "not a neighbour any more")
+        #expect(n.buildingRecord(device: phone, from: kitchen, shared: true, now: at(2)) == .subscribe(kitchen))
+        owed = []
+        n.takeAnswers { owed.append($0) }
+        #expect(owed == [phone])
+    }
 }

@@ -75,6 +75,38 @@ struct SightingBatchCoreTests {
         #expect(batcher.batchesSent == 2 && batcher.recordsSent == 6)
     }
 
+    @Test func newcomersAreHandedOnAndTheBuildingBatchIsNumberedAfterTheTicksBatch() {
+        var table = ActivityTable(config: .init(capacity: 8, expiry: .seconds(60)))
+        var schedule = SightingSchedule(config: RoomsConfig(), capacity: 8)
+        let apple = AppleDeviceTable(config: .init())
+        var batcher = SightingBatcher(since: run)
+        for (d, rssi) in [(phone, Int8(-61)), (laptop, -70)] {
+            table.hear(beacon(d), rssi: rssi, address: d, addressType: 1, now: at(0)) { _ in }
+        }
+        var sent: [Sent] = []
+        var newcomers: [DueSighting] = []
+        batcher.collect(&schedule, table: table, apple: apple, now: at(0), newcomer: { newcomers.append($0) }) {
+            sent.append(read($0)!)
+        }
+        #expect(Set(newcomers.map(\.device)) == [phone, laptop])
+        // The building batch follows on: records 3 and 4.
+        batcher.collect(records: newcomers) { sent.append(read($0)!) }
+        #expect(sent.map(\.n) == [1, 3])
+        #expect(sent.last?.records.count == 2)
+
+        // The heartbeat: no newcomers; a device heard for the first time is one.
+        newcomers.removeAll()
+        for d in [phone, laptop, badge] { table.hear(beacon(d), rssi: -61, address: d, addressType: 1, now: at(2)) { _ in } }
+        batcher.collect(&schedule, table: table, apple: apple, now: at(2), newcomer: { newcomers.append($0) }) {
+            sent.append(read($0)!)
+        }
+        #expect(newcomers == [DueSighting(device: badge, rssi: -61)])
+        #expect(sent.last?.n == 5 && sent.last?.records.count == 3)
+        // Nothing chosen: nothing sent.
+        batcher.collect(records: []) { sent.append(read($0)!) }
+        #expect(sent.count == 3)
+    }
+
     @Test func aTickWithMoreThanMaxRecordsIsSplitAndNoRecordIsLost() {
         var batcher = SightingBatcher(since: run, maxRecords: 2)
         let due = (1 ... 5).map { DueSighting(device: UInt64($0), rssi: $0 == 3 ? nil : -50) }

@@ -166,4 +166,58 @@ struct SightingScheduleTests {
         _ = g.due(at: at(8))
         #expect(g.schedule.nextDeadline(table: g.table) == at(10))
     }
+
+    // MARK: newcomers (docs/rooms.md §8.3)
+
+    /// The sightings due at `t` with whether each is a newcomer's.
+    private func dueMarked(_ g: inout Gateway, at t: Instant) -> [(DueSighting, Bool)] {
+        var out: [(DueSighting, Bool)] = []
+        g.schedule.dueMarkingNewcomers(table: g.table, apple: AppleDeviceTable(config: .init()), now: t) { out.append(($0, $1)) }
+        return out
+    }
+
+    @Test func aDevicesFirstSightingAndItsFirstAfterRssiNullAreANewcomers() {
+        var g = Gateway()
+        g.hear(rssi: -61, at: at(0))
+        var due = dueMarked(&g, at: at(0))
+        #expect(due.map(\.0) == [DueSighting(device: phone, rssi: -61)])
+        #expect(due.map(\.1) == [true], "heard for the first time")
+        let hears = g.schedule.hears(phone), sent = g.schedule.lastSent(phone)
+        #expect(hears)
+        #expect(sent == DueSighting(device: phone, rssi: -61))
+
+        g.hear(rssi: -61, at: at(2))
+        due = dueMarked(&g, at: at(2))
+        #expect(due.map(\.1) == [false], "the heartbeat is not news")
+
+        // Not heard after 2 s: `rssi: null` at 12 s, not a newcomer's.
+        due = dueMarked(&g, at: at(12))
+        #expect(due.map(\.0) == [DueSighting(device: phone, rssi: nil)])
+        #expect(due.map(\.1) == [false])
+        let hearsNow = g.schedule.hears(phone), sentNow = g.schedule.lastSent(phone)
+        #expect(!hearsNow)
+        #expect(sentNow == DueSighting(device: phone, rssi: nil))
+
+        // Heard again: a newcomer again.
+        g.hear(rssi: -70, at: at(13))
+        due = dueMarked(&g, at: at(13))
+        #expect(due.map(\.0.device) == [phone] && due.first?.0.rssi != nil, "heard (smoothed RSSI)")
+        #expect(due.map(\.1) == [true])
+        let laptopSent = g.schedule.lastSent(laptop)
+        #expect(laptopSent == nil, "never heard: not followed")
+    }
+
+    @Test func aDeviceFlappingInAndOutIsANewcomerAtMostOncePerSightingInterval() {
+        // Lost after 300 ms, so it can come and go faster than the 2 s heartbeat.
+        var g = Gateway()
+        g.schedule = SightingSchedule(config: RoomsConfig(lostAfter: .milliseconds(300)), capacity: 8)
+        g.hear(rssi: -61, at: at(0))
+        #expect(dueMarked(&g, at: at(0)).map(\.1) == [true])
+        #expect(dueMarked(&g, at: at(0.5)).map(\.0) == [DueSighting(device: phone, rssi: nil)])
+        g.hear(rssi: -61, at: at(1))
+        #expect(dueMarked(&g, at: at(1)).map(\.1) == [false], "within 2 s of the last newcomer sighting")
+        #expect(dueMarked(&g, at: at(1.5)).map(\.0) == [DueSighting(device: phone, rssi: nil)])
+        g.hear(rssi: -61, at: at(2.5))
+        #expect(dueMarked(&g, at: at(2.5)).map(\.1) == [true], "2 s on: news again")
+    }
 }
