@@ -18,7 +18,8 @@ subscriber a user's Home Assistant would be. Two parts:
            mosquitto's $SYS/broker/publish/messages/sent). Once per --layouts entry, in the
            same run on the same scenario: `json` is the layout before issue 21 (one JSON
            sighting per device, `rooms.batches: false`), `batches` one batch per gateway per
-           tick (docs/rooms.md §8).
+           tick with every gateway subscribed to all (`rooms.neighbourhoods: false`),
+           `neighbourhoods` the default (docs/rooms.md §8).
 
   scripts/bench-rooms.py BATON [--json FILE] [--parts latency,load] [--keep DIR]
                          [--walkers N] [--crowd N] [--wander S] [--rate N] [--grid CxR]
@@ -320,7 +321,10 @@ def counter(stats, *path):
 LAYOUTS = {
     "json": ("one JSON sighting per device, every gateway subscribed to all (before issue 21)",
              ["rooms:", "  batches: false"]),
-    "batches": ("one batch per gateway per tick (docs/rooms.md §8)", []),
+    "batches": ("one batch per gateway per tick, every gateway subscribed to all (docs/rooms.md §8.1)",
+                ["rooms:", "  neighbourhoods: false"]),
+    "neighbourhoods": ("one batch per gateway per tick, each gateway subscribed to its neighbours' (§8.3, the default)",
+                       []),
 }
 
 
@@ -511,8 +515,8 @@ def main():
     parser.add_argument("--wander", type=float, default=30)
     parser.add_argument("--rate", type=float, default=1)
     parser.add_argument("--grid", default="5x2", help="the load part's rooms, columns x rows (5x2: 10 rooms)")
-    parser.add_argument("--layouts", default="json,batches",
-                        help="the load part's sighting layouts, each run on the same scenario: json, batches")
+    parser.add_argument("--layouts", default="json,batches,neighbourhoods",
+                        help="the load part's sighting layouts, each run on the same scenario: json, batches, neighbourhoods")
     parser.add_argument("--warmup", type=float, default=20)
     parser.add_argument("--window", type=float, default=60)
     parser.add_argument("--budget", type=float, default=900, help="seconds for the whole run")
@@ -572,10 +576,12 @@ def main():
             json.dump(result, f, indent=1)
     loads = result.get("load", [])
     by_layout = {l["sightings_layout"]: l for l in loads}
-    if "json" in by_layout and "batches" in by_layout:
-        old, new = by_layout["json"], by_layout["batches"]
+    for name in ("batches", "neighbourhoods"):
+        if "json" not in by_layout or name not in by_layout:
+            continue
+        old, new = by_layout["json"], by_layout[name]
         if old.get("broker_deliveries_per_s") and new.get("broker_deliveries_per_s"):
-            print(f"\nbatches ÷ json, same scenario, same run: broker deliveries "
+            print(f"\n{name} ÷ json, same scenario, same run: broker deliveries "
                   f"{new['broker_deliveries_per_s'] / old['broker_deliveries_per_s']:.3f}, per-gateway CPU "
                   f"{new['gateway_summary']['cpu_percent']['mean'] / max(0.001, old['gateway_summary']['cpu_percent']['mean']):.3f}")
     never = sum(r["never_moved"] for r in result["latency"])
