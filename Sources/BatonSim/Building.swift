@@ -87,6 +87,10 @@ public final class ScenarioPlayer {
         var rotateAt: Int64 = .max
         /// The address before the last rotation: still answers a link opened just before it.
         var previousAddress: UInt64?
+        /// A BTHome sensor (`Scenario.bthome`): it sends `data` as it is, from `address` of
+        /// `addressType`, and has no activity, id or link.
+        var sensor = false
+        var addressType: UInt8 = 1
     }
 
     var devices: [Device] = []
@@ -139,8 +143,7 @@ public final class ScenarioPlayer {
 
         let crowdCount = scenario.crowd?.count ?? 0
         wanderers = wander > 0 && rooms.count > 1 ? crowdCount : 0
-        let total = scenario.devices.count + crowdCount
-        devices.reserveCapacity(total)
+        devices.reserveCapacity(scenario.devices.count + crowdCount + scenario.bthome.count)
         for (i, d) in scenario.devices.enumerated() {
             var flags: BeaconFlags = []
             if d.streams { flags.insert(.supportsStreams) }
@@ -185,9 +188,25 @@ public final class ScenarioPlayer {
                 devices[devices.count - 1].y = roomY[room]
             }
         }
+        // BTHome sensors last, so the crowd's indices (and every draw before these) are as
+        // without them.
+        for s in scenario.bthome {
+            let (x, y) = position(s.place)
+            var room = 0
+            if case .room(let r) = s.place, let index = roomIndex[r] { room = index }
+            // Random static unless given (Core 5.4, Vol 6, Part B, §1.3.2.1).
+            let address = s.address ?? ((rng.next() & 0x3FFF_FFFF_FFFF) | 0xC000_0000_0000)
+            let name = s.name ?? "bthome-" + hex12(address)
+            devices.append(Device(id: address, name: name, beacon: ActivityBeacon(flags: [], sequence: 0, activityTypeHash: 0,
+                                                                               groupHash: 0, deviceID: 0, psm: 0),
+                                  address: address, data: s.advertisement, x: x, y: y, room: room, type: "", title: name,
+                                  webURL: false, payloadBytes: nil, link: false, sensor: true,
+                                  addressType: s.address == nil ? 1 : 0))
+        }
+        let total = devices.count
         indexByID.reserveCapacity(total)
         indexByAddress.reserveCapacity(total)
-        for (i, d) in devices.enumerated() {
+        for (i, d) in devices.enumerated() where !d.sensor {
             indexByID[d.id] = i
             // 46 random bits: two of 100000 devices share an address about once in 14000
             // scenarios (n² / 2⁴⁷); the first keeps it, the other is unreachable over a link.
@@ -392,9 +411,10 @@ public final class ScenarioPlayer {
         reportsSent += 1
         let rooms = roomX.count
         let threshold = scenario.radio.heardDownTo
-        var report = GeneratedReport(timestamp: now, device: d, kind: .baton(devices[d].beacon),
-                                     address: devices[d].address, addressType: 1, rssi: 0, extended: false,
-                                     data: devices[d].data)
+        var report = GeneratedReport(timestamp: now, device: d,
+                                     kind: devices[d].sensor ? .ordinary(name: devices[d].name) : .baton(devices[d].beacon),
+                                     address: devices[d].address, addressType: devices[d].addressType, rssi: 0,
+                                     extended: false, data: devices[d].data)
         for r in 0..<rooms {
             let m = mean[d * rooms + r]
             let sigma = roomNoise[r]

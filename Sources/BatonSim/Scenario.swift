@@ -24,12 +24,15 @@ public struct Scenario: Sendable, Equatable {
     public var rooms: [Room]
     public var devices: [Device]
     public var crowd: Crowd?
+    /// BTHome v2 sensors (docs/simulator.md "BTHome sensors").
+    public var bthome: [BTHomeSensor]
 
     public init(seed: UInt64 = 1, speed: Double = 1, duration: Double, rate: Double = 10,
                 companyID: UInt16 = ActivityBeacon.defaultCompanyID, radio: Radio = Radio(), rooms: [Room],
-                devices: [Device], crowd: Crowd? = nil) {
+                devices: [Device], crowd: Crowd? = nil, bthome: [BTHomeSensor] = []) {
         self.seed = seed; self.speed = speed; self.duration = duration; self.rate = rate
         self.companyID = companyID; self.radio = radio; self.rooms = rooms; self.devices = devices; self.crowd = crowd
+        self.bthome = bthome
     }
 
     /// The RSSI model: what a room hears of a device at some distance (docs/simulator.md "The radio").
@@ -158,7 +161,30 @@ public struct Scenario: Sendable, Equatable {
         }
     }
 
+    /// A thermometer with BTHome v2 firmware: it advertises its measurements (BTHome.swift) at
+    /// the scenario's `rate`, heard by the rooms as any device is; it offers no link.
+    public struct BTHomeSensor: Sendable, Equatable {
+        /// The Complete Local Name it sends; nil: none.
+        public var name: String?
+        /// Its public address (address type 0); nil: a random static address from the seed.
+        public var address: UInt64?
+        public var place: Place
+        /// °C and % (hundredths); at least one of them.
+        public var temperature: Double?
+        public var humidity: Double?
+
+        public init(name: String? = nil, address: UInt64? = nil, place: Place, temperature: Double? = nil,
+                    humidity: Double? = nil) {
+            self.name = name; self.address = address; self.place = place
+            self.temperature = temperature; self.humidity = humidity
+        }
+
+        /// The advertising data it sends.
+        public var advertisement: [UInt8] { BTHome.advertisement(temperature: temperature, humidity: humidity, name: name) }
+    }
+
     public static let maxRooms = 100
+    public static let maxBTHomeSensors = 1000
     /// Scripted and crowd devices together.
     public static let maxDevices = 100_000
     public static let maxRoomIDLength = 64
@@ -182,7 +208,7 @@ extension Scenario {
 
     /// Every key, section by section, in the order docs/simulator.md lists them.
     static let schema: [(section: String, keys: [String])] = [
-        ("", ["seed", "speed", "duration", "rate", "company-id", "radio", "rooms", "devices", "crowd"]),
+        ("", ["seed", "speed", "duration", "rate", "company-id", "radio", "rooms", "devices", "crowd", "bthome"]),
         ("radio", ["in-room", "per-room", "heard-down-to", "noise", "loss", "link-latency"]),
         ("rooms", ["id", "name", "x", "y", "noise", "loss"]),
         ("devices", ["id", "name", "type", "streams", "web-url", "at", "script", "title", "payload-bytes", "link",
@@ -190,6 +216,7 @@ extension Scenario {
         ("script", ["at", "walk", "save", "become-current", "invalidate", "silent", "resume"]),
         ("place", ["between", "x", "y"]),
         ("crowd", ["count", "first-id", "wander", "type", "title", "payload-bytes", "link"]),
+        ("bthome", ["name", "address", "at", "temperature", "humidity"]),
     ]
 
     /// Reads and checks the scenario file at `path`.
@@ -297,8 +324,9 @@ struct ScenarioReader {
         if let e = top["crowd"], let m = mapping(e.value, path: e.key, section: "crowd") {
             s.crowd = readCrowd(m, scripted: s.devices)
         }
-        if top["devices"] == nil, top["crowd"] == nil {
-            report(root, "devices", "missing: list the devices, or add a crowd")
+        if let e = top["bthome"] { s.bthome = readBTHome(e) }
+        if top["devices"] == nil, top["crowd"] == nil, top["bthome"] == nil {
+            report(root, "devices", "missing: list the devices, or add a crowd or BTHome sensors")
         }
         return s
     }
@@ -506,6 +534,64 @@ struct ScenarioReader {
         return crowd
     }
 
+    mutating func readBTHome(_ e: ScenarioEntry) -> [Scenario.BTHomeSensor] {
+        guard let items = list(e, expected: "a list of BTHome sensors, like \"- {at: hall, temperature: 21.5}\"") else {
+            return []
+        }
+        guard items.count <= Scenario.maxBTHomeSensors else {
+            report(e.value, e.key, "at most \(Scenario.maxBTHomeSensors) BTHome sensors, got \(items.count)")
+            return []
+        }
+        var sensors: [Scenario.BTHomeSensor] = []
+        var lines: [UInt64: Int] = [:]
+        for (i, item) in items.enumerated() {
+            let path = "\(e.key)[\(i)]"
+            guard let m = mapping(item, path: path, section: "bthome") else { continue }
+            var ok = true
+            var sensor = Scenario.BTHomeSensor(place: .point(x: 0, y: 0))
+            if let n = m["at"] {
+                if let p = place(n.value, key: n.key) { sensor.place = p } else { ok = false }
+            } else {
+                report(item, path + ".at", "missing: say where the sensor is, like \"at: hall\"")
+                ok = false
+            }
+            if let n = m["name"], let t = text(n, expected: "the sensor's name") {
+                // It goes in the advertisement, beside the measurements (BTHome.maxNameBytes).
+                if t.isEmpty || t.utf8.count > BTHome.maxNameBytes {
+                    report(n.value, n.key, "expected the sensor's name, 1 to \(BTHome.maxNameBytes) bytes (what fits in "
+                           + "its advertisement), got \(t.utf8.count)")
+                    ok = false
+                } else {
+                    sensor.name = t
+                }
+            }
+            if let n = m["address"] {
+                if let v = deviceID(n, expected: "a public address like A4:C1:38:00:00:01") {
+                    sensor.address = v
+                    if let first = lines[v] {
+                        report(n.value, n.key, "address \(hex12(v)) is given twice (first on line \(first))")
+                        ok = false
+                    }
+                    lines[v] = n.keyLine
+                } else {
+                    ok = false
+                }
+            }
+            if let n = m["temperature"] {
+                if let v = number(n, BTHome.temperatureRange, "°C") { sensor.temperature = v } else { ok = false }
+            }
+            if let n = m["humidity"] {
+                if let v = number(n, BTHome.humidityRange, "%") { sensor.humidity = v } else { ok = false }
+            }
+            if m["temperature"] == nil, m["humidity"] == nil {
+                report(item, path, "a BTHome sensor measures something: give temperature (°C) or humidity (%)")
+                ok = false
+            }
+            if ok { sensors.append(sensor) }
+        }
+        return sensors
+    }
+
     /// Whether a payload of the device's padded to `bytes` can be exactly that size: its
     /// largest unpadded form (any of its activity types, a sequence of three CBOR bytes) plus
     /// the smallest padding entry.
@@ -688,12 +774,13 @@ struct ScenarioReader {
     }
 
     /// 12 hex digits, optionally written with colons like a BD_ADDR (`5A:00:00:00:00:01`).
-    mutating func deviceID(_ e: ScenarioEntry) -> UInt64? {
-        guard let t = text(e, expected: "a device id of 12 hex digits") else { return nil }
+    mutating func deviceID(_ e: ScenarioEntry, expected: String? = nil) -> UInt64? {
+        let what = expected ?? "a device id of 12 hex digits"
+        guard let t = text(e, expected: what) else { return nil }
         let digits = t.filter { $0 != ":" }
         guard digits.count == 12, digits.allSatisfy(\.isHexDigit), let v = UInt64(digits, radix: 16) else {
-            report(e.value, e.key, "expected a device id of 12 hex digits (48 bits, docs/protocol.md §2.4), "
-                   + "like 5a0000000001, got \(quoted(t))")
+            report(e.value, e.key, expected.map { "expected \($0), got \(quoted(t))" }
+                   ?? "expected a device id of 12 hex digits (48 bits, docs/protocol.md §2.4), like 5a0000000001, got \(quoted(t))")
             return nil
         }
         return v
