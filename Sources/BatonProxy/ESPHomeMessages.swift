@@ -12,6 +12,8 @@ import BatonWire
 public enum MessageType {
     public static let helloRequest: UInt32 = 1
     public static let helloResponse: UInt32 = 2
+    public static let connectRequest: UInt32 = 3
+    public static let connectResponse: UInt32 = 4
     public static let disconnectRequest: UInt32 = 5
     public static let disconnectResponse: UInt32 = 6
     public static let pingRequest: UInt32 = 7

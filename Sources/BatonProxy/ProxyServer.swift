@@ -150,7 +150,9 @@ public struct ProxyServer: ~Copyable, LoopPart {
     public var nextDeadline: Instant? {
         var next: Instant? = nil
         for s in slots where s.fd >= 0 {
-            var d = s.phase == .ready ? s.lastReceived + settings.idleTimeout : s.connectedAt + handshakeTimeout
+            var d = s.phase == .ready
+                ? s.lastReceived + (s.pinged ? settings.idleTimeout : settings.pingAfter)
+                : s.connectedAt + handshakeTimeout
             if let since = s.stalledSince, since + settings.stallTimeout < d { d = since + settings.stallTimeout }
             if next == nil || d < next! { next = d }
         }
@@ -356,6 +358,13 @@ public struct ProxyServer: ~Copyable, LoopPart {
 
     /// Answers one message (docs/esphome.md §5, the exchange).
     mutating func message(_ i: Int, type: UInt32, body: UnsafeRawBufferPointer) {
+        // ConnectRequest (3): the password step of API clients before 1.12 (aioesphomeapi 23,
+        // Home Assistant 2024.3), sent with the hello and awaited with it. There is no password:
+        // an empty ConnectResponse (4) says `invalid_password: false`, as ESPHome answers.
+        if type == MessageType.connectRequest {
+            enqueue(i, type: MessageType.connectResponse, EmptyMessage())
+            return
+        }
         let m: ClientMessage
         do throws(WireError) { m = try ClientMessage.decode(type: type, body: body) } catch {
             return drop(i, reason: "sent a message \(type) that is not protobuf: \(error)", counter: .badFrame)
@@ -501,7 +510,11 @@ public struct ProxyServer: ~Copyable, LoopPart {
             } else if slots[i].phase != .ready, now - slots[i].connectedAt >= handshakeTimeout {
                 drop(i, reason: "did not finish the handshake within \(handshakeTimeout.components.seconds) s", counter: .timedOut)
             } else if slots[i].phase == .ready, now - slots[i].lastReceived >= settings.idleTimeout {
-                drop(i, reason: "sent nothing for \(settings.idleTimeout.components.seconds) s", counter: .timedOut)
+                drop(i, reason: "sent nothing for \(settings.idleTimeout.components.seconds) s, not even the answer to a ping", counter: .timedOut)
+            } else if slots[i].phase == .ready, !slots[i].pinged, now - slots[i].lastReceived >= settings.pingAfter {
+                // Quiet is not gone: a subscriber receiving advertisements has nothing to say.
+                slots[i].pinged = true
+                enqueue(i, type: MessageType.pingRequest, EmptyMessage())
             }
         }
     }
@@ -676,7 +689,11 @@ struct ClientSlot {
     var helloed = false
     /// Close once the send buffer is written (after a DisconnectResponse).
     var closing = false
-    var lastReceived = Instant(nanoseconds: 0)
+    var lastReceived = Instant(nanoseconds: 0) {
+        didSet { pinged = false }
+    }
+    /// A PingRequest went out since `lastReceived`.
+    var pinged = false
     /// When it connected: the handshake's deadline counts from here, however slowly it trickles.
     var connectedAt = Instant(nanoseconds: 0)
     var stalledSince: Instant? = nil

@@ -19,9 +19,13 @@ public struct ProxySettings: Sendable, Equatable {
     public var clients: Int = 4
     /// A client whose send buffer has stayed full this long is disconnected: it stopped reading.
     public var stallTimeout: Duration = .seconds(10)
-    /// A client that has sent nothing for this long is disconnected (Home Assistant pings every
-    /// 20 s, so a quiet minute means it is gone without a FIN).
-    public var idleTimeout: Duration = .seconds(90)
+    /// A client that has sent nothing for `pingAfter` is sent a PingRequest; one that has still
+    /// sent nothing (not even the PingResponse) after `idleTimeout` is disconnected: it is gone
+    /// without a FIN. Home Assistant sends nothing while advertisements stream in (it pings
+    /// only after 20 s of receiving nothing), so silence alone does not mean gone. ESPHome's
+    /// own server does the same: 60 s, then 2.5 × that.
+    public var pingAfter: Duration = .seconds(60)
+    public var idleTimeout: Duration = .seconds(150)
     /// Per-client buffers, allocated at start. Home Assistant's messages are small; the send
     /// buffer holds several batches of 16 advertisements.
     public var receiveBuffer: Int = 1024

@@ -85,6 +85,20 @@ func received(_ fd: Int32) -> [UInt8]? {
         #expect(b.log.lines.contains { $0.contains("is \"aioesphomeapi\" (API 1.12)") })
     }
 
+    /// Home Assistant 2024.3 (aioesphomeapi 23) sends ConnectRequest (3, no password) with its
+    /// hello and waits for both answers: an empty ConnectResponse (4), `invalid_password` false.
+    @Test func aConnectRequestIsAnsweredWithoutAPasswordSection3_3() throws {
+        var b = try Bench()
+        let c = b.connectClient()
+        defer { close(c) }
+        b.turn()
+        sendAll(c, hx("00 13 01 0a0d61696f657370686f6d656170691001180a") + hx("00 00 03"))
+        b.turn()
+        let hello = try written(type: 2, HelloResponse(serverInfo: Array("Baton (ESPHome native API)".utf8), name: Array("hall".utf8)))
+        #expect(received(c) == hello + hx("00 00 04"))
+        #expect(b.server.clientCount == 1)
+    }
+
     @Test func theNoiseExchangeInBytesSection4_1() throws {
         var b = try Bench(encryption: .noise(key: vectorPSK))
         let c = b.connectClient()
@@ -189,14 +203,35 @@ func received(_ fd: Int32) -> [UInt8]? {
         #expect(b.log.lines.contains { $0.contains("stopped reading: its 4096-byte send buffer stayed full for 10 s") })
     }
 
+    /// §5: a quiet client is pinged after 60 s (a subscriber has nothing to say while
+    /// advertisements stream in); one that answers stays; one silent for 150 s is gone.
+    @Test func aQuietClientIsPingedAndKeptWhenItAnswers() throws {
+        var b = try Bench()
+        let c = b.connectClient()
+        defer { close(c) }
+        let start = Instant.now
+        b.turn()
+        b.turn(1, now: start + .seconds(59))
+        #expect(received(c) == nil || received(c) == [], "nothing before 60 s")
+        b.turn(1, now: start + .seconds(61))
+        #expect(received(c) == hx("00 00 07"), "a PingRequest")
+        sendAll(c, hx("00 00 08"))
+        b.turn(1, now: start + .seconds(62))
+        b.turn(1, now: start + .seconds(200))
+        #expect(b.server.clientCount == 1, "it answered at 62 s: pinged again at 122 s, not dropped")
+        #expect(b.server.counters.timedOut == 0)
+    }
+
     @Test func aSilentClientAndAnUnfinishedHandshakeTimeOut() throws {
         var b = try Bench()
         let c = b.connectClient()
         defer { close(c) }
+        let start = Instant.now
         b.turn()
-        b.turn(1, now: .now + .seconds(89))
-        #expect(b.server.clientCount == 1)
-        b.turn(1, now: .now + .seconds(91))
+        b.turn(1, now: start + .seconds(61))
+        b.turn(1, now: start + .seconds(149))
+        #expect(b.server.clientCount == 1, "pinged at 60 s, given until 150 s")
+        b.turn(1, now: start + .seconds(151))
         #expect(b.server.clientCount == 0 && b.server.counters.timedOut == 1)
     }
 
