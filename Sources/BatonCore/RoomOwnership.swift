@@ -177,6 +177,9 @@ public struct OwnershipCounters: Sendable, Equatable {
 
 public struct RoomOwnership: ~Copyable {
     public let config: RoomsConfig
+    /// `config`'s spans in the monotonic clock's nanoseconds, converted once: the rule runs for
+    /// every sighting record, and `Duration`'s 128-bit arithmetic showed in its profile.
+    let fresh: Int64, forget: Int64, settle: Int64, dwell: Int64
     public private(set) var counters = OwnershipCounters()
 
     // Internal, not private: see ActivityTable.Entry (a Swift 6.3.1 IRGen failure with private
@@ -251,6 +254,10 @@ public struct RoomOwnership: ~Copyable {
         let (cellCount, overflow) = config.capacity.multipliedReportingOverflow(by: config.gateways)
         precondition(!overflow, "rooms.capacity × rooms.gateways overflows")
         self.config = config
+        self.fresh = config.sightingFresh.nanoseconds
+        self.forget = config.forgetAfter.nanoseconds
+        self.settle = config.settle.nanoseconds
+        self.dwell = config.dwell.nanoseconds
         self.selfSince = selfSince
         ids = []
         ids.reserveCapacity(config.gateways)
@@ -431,7 +438,7 @@ public struct RoomOwnership: ~Copyable {
         guard devices[d].owner == 0 else { return false }
         let row = d * config.gateways
         func fresh(_ k: Int) -> Int8? {
-            guard let arrived = cells[row + k].arrived, now < arrived + config.sightingFresh else { return nil }
+            guard let arrived = cells[row + k].arrived, now < arrived.after(self.fresh) else { return nil }
             return cells[row + k].rssi
         }
         guard let theirs = fresh(g) else { return false }
@@ -516,7 +523,7 @@ public struct RoomOwnership: ~Copyable {
         guard let d = index.find(device) else { return }
         let row = Int(d) * config.gateways
         for g in gateways.indices where gateways[g].online {
-            guard let arrived = cells[row + g].arrived, now < arrived + config.sightingFresh else { continue }
+            guard let arrived = cells[row + g].arrived, now < arrived.after(fresh) else { continue }
             body(GatewaySlot(index: g), cells[row + g].rssi)
         }
     }
@@ -546,7 +553,7 @@ public struct RoomOwnership: ~Copyable {
             // A candidate: online, its last sighting heard the device and arrived within
             // sightingFresh. Stale at exactly arrived + sightingFresh.
             guard let arrived = cells[row + g].arrived else { continue }
-            let expiry = arrived + config.sightingFresh
+            let expiry = arrived.after(fresh)
             guard now < expiry else { continue }
             let rssi = cells[row + g].rssi
             c.earliestExpiry = min(c.earliestExpiry ?? expiry, expiry)
@@ -568,7 +575,7 @@ public struct RoomOwnership: ~Copyable {
         let firstSighted = e.firstSighted!, lastSighted = e.lastSighted!
         let c = candidates(d, owner: Int(e.owner), now: now)
 
-        if c.best < 0 && now >= lastSighted + config.forgetAfter {
+        if c.best < 0 && now >= lastSighted.after(forget) {
             remove(d)
             counters.forgotten &+= 1
             if e.owner >= 0 {
@@ -581,7 +588,7 @@ public struct RoomOwnership: ~Copyable {
         let from = e.owner
         var reason: OwnershipReason?
         if e.owner < 0 {
-            if c.best >= 0 && now >= firstSighted + config.settle {
+            if c.best >= 0 && now >= firstSighted.after(settle) {
                 e.owner = Int32(c.best)
                 reason = .settled
             }
@@ -593,10 +600,10 @@ public struct RoomOwnership: ~Copyable {
                     e.leadSince = now
                 }
                 // Proof: leadSince was set just above or on an earlier evaluation.
-                if now - e.leadSince! >= config.dwell {
+                if now.nanoseconds &- e.leadSince!.nanoseconds >= dwell {
                     e.owner = Int32(c.rival)
                     reason = .stronger
-                } else if let back = gateways[c.rival].onlineSince, now - back < config.dwell {
+                } else if let back = gateways[c.rival].onlineSince, now.nanoseconds &- back.nanoseconds < dwell {
                     e.owner = Int32(c.rival)
                     reason = .returned
                 } else if e.standInFor == Int32(c.rival) {
@@ -640,10 +647,10 @@ public struct RoomOwnership: ~Copyable {
         // best or the challenger), the settle, the dwell, forgetting. Only future instants.
         var next = c.earliestExpiry
         func consider(_ t: Instant) { if t > now { next = min(next ?? t, t) } }
-        if e.owner < 0 { consider(firstSighted + config.settle) }
-        if let lead = e.leadSince { consider(lead + config.dwell) }
+        if e.owner < 0 { consider(firstSighted.after(settle)) }
+        if let lead = e.leadSince { consider(lead.after(dwell)) }
         if e.owner >= 0, let until = rejoinUntil { consider(until) }
-        consider(lastSighted + config.forgetAfter)
+        consider(lastSighted.after(forget))
         return next
     }
 

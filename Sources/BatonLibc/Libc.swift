@@ -39,6 +39,10 @@ public struct Instant: Comparable, Hashable, Sendable {
     public static func - (a: Instant, b: Instant) -> Duration { .nanoseconds(a.nanoseconds &- b.nanoseconds) }
 
     public func advanced(by d: Duration) -> Instant { self + d }
+    /// This instant plus a span already in nanoseconds (`Duration.nanoseconds`, converted once
+    /// by a caller that adds it often).
+    @inline(__always)
+    public func after(_ nanoseconds: Int64) -> Instant { Instant(nanoseconds: self.nanoseconds &+ nanoseconds) }
     /// The earlier of two deadlines, either of which may be none.
     @inline(__always)
     public static func earliest(_ a: Instant?, _ b: Instant?) -> Instant? {

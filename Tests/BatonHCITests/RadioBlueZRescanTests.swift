@@ -11,6 +11,7 @@ import Testing
 import BatonTestSupport
 import BatonWire
 @testable import BatonHCI
+import CBlueZ
 
 private func pair() -> (Int32, Int32) {
     var fds: [Int32] = [-1, -1]
