@@ -190,6 +190,8 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
             radio.statsOwed = false
             publishStats(now: now)
         }
+        // Home Assistant shows the scanner's state (docs/esphome.md §3.5); told on a change only.
+        if proxy != nil { proxy?.setScannerState(radio.scannerState) }
 
         broker.serve(ready: loop.ready(brokerPart), now: now)
         if !broker.events.isEmpty { handleBrokerEvents(now: now) }

@@ -240,6 +240,18 @@ struct GatewayRadio<Radio: RadioSource & ~Copyable>: ~Copyable {
         if let verifier = keys.verifier { for d in verifier.drops.sorted { try w.key(d.reason); try w.int(Int64(d.count)) } }
     }
 
+    /// The radio as ESPHome's scanner states say it (docs/esphome.md §3.5): a source waiting
+    /// for its retry has failed; a replayed capture that ended has stopped.
+    var scannerState: UInt32 {
+        if retryAt != nil || fatalError != nil { return ScannerState.failed }
+        switch source.state {
+        case .stopped: return ScannerState.idle
+        case .initialising: return ScannerState.starting
+        case .scanning: return ScannerState.running
+        case .finished: return ScannerState.stopped
+        }
+    }
+
     static func stateName(_ state: RadioState, retrying: Bool) -> StaticString {
         if retrying { return "retrying" }
         switch state {

@@ -113,6 +113,8 @@ struct ESPHomeGatewayTests {
             #expect(got["rssi"] as? Int == Int(sent.rssi))
             #expect(got["data"] as? String == hexString(sent.data))
         }
+        // The scanner's state follows the radio: running (2), passive (0), once it scans.
+        #expect((s.first("scanner") as? [[Int]])?.last == [2, 0], "\(s.lines)")
         #expect(s.first("disconnected") as? Bool == true)
         let esphome = s.stats?["esphome"] as? [String: Any]
         #expect(esphome?["advertisements"] as? Int == 10, "\(String(describing: s.stats))")
