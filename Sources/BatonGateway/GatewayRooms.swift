@@ -15,6 +15,8 @@ struct GatewayRooms: ~Copyable {
     /// Packs a tick's due sightings into batches, carrying this run's `since` and sighting
     /// counter `n` (docs/rooms.md §8.1, docs/protocol.md §6).
     var batcher: SightingBatcher
+    /// `rooms.lost-after` in nanoseconds: `hears` adds it for every record of every batch.
+    let lostAfter: Int64
     /// When the table is next walked for due sightings. A fixed cadence, not the schedule's
     /// exact deadline: that deadline moves with every report's RSSI, and finding it walks the
     /// whole table, which every loop turn would pay (docs/rooms.md §2).
@@ -43,6 +45,7 @@ struct GatewayRooms: ~Copyable {
         var rooms = config.rooms
         rooms.forgetAfter = config.table.expiry
         self.batcher = SightingBatcher(since: unixMicroseconds / 1000)
+        self.lostAfter = config.rooms.lostAfter.nanoseconds
         self.ownership = RoomOwnership(config: rooms, selfID: config.gatewayID, selfSince: unixMicroseconds / 1000)
         // The named Apple devices are sighted too, so one room owns each (docs/security.md §10).
         self.sightings = SightingSchedule(config: rooms, capacity: config.table.capacity + config.appleIRKs.count)
@@ -230,8 +233,8 @@ extension Gateway where Radio: ~Copyable {
     /// within `lost-after`. O(1), allocates nothing.
     func hears(_ device: UInt64, now: Instant) -> Bool {
         if rooms.sightings.hears(device) { return true }
-        if let a = table.activity(deviceID: device) { return now < a.lastSeen + config.rooms.lostAfter }
-        if let d = namedApple(device) { return now < d.lastSeen + config.rooms.lostAfter }
+        if let a = table.activity(deviceID: device) { return now < a.lastSeen.after(rooms.lostAfter) }
+        if let d = namedApple(device) { return now < d.lastSeen.after(rooms.lostAfter) }
         return false
     }
 
@@ -380,7 +383,7 @@ extension Gateway where Radio: ~Copyable {
             }
         }
         guard !rooms.building.isEmpty else { return }
-        rooms.batcher.collect(records: rooms.building) { batch in publisher.publishBuildingBatch(&broker.mqtt, batch) }
+        rooms.batcher.collect(records: rooms.building) { batch in publisher.publishBatch(&broker.mqtt, batch, buildingWide: true) }
         rooms.building.removeAll(keepingCapacity: true)
     }
 

@@ -49,6 +49,8 @@ extension Topics {
 
 public struct Publisher: ~Copyable {
     public let topics: Topics
+    /// This gateway's two batch topics, built once: they are published four times a second.
+    let batchTopic: String, buildingBatchTopic: String
     public let origin: Payloads.Origin
     public let clock: WallClock
     public let version: String
@@ -101,6 +103,8 @@ public struct Publisher: ~Copyable {
     public init(topics: Topics, origin: Payloads.Origin, clock: WallClock, version: String,
                 discovery: Bool, appleAddresses: Bool, orphanGrace: Duration, ownedCapacity: Int, log: Logger) {
         self.topics = topics
+        self.batchTopic = topics.batch
+        self.buildingBatchTopic = topics.buildingBatch
         self.origin = origin
         self.clock = clock
         self.version = version
@@ -272,24 +276,16 @@ public struct Publisher: ~Copyable {
         }
     }
 
-    /// One tick's sighting batch (docs/rooms.md §8.1, docs/protocol.md §6), QoS 0 and not
-    /// retained: it is news, not state, and the next heartbeat replaces a lost one (§2).
-    public mutating func publishBatch(_ mqtt: inout MQTTClient, _ batch: UnsafeRawBufferPointer) {
+    /// A sighting batch (docs/rooms.md §8, docs/protocol.md §6), not retained: it is news,
+    /// not state. The tick's own batch goes to the neighbourhood at QoS 0, as the next
+    /// heartbeat replaces a lost one (§2); a building-wide one (newcomers and answers, §8.3) at
+    /// QoS 1, since it is rare and neighbourhoods are learned from it. The building batch is
+    /// sent after the tick's own, whose records it numbers after.
+    public mutating func publishBatch(_ mqtt: inout MQTTClient, _ batch: UnsafeRawBufferPointer, buildingWide: Bool = false) {
         guard mqtt.isConnected else { return }
         do throws(MQTTError) {
-            try mqtt.publish(topic: topics.batch, payload: batch, qos: 0, retain: false, properties: nil)
-        } catch {
-            counters.publishErrors &+= 1
-        }
-    }
-
-    /// A building-wide batch (docs/rooms.md §8.3): newcomers and answers, QoS 1 (rare, and
-    /// what a newcomer's neighbourhood is learned from), not retained. Sent after the tick's
-    /// own batch, whose records it numbers after.
-    public mutating func publishBuildingBatch(_ mqtt: inout MQTTClient, _ batch: UnsafeRawBufferPointer) {
-        guard mqtt.isConnected else { return }
-        do throws(MQTTError) {
-            try mqtt.publish(topic: topics.buildingBatch, payload: batch, qos: 1, retain: false, properties: nil)
+            try mqtt.publish(topic: buildingWide ? buildingBatchTopic : batchTopic, payload: batch, qos: buildingWide ? 1 : 0,
+                             retain: false, properties: nil)
         } catch {
             counters.publishErrors &+= 1
         }
