@@ -235,6 +235,14 @@ public struct RoomOwnership: ~Copyable {
     private var index: SlotIndex
     /// `capacity × gateways` cells: the row of device entry d starts at d × config.gateways.
     private var cells: [Cell]
+    /// Which cells hold a sighting that heard the device (`arrived` set), a bit per gateway,
+    /// `words` words per device entry; and which gateways are online. The rule walks the set
+    /// bits of both, the gateways that hear a device, not every gateway of the building: at
+    /// 50 rooms a device is heard by a third of them, and the walk over all was a third of a
+    /// gateway's profile (docs/performance.md "Rooms").
+    private var live: [UInt64]
+    private var onlineBits: [UInt64]
+    private let words: Int
     private var clock = MonotonicClamp()
     /// No later than the earliest instant `tick` could change something (docs on `nextDeadline`).
     private var deadline: Instant?
@@ -270,6 +278,9 @@ public struct RoomOwnership: ~Copyable {
         for i in stride(from: config.capacity - 1, through: 0, by: -1) { free.append(Int32(i)) }
         index = SlotIndex(maxKeys: config.capacity)
         cells = Array(repeating: Cell(), count: cellCount)
+        words = (config.gateways + 63) / 64
+        live = Array(repeating: 0, count: config.capacity * words)
+        onlineBits = Array(repeating: 0, count: words)
         ids.append(selfID)
         gateways.append(Gateway())
     }
@@ -306,7 +317,7 @@ public struct RoomOwnership: ~Copyable {
             // A first `online` is not a return: the `returned` rule needs the `offline` before
             // it seen, as every gateway that was there saw it (docs/rooms.md §7).
             register(id)
-            gateways[ids.count - 1].online = true
+            setOnline(ids.count - 1, true)
             return true
         }
         guard gateways[g].online != online else {
@@ -315,7 +326,7 @@ public struct RoomOwnership: ~Copyable {
             if !online && gateways[g].offlineSince == nil { gateways[g].offlineSince = now }
             return true
         }
-        gateways[g].online = online
+        setOnline(g, online)
         if !online {
             gateways[g].offlineSince = now
         } else if gateways[g].offlineSince != nil {
@@ -327,6 +338,7 @@ public struct RoomOwnership: ~Copyable {
         let width = config.gateways
         for d in 0 ..< config.capacity where devices[d].inUse {
             cells[d * width + g].arrived = nil
+            setLive(d, g, false)
         }
         for d in 0 ..< config.capacity where devices[d].inUse
             && (devices[d].owner == Int32(g) || devices[d].challenger == Int32(g)) {
@@ -392,10 +404,12 @@ public struct RoomOwnership: ~Copyable {
         let cell = d * config.gateways + g
         if let rssi = s.rssi {
             cells[cell] = Cell(arrived: now, rssi: rssi)
+            setLive(d, g, true)
             devices[d].lastSighted = now
         } else {
             cells[cell].arrived = nil
             cells[cell].unknown = false
+            setLive(d, g, false)
         }
         lower(evaluate(d, now: now, onChange))
         return nil
@@ -413,6 +427,7 @@ public struct RoomOwnership: ~Copyable {
         for d in 0 ..< config.capacity where devices[d].inUse {
             let row = d * config.gateways
             for g in 0 ..< config.gateways { cells[row + g] = Cell(arrived: nil, rssi: 0, unknown: true) }
+            for w in 0 ..< words { live[d * words + w] = 0 }
             devices[d].challenger = -1
             devices[d].leadSince = nil
         }
@@ -549,19 +564,25 @@ public struct RoomOwnership: ~Copyable {
     private func candidates(_ d: Int, owner: Int, now: Instant) -> Candidates {
         var c = Candidates()
         let row = d * config.gateways
-        for g in gateways.indices where gateways[g].online {
-            // A candidate: online, its last sighting heard the device and arrived within
-            // sightingFresh. Stale at exactly arrived + sightingFresh.
-            guard let arrived = cells[row + g].arrived else { continue }
-            let expiry = arrived.after(fresh)
-            guard now < expiry else { continue }
-            let rssi = cells[row + g].rssi
-            c.earliestExpiry = min(c.earliestExpiry ?? expiry, expiry)
-            if beats(g, rssi, c.best, c.bestRSSI) { c.best = g; c.bestRSSI = rssi }
-            if g == owner {
-                c.ownerRSSI = rssi
-            } else if beats(g, rssi, c.rival, c.rivalRSSI) {
-                c.rival = g; c.rivalRSSI = rssi
+        // The order does not matter: `beats` ranks by RSSI, then by id.
+        for w in 0 ..< words {
+            var bits = live[d * words + w] & onlineBits[w]
+            while bits != 0 {
+                let g = w * 64 + bits.trailingZeroBitCount
+                bits &= bits &- 1
+                // A candidate: online, its last sighting heard the device (a live bit) and
+                // arrived within sightingFresh. Stale at exactly arrived + sightingFresh.
+                guard let arrived = cells[row + g].arrived else { continue }
+                let expiry = arrived.after(fresh)
+                guard now < expiry else { continue }
+                let rssi = cells[row + g].rssi
+                c.earliestExpiry = min(c.earliestExpiry ?? expiry, expiry)
+                if beats(g, rssi, c.best, c.bestRSSI) { c.best = g; c.bestRSSI = rssi }
+                if g == owner {
+                    c.ownerRSSI = rssi
+                } else if beats(g, rssi, c.rival, c.rivalRSSI) {
+                    c.rival = g; c.rivalRSSI = rssi
+                }
             }
         }
         return c
@@ -661,6 +682,17 @@ public struct RoomOwnership: ~Copyable {
 
     // MARK: - Storage
 
+    private mutating func setOnline(_ g: Int, _ online: Bool) {
+        gateways[g].online = online
+        let bit = UInt64(1) << UInt64(g % 64)
+        if online { onlineBits[g / 64] |= bit } else { onlineBits[g / 64] &= ~bit }
+    }
+
+    private mutating func setLive(_ d: Int, _ g: Int, _ heard: Bool) {
+        let bit = UInt64(1) << UInt64(g % 64)
+        if heard { live[d * words + g / 64] |= bit } else { live[d * words + g / 64] &= ~bit }
+    }
+
     private mutating func lower(_ t: Instant?) {
         guard let t else { return }
         deadline = min(deadline ?? t, t)
@@ -702,6 +734,7 @@ public struct RoomOwnership: ~Copyable {
         devices[d] = Device(inUse: true, device: device, firstSighted: now, lastSighted: now)
         let row = d * config.gateways
         for g in 0 ..< config.gateways { cells[row + g] = Cell() }
+        for w in 0 ..< words { live[d * words + w] = 0 }
         index.insert(device, slot: Int32(d))
         return d
     }

@@ -217,7 +217,9 @@ extension Gateway where Radio: ~Copyable {
                 if case .subscribe(let g)? = rooms.neighbourhood?.record(from: from, shared: true, now: now) {
                     neighbour(g, subscribe: true)
                 }
-                continue
+                // One shared device keeps a neighbour: the rest of its batch tells nothing more,
+                // and asking the tables about every record showed in the profile.
+                return
             }
             var fresh = false
             rooms.ownership.sightings(of: r.device, now: now) { g, _ in if g == from { fresh = true } }

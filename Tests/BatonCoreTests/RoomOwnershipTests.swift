@@ -148,6 +148,33 @@ struct RoomOwnershipTests {
         #expect(b.rule.counters.takeovers == 1)
     }
 
+    @Test func aBuildingOfMoreThan64GatewaysRanksEveryOne() {
+        // The rule walks the gateways that hear a device a 64-bit word at a time: 150 gateways
+        // fill three words. Gateway 140 (in the third) is best, 70 (the second) next, 3 last;
+        // the others do not hear the device.
+        var config = RoomsConfig()
+        config.gateways = 150
+        let ids = (0 ..< 150).map { "g\(String($0 + 1000))" }
+        var b = Building(config, me: ids[0], online: ids)
+        b.see(ids[3], -80, at: at(0))
+        b.see(ids[70], -60, at: at(0))
+        b.see(ids[140], -50, at: at(0))
+        b.tick(at: at(1))
+        #expect(b.owner() == ids[140])
+        b.status(ids[140], online: false, at: at(1.5))
+        #expect(b.owner() == ids[70], "the next best, in another word, takes over at once")
+        b.see(ids[70], nil, at: at(2))
+        #expect(b.owner() == ids[3], "a gateway that no longer hears the device is no candidate")
+        // Gateway 140 comes back: its sightings from before it went offline no longer count.
+        b.status(ids[140], online: true, at: at(3))
+        b.tick(at: at(3.5))
+        #expect(b.owner() == ids[3])
+        b.see(ids[140], -50, at: at(4))
+        #expect(b.owner() == ids[140], "a returned room that hears it clearly better takes it back")
+        #expect(b.story == ["-→\(ids[140]) settled", "\(ids[140])→\(ids[70]) takeover",
+                            "\(ids[70])→\(ids[3]) takeover", "\(ids[3])→\(ids[140]) returned"])
+    }
+
     @Test func theOwnerThatStopsHearingHandsOverAtOnce() {
         var b = Building(online: ["a", "b"])
         b.see("a", -50, at: at(0))
