@@ -244,8 +244,9 @@ public struct RoomOwnership: ~Copyable {
     private var onlineBits: [UInt64]
     private let words: Int
     private var clock = MonotonicClamp()
-    /// No later than the earliest instant `tick` could change something (docs on `nextDeadline`).
-    private var deadline: Instant?
+    /// Each device entry's next deadline: the earliest instant time alone could change its
+    /// owner (docs on `nextDeadline`). A tick runs the rule for the entries due, not for all.
+    private var deadlines: DeadlineQueue
     /// Until then, an owner not heard from since the last `rejoin` is unknown, not gone.
     private var rejoinUntil: Instant?
     /// The last `rejoin`: a status `offline` from before it is old news too.
@@ -277,6 +278,7 @@ public struct RoomOwnership: ~Copyable {
         // Popped from the end: entry 0 is handed out first.
         for i in stride(from: config.capacity - 1, through: 0, by: -1) { free.append(Int32(i)) }
         index = SlotIndex(maxKeys: config.capacity)
+        deadlines = DeadlineQueue(capacity: config.capacity)
         cells = Array(repeating: Cell(), count: cellCount)
         words = (config.gateways + 63) / 64
         live = Array(repeating: 0, count: config.capacity * words)
@@ -342,7 +344,7 @@ public struct RoomOwnership: ~Copyable {
         }
         for d in 0 ..< config.capacity where devices[d].inUse
             && (devices[d].owner == Int32(g) || devices[d].challenger == Int32(g)) {
-            lower(evaluate(d, now: now, onChange))
+            deadlines.set(d, evaluate(d, now: now, onChange))
         }
         return true
     }
@@ -411,7 +413,7 @@ public struct RoomOwnership: ~Copyable {
             cells[cell].unknown = false
             setLive(d, g, false)
         }
-        lower(evaluate(d, now: now, onChange))
+        deadlines.set(d, evaluate(d, now: now, onChange))
         return nil
     }
 
@@ -432,8 +434,10 @@ public struct RoomOwnership: ~Copyable {
             devices[d].leadSince = nil
         }
         rejoinedAt = now
-        rejoinUntil = now + config.sightingInterval
-        lower(rejoinUntil)
+        let until = now + config.sightingInterval
+        rejoinUntil = until
+        // When the window closes, an owner still silent is gone: every device is due then.
+        for d in 0 ..< config.capacity where devices[d].inUse { deadlines.lower(d, until) }
     }
 
     /// True while `rejoin`'s window is open.
@@ -473,23 +477,22 @@ public struct RoomOwnership: ~Copyable {
         return gateways[g].offlineSince
     }
 
-    /// Runs the rule for what time alone decides (settle, dwell, freshness, forgetting).
-    /// Before `nextDeadline` it returns at once; at or after it, it scans every entry
-    /// (O(capacity), allocating nothing) and computes the next deadline.
+    /// Runs the rule for what time alone decides (settle, dwell, freshness, forgetting), for
+    /// the device entries that are due, earliest first (equal deadlines in entry order), each
+    /// then queued at its own next deadline. O(log capacity) per entry due, allocating nothing.
     public mutating func tick(now: Instant, _ onChange: (OwnershipChange) -> Void) {
         let now = clock.clamp(now)
-        guard let due = deadline, now >= due else { return }
-        var next: Instant?
-        for d in 0 ..< config.capacity where devices[d].inUse {
-            if let t = evaluate(d, now: now, onChange) { next = min(next ?? t, t) }
+        // Terminates: `evaluate` returns only instants after `now`.
+        while let d = deadlines.popDue(now) {
+            guard devices[d].inUse else { continue }
+            deadlines.set(d, evaluate(d, now: now, onChange))
         }
-        deadline = next
     }
 
     /// The earliest instant `tick` could change something; nil when nothing is pending. O(1):
-    /// kept by `sighting`, `status` and `tick`. It may be earlier than needed (a tick then
-    /// changes nothing and moves it on), never later.
-    public var nextDeadline: Instant? { deadline }
+    /// kept by `sighting`, `status`, `rejoin` and `tick`. It may be earlier than needed (a
+    /// tick then changes nothing and moves it on), never later.
+    public var nextDeadline: Instant? { deadlines.next }
 
     public func owner(of device: UInt64) -> GatewaySlot? {
         guard let d = index.find(device), devices[Int(d)].owner >= 0 else { return nil }
@@ -693,11 +696,6 @@ public struct RoomOwnership: ~Copyable {
         if heard { live[d * words + g / 64] |= bit } else { live[d * words + g / 64] &= ~bit }
     }
 
-    private mutating func lower(_ t: Instant?) {
-        guard let t else { return }
-        deadline = min(deadline ?? t, t)
-    }
-
     private mutating func drop(_ reason: SightingDrop) -> SightingDrop {
         switch reason {
         case .unknownGateway: counters.unknownGateway &+= 1
@@ -740,6 +738,7 @@ public struct RoomOwnership: ~Copyable {
     }
 
     private mutating func remove(_ d: Int) {
+        deadlines.remove(d)
         index.remove(devices[d].device)
         devices[d] = Device()
         free.append(Int32(d))
