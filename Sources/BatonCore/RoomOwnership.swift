@@ -39,12 +39,16 @@ public struct RoomsConfig: Sendable, Equatable {
     public var capacity: Int
     /// Gateways known building-wide (fixed; allocated once). Includes this one.
     public var gateways: Int
+    /// A gateway that hears a device more than this many dB below another gateway's fresh
+    /// sighting, and does not own it, stops sending sightings of it (docs/rooms.md §8.4).
+    /// 0: off, every device heard is sighted.
+    public var reach: Int
 
     public init(sightingInterval: Duration = .seconds(2), sightingStep: Int = 3,
                 sightingMinInterval: Duration = .milliseconds(500), sightingFresh: Duration = .seconds(5),
                 lostAfter: Duration = .seconds(10), settle: Duration = .seconds(1), margin: Int = 6,
                 dwell: Duration = .seconds(3), forgetAfter: Duration = .seconds(60),
-                capacity: Int = 1024, gateways: Int = 32) {
+                capacity: Int = 1024, gateways: Int = 32, reach: Int = 20) {
         self.sightingInterval = sightingInterval
         self.sightingStep = sightingStep
         self.sightingMinInterval = sightingMinInterval
@@ -56,6 +60,7 @@ public struct RoomsConfig: Sendable, Equatable {
         self.forgetAfter = forgetAfter
         self.capacity = capacity
         self.gateways = gateways
+        self.reach = reach
     }
 }
 
@@ -504,6 +509,20 @@ public struct RoomOwnership: ~Copyable {
 
     /// True when this gateway owns the device.
     public func owns(_ device: UInt64) -> Bool { owner(of: device) == selfSlot }
+
+    /// Whether this gateway's sighting of `device` at `rssi` (dBm) cannot matter to the rule
+    /// now (docs/rooms.md §8.4): `reach` is on, this gateway does not own the device, and
+    /// another online gateway's fresh sighting is more than `reach` dB stronger. It would win
+    /// only if every gateway within reach went quiet, and then it is within reach of the
+    /// best left. O(gateways that hear the device); allocates nothing.
+    public func outOfReach(_ device: UInt64, rssi: Int, now: Instant) -> Bool {
+        guard config.reach > 0, let found = index.find(device) else { return false }
+        let d = Int(found)
+        guard devices[d].owner != 0 else { return false }
+        // With this gateway as the "owner", the rival is the best of the others.
+        let c = candidates(d, owner: 0, now: now)
+        return c.rival >= 0 && rssi < Int(c.rivalRSSI) - config.reach
+    }
 
     /// True when this gateway owns the device because it took it over from another gateway
     /// (reason `takeover`), rather than by settling on it or being stronger: it stands in

@@ -41,9 +41,10 @@ public struct SightingBatcher: ~Copyable {
     /// nothing sent.
     public mutating func collect(_ schedule: inout SightingSchedule, table: borrowing ActivityTable,
                                  apple: borrowing AppleDeviceTable, now: Instant,
+                                 outOfReach: (UInt64, Int) -> Bool = { _, _ in false },
                                  send: (UnsafeRawBufferPointer) -> Void) {
         var open = Open()
-        schedule.due(table: table, apple: apple, now: now) { due in add(due, &open, send) }
+        schedule.due(table: table, apple: apple, now: now, outOfReach: outOfReach) { due in add(due, &open, send) }
         flush(&open, send)
     }
 
@@ -52,10 +53,11 @@ public struct SightingBatcher: ~Copyable {
     /// for its building-wide batch (`collect(records:send:)`), sent after this tick's batch.
     public mutating func collect(_ schedule: inout SightingSchedule, table: borrowing ActivityTable,
                                  apple: borrowing AppleDeviceTable, now: Instant,
+                                 outOfReach: (UInt64, Int) -> Bool = { _, _ in false },
                                  newcomer: (DueSighting) -> Void,
                                  send: (UnsafeRawBufferPointer) -> Void) {
         var open = Open()
-        schedule.dueMarkingNewcomers(table: table, apple: apple, now: now) { due, isNew in
+        schedule.dueMarkingNewcomers(table: table, apple: apple, now: now, outOfReach: outOfReach) { due, isNew in
             add(due, &open, send)
             if isNew { newcomer(due) }
         }
@@ -74,11 +76,12 @@ public struct SightingBatcher: ~Copyable {
     /// JSON message per device, docs/rooms.md §2); counted as batches of one.
     public mutating func collectEach(_ schedule: inout SightingSchedule, table: borrowing ActivityTable,
                                      apple: borrowing AppleDeviceTable, now: Instant,
+                                     outOfReach: (UInt64, Int) -> Bool = { _, _ in false },
                                      send: (UInt64, Sighting) -> Void) {
         let since = self.since
         var counter = self.counter
         var sent = 0
-        schedule.due(table: table, apple: apple, now: now) { due in
+        schedule.due(table: table, apple: apple, now: now, outOfReach: outOfReach) { due in
             counter &+= 1  // 64 bits at a million a second: half a million years
             sent &+= 1
             send(due.device, Sighting(rssi: due.rssi, since: since, n: counter))

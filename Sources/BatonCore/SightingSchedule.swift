@@ -75,6 +75,9 @@ public struct SightingSchedule: ~Copyable {
         var pass: UInt64 = 0
         /// When `due` last called the device a newcomer (docs/rooms.md §8.3).
         var announced: Instant?
+        /// The last sighting sent was the `rssi: null` of a device heard but out of reach
+        /// (docs/rooms.md §8.4): it is sent again once back within reach.
+        var withdrawn = false
     }
 
     private var entries: [Sent]
@@ -118,6 +121,15 @@ public struct SightingSchedule: ~Copyable {
         due(table, apple, now: now, body)
     }
 
+    /// `due` over both tables, withdrawing what is out of reach (docs/rooms.md §8.4):
+    /// `outOfReach(device, rssi)` is true when a sighting at `rssi` cannot matter to the rule
+    /// now. Such a device gets one `rssi: null` and then nothing, until it is heard
+    /// `sightingStep` dB better than the level it was withdrawn below.
+    public mutating func due(table: borrowing ActivityTable, apple: borrowing AppleDeviceTable, now: Instant,
+                             outOfReach: (UInt64, Int) -> Bool, _ body: (DueSighting) -> Void) {
+        dueMarkingNewcomers(table, apple, now: now, outOfReach: outOfReach) { due, _ in body(due) }
+    }
+
     /// `due` over two sources: the activity table's devices, and the named Apple devices
     /// (docs/security.md §10). Walked as one, in that order.
     public mutating func due<A: SightingSource & ~Copyable, B: SightingSource & ~Copyable>(
@@ -131,19 +143,24 @@ public struct SightingSchedule: ~Copyable {
     /// starts hearing (taken in for the first time, or heard again after its `rssi: null`), at
     /// most once per device per `sightingInterval`. The gateway also sends those building-wide.
     public mutating func dueMarkingNewcomers(table: borrowing ActivityTable, apple: borrowing AppleDeviceTable,
-                                             now: Instant, _ body: (DueSighting, _ newcomer: Bool) -> Void) {
-        dueMarkingNewcomers(table, apple, now: now, body)
+                                             now: Instant, outOfReach: (UInt64, Int) -> Bool = { _, _ in false },
+                                             _ body: (DueSighting, _ newcomer: Bool) -> Void) {
+        dueMarkingNewcomers(table, apple, now: now, outOfReach: outOfReach, body)
     }
 
     /// `dueMarkingNewcomers` over whatever `each` hands out, for tests; as `due(now:each:)`.
     public mutating func dueMarkingNewcomers(now: Instant, each: ((SightedDevice) -> Void) -> Void,
+                                             outOfReach: (UInt64, Int) -> Bool = { _, _ in false },
                                              _ body: (DueSighting, _ newcomer: Bool) -> Void) {
-        withoutActuallyEscaping(each) { each in dueMarkingNewcomers(ClosureSightings(each: each), NoSightings(), now: now, body) }
+        withoutActuallyEscaping(each) { each in
+            dueMarkingNewcomers(ClosureSightings(each: each), NoSightings(), now: now, outOfReach: outOfReach, body)
+        }
     }
 
     /// `due` over two sources, each sighting with whether it is a newcomer's.
     public mutating func dueMarkingNewcomers<A: SightingSource & ~Copyable, B: SightingSource & ~Copyable>(
-        _ a: borrowing A, _ b: borrowing B, now: Instant, _ body: (DueSighting, _ newcomer: Bool) -> Void
+        _ a: borrowing A, _ b: borrowing B, now: Instant, outOfReach: (UInt64, Int) -> Bool = { _, _ in false },
+        _ body: (DueSighting, _ newcomer: Bool) -> Void
     ) {
         pass &+= 1
         var newDevices = false
@@ -153,7 +170,7 @@ public struct SightingSchedule: ~Copyable {
                 return
             }
             entries[e].pass = pass
-            visit(e, s, now: now, body)
+            visit(e, s, now: now, outOfReach, body)
         }
         a.forEachSighted(walkKnown)
         b.forEachSighted(walkKnown)
@@ -237,6 +254,9 @@ public struct SightingSchedule: ~Copyable {
                 consider(d.lastSeen + config.lostAfter)  // the `rssi: null`
                 consider(at + config.sightingInterval)   // the heartbeat
                 if Self.moved(rssi, from: sent, by: config.sightingStep) { consider(at + config.sightingMinInterval) }
+            } else if s.withdrawn {
+                // Heard, but out of reach when `due` last looked: it looks again (§8.4).
+                if rssi != nil { consider(at + config.sightingMinInterval) }
             } else if rssi != nil && d.lastSeen + config.lostAfter > at {
                 // Heard again since the `rssi: null` (or since `due` last found it lost).
                 consider(at)
@@ -259,12 +279,14 @@ public struct SightingSchedule: ~Copyable {
 
     // MARK: - internals
 
-    private mutating func visit(_ e: Int, _ a: SightedDevice, now: Instant, _ body: (DueSighting, Bool) -> Void) {
+    private mutating func visit(_ e: Int, _ a: SightedDevice, now: Instant, _ outOfReach: (UInt64, Int) -> Bool,
+                                _ body: (DueSighting, Bool) -> Void) {
         let s = entries[e]
         guard heard(a, now: now), let rssi = Self.rssi(a) else {
             // Not heard for lostAfter: one `rssi: null`, then silence until heard again. The
             // stamp moves on either way, so "heard again" means heard after this instant.
             entries[e].at = now
+            entries[e].withdrawn = false
             guard s.rssi != nil else { return }
             entries[e].rssi = nil
             body(DueSighting(device: a.deviceID, rssi: nil), false)
@@ -275,10 +297,24 @@ public struct SightingSchedule: ~Copyable {
             let elapsed = now - at
             due = elapsed >= config.sightingInterval
                 || (elapsed >= config.sightingMinInterval && Self.moved(rssi, from: sent, by: config.sightingStep))
+        } else if s.withdrawn {
+            // Back within reach by a step more than it was withdrawn at: no flapping at the
+            // edge of reach (docs/rooms.md §8.4).
+            due = !outOfReach(a.deviceID, Int(rssi) - config.sightingStep)
+            if !due { entries[e].at = now }
         } else {
             due = true  // heard again after a `rssi: null`
         }
         guard due else { return }
+        if s.rssi != nil, outOfReach(a.deviceID, Int(rssi)) {
+            // It cannot matter to the rule now: said once, as a device no longer heard.
+            entries[e].rssi = nil
+            entries[e].at = now
+            entries[e].withdrawn = true
+            body(DueSighting(device: a.deviceID, rssi: nil), false)
+            return
+        }
+        entries[e].withdrawn = false
         // Heard again after its `rssi: null`: a newcomer, unless it was one within the interval.
         let newcomer = s.rssi == nil && (s.announced.map { now - $0 >= config.sightingInterval } ?? true)
         entries[e].rssi = rssi

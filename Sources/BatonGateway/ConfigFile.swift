@@ -32,7 +32,7 @@ enum ConfigSchema {
         ("table", ["capacity", "expiry"]),
         ("apple", ["tracking", "capacity", "expiry", "publish-address", "irks"]),
         ("rooms", ["sighting-interval", "sighting-step", "sighting-min-interval", "sighting-fresh", "lost-after",
-                   "settle", "margin", "dwell", "capacity", "gateways", "batches", "neighbourhoods"]),
+                   "settle", "margin", "reach", "dwell", "capacity", "gateways", "batches", "neighbourhoods"]),
         ("relay", ["link", "fetch-timeout", "link-idle", "fetches", "cache", "links", "payload-max", "streams",
                    "stream-window", "stream-max-data", "stream-retry", "stream-idle", "readvertise", "fetch-titles"]),
         ("security", ["beacon-key", "beacon-key-file", "identities", "unkeyed"]),
@@ -274,6 +274,7 @@ struct ConfigFileReader {
         }
         if let e = s["settle"], let d = duration(e, atLeast: .zero, atMost: .seconds(60)) { c.rooms.settle = d }
         if let e = s["margin"], let n = integer(e, 0...60) { c.rooms.margin = n }
+        if let e = s["reach"], let n = integer(e, 0...127) { c.rooms.reach = n }
         if let e = s["dwell"], let d = duration(e, atLeast: .zero, atMost: .seconds(600)) { c.rooms.dwell = d }
         if let e = s["capacity"], let n = integer(e, 1...100_000) { c.rooms.capacity = n }
         if let e = s["gateways"], let n = integer(e, 1...1024) { c.rooms.gateways = n }

@@ -349,7 +349,9 @@ extension Gateway where Radio: ~Copyable {
         // a building of older gateways, as one JSON message per device (§2).
         if config.sightingBatches, rooms.neighbourhood != nil {
             // Newcomers go building-wide too, after the tick's batch (docs/rooms.md §8.3).
-            rooms.batcher.collect(&rooms.sightings, table: table, apple: apple, now: now, newcomer: { due in
+            rooms.batcher.collect(&rooms.sightings, table: table, apple: apple, now: now, outOfReach: { device, rssi in
+                rooms.ownership.outOfReach(device, rssi: rssi, now: now)
+            }, newcomer: { due in
                 guard rooms.building.count < rooms.buildingCapacity else { return rooms.buildingDropped &+= 1 }
                 rooms.building.append(due)
             }) { batch in
@@ -357,11 +359,15 @@ extension Gateway where Radio: ~Copyable {
             }
             sendBuildingBatch(now: now)
         } else if config.sightingBatches {
-            rooms.batcher.collect(&rooms.sightings, table: table, apple: apple, now: now) { batch in
+            rooms.batcher.collect(&rooms.sightings, table: table, apple: apple, now: now, outOfReach: { device, rssi in
+                rooms.ownership.outOfReach(device, rssi: rssi, now: now)
+            }) { batch in
                 publisher.publishBatch(&broker.mqtt, batch)
             }
         } else {
-            rooms.batcher.collectEach(&rooms.sightings, table: table, apple: apple, now: now) { device, sighting in
+            rooms.batcher.collectEach(&rooms.sightings, table: table, apple: apple, now: now, outOfReach: { device, rssi in
+                rooms.ownership.outOfReach(device, rssi: rssi, now: now)
+            }) { device, sighting in
                 publisher.publishSighting(&broker.mqtt, device: device, sighting)
             }
         }

@@ -175,6 +175,32 @@ struct RoomOwnershipTests {
                             "\(ids[70])→\(ids[3]) takeover", "\(ids[3])→\(ids[140]) returned"])
     }
 
+    @Test func outOfReachIsMoreThanReachBelowTheBestOtherRoomAndNeverTheOwner() {
+        // docs/rooms.md §8.4: this gateway is "a"; reach 20 dB.
+        var b = Building(online: ["a", "b", "c"])
+        b.see("b", -55, at: at(0))
+        b.see("c", -70, at: at(0))
+        b.see("a", -80, at: at(0))
+        do { let r = b.rule.outOfReach(phone, rssi: -75, now: at(0.5)); #expect(!r, "exactly reach below b: still in reach") }
+        do { let r = b.rule.outOfReach(phone, rssi: -76, now: at(0.5)); #expect(r) }
+        do { let r = b.rule.outOfReach(0x1234, rssi: -120, now: at(0.5)); #expect(!r, "a device nobody else sighted") }
+        // b's sighting goes stale at 5 s; c's fresh one at 4 s is the best then.
+        b.see("c", -70, at: at(4))
+        do { let r = b.rule.outOfReach(phone, rssi: -80, now: at(5)); #expect(!r) }
+        do { let r = b.rule.outOfReach(phone, rssi: -91, now: at(5)); #expect(r) }
+        // The owner always sends: a, alone in the building, settles on it.
+        var alone = Building(online: ["a", "b"])
+        alone.see("a", -90, at: at(0))
+        alone.tick(at: at(1))
+        alone.see("b", -50, at: at(1.5))
+        #expect(alone.owner() == "a")
+        do { let r = alone.rule.outOfReach(phone, rssi: -90, now: at(2)); #expect(!r) }
+        // Off.
+        var off = Building(RoomsConfig(reach: 0), online: ["a", "b"])
+        off.see("b", -40, at: at(0))
+        do { let r = off.rule.outOfReach(phone, rssi: -120, now: at(0.5)); #expect(!r) }
+    }
+
     @Test func theOwnerThatStopsHearingHandsOverAtOnce() {
         var b = Building(online: ["a", "b"])
         b.see("a", -50, at: at(0))

@@ -220,4 +220,47 @@ struct SightingScheduleTests {
         g.hear(rssi: -61, at: at(2.5))
         #expect(dueMarked(&g, at: at(2.5)).map(\.1) == [true], "2 s on: news again")
     }
+
+    @Test func aDeviceOutOfReachIsWithdrawnOnceAndSentAgainWhenBackWithinReach() {
+        // docs/rooms.md §8.4, with the default reach (20 dB) and step (3 dB). This gateway hears
+        // the phone at −80 throughout; the best other room's sighting is `best`.
+        var g = Gateway()
+        var best = -55
+        func marked(_ g: inout Gateway, _ t: Instant) -> [(DueSighting, Bool)] {
+            var out: [(DueSighting, Bool)] = []
+            g.schedule.dueMarkingNewcomers(table: g.table, apple: AppleDeviceTable(config: .init()), now: t,
+                                           outOfReach: { _, rssi in rssi < best - 20 }) { out.append(($0, $1)) }
+            return out
+        }
+        g.hear(rssi: -80, at: at(0))
+        var due = marked(&g, at(0))
+        #expect(due.map(\.0) == [DueSighting(device: phone, rssi: -80)], "a first sighting is always sent")
+        // At the heartbeat it is 25 dB below the best: one `rssi: null`, not a newcomer's.
+        g.hear(rssi: -80, at: at(2))
+        due = marked(&g, at(2))
+        #expect(due.map(\.0) == [DueSighting(device: phone, rssi: nil)])
+        #expect(due.map(\.1) == [false])
+        let hears = g.schedule.hears(phone)
+        #expect(!hears, "withdrawn: this gateway no longer says it hears the phone")
+        // Heartbeats go by: nothing.
+        for s in [4.0, 6, 8] {
+            g.hear(rssi: -80, at: at(s))
+            #expect(marked(&g, at(s)).isEmpty)
+        }
+        // The best room fades to −62: −80 is within 20 dB, but not a step more (−83 < −82).
+        best = -62
+        g.hear(rssi: -80, at: at(9))
+        #expect(marked(&g, at(9)).isEmpty, "no flapping at the edge of reach")
+        // To −63: back, as a newcomer's sighting (its neighbours may have forgotten it).
+        best = -63
+        g.hear(rssi: -80, at: at(10))
+        due = marked(&g, at(10))
+        #expect(due.map(\.0) == [DueSighting(device: phone, rssi: -80)])
+        #expect(due.map(\.1) == [true])
+        // Not heard any more while withdrawn: nothing more is owed, and heard again it is news.
+        best = -55
+        g.hear(rssi: -80, at: at(12))
+        #expect(marked(&g, at(12)).map(\.0) == [DueSighting(device: phone, rssi: nil)])
+        #expect(marked(&g, at(30)).isEmpty, "lost while withdrawn: no second `rssi: null`")
+    }
 }
