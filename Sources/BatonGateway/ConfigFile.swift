@@ -28,7 +28,7 @@ enum ConfigSchema {
                     "reconnect-min", "reconnect-max", "tls"]),
         ("broker.tls", ["ca-file", "cert-file", "key-file", "insecure", "psk-identity", "psk", "psk-file"]),
         ("topics", ["prefix", "discovery", "discovery-prefix"]),
-        ("radio", ["source", "paced", "silence", "company-id", "reassembly"]),
+        ("radio", ["source", "paced", "silence", "company-id", "reassembly", "gather"]),
         ("table", ["capacity", "expiry"]),
         ("apple", ["tracking", "capacity", "expiry", "publish-address", "irks"]),
         ("rooms", ["sighting-interval", "sighting-step", "sighting-min-interval", "sighting-fresh", "lost-after",
@@ -639,6 +639,7 @@ struct ConfigFileReader {
         if let e = s["paced"], let b = bool(e) { c.pacedCapture = b }
         if let e = s["silence"], let d = duration(e, atLeast: .seconds(1)) { c.radioSilence = d }
         if let e = s["reassembly"], let n = integer(e, 1...64) { c.radioReassembly = n }
+        if let e = s["gather"], let d = duration(e, atLeast: .zero, atMost: .milliseconds(100)) { c.radioGather = d }
         if let e = s["company-id"], let n = integer(e, 0...0xFFFF, hex: true) {
             if UInt16(n) == appleCompanyID {
                 // docs/protocol.md §1: manufacturer data under 0x004C is read as Apple Continuity.

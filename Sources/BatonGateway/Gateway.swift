@@ -182,6 +182,9 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         let proxyPart = proxy == nil ? nil : loop.add(&proxy!)
         loop.add(deadline: timersDeadline)
         loop.add(deadline: notifier.nextDeadline)
+        // A relay link moves data turn by turn: no gathering while one is open.
+        let linksOpen = relay.openLinks + streams.openCount + continuing.openLinks > 0
+        loop.gather = linksOpen ? 0 : config.radioGather.nanoseconds
         let now = loop.wait()
 
         radio.serve(ready: loop.isReady(radioPart), now: now, table: &table, apple: &apple, publisher: &publisher,

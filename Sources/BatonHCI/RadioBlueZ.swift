@@ -61,8 +61,10 @@ public struct RadioBlueZ: RadioSource, ~Copyable {
     /// finish instead of racing it, and costs at most that much listening.
     public static let rescanAfter: Duration = .milliseconds(500)
 
-    /// Packets per `poll` call, so the other descriptors of the loop get their turn.
-    public static let maxReadsPerPoll = 16
+    /// Packets per `poll` call, so the other descriptors of the loop get their turn. A socket
+    /// read is one event, and the gateway's loop serves at most 100 turns a second while it
+    /// gathers (`radio.gather`): 256 a turn keeps up with 25,000 reports a second.
+    public static let maxReadsPerPoll = 256
 
     // Constants from the BlueZ headers that are restated here, each with its source.
 

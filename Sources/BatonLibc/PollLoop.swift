@@ -31,6 +31,13 @@ public struct PollLoop: ~Copyable {
     public private(set) var now: Instant
     /// Turns taken, for the stats topic.
     public private(set) var turns = 0
+    /// Nanoseconds a turn waits after the previous one began before it looks at the
+    /// descriptors (0: none). What became ready meanwhile is served in one turn: a radio
+    /// hearing a thousand reports a second then wakes the process a hundred times a second,
+    /// not a thousand, and each wake-up cost more than the reports it served. A deadline
+    /// sooner than that is not delayed (docs/architecture.md §2 "Gathering").
+    public var gather: Int64 = 0
+    private var lastWake: Instant?
 
     /// `parts` and `descriptors` bound one turn: both arrays are reserved here and only
     /// emptied afterwards, so a turn allocates nothing.
@@ -97,9 +104,20 @@ public struct PollLoop: ~Copyable {
     /// clock again. EINTR (a signal) is just an early turn.
     @discardableResult
     public mutating func wait() -> Instant {
-        let timeout = self.timeout
+        var timeout = self.timeout
+        if gather > 0, timeout != 0, let last = lastWake {
+            // Sleep to the gathering's end or the nearest deadline, whichever is first, then
+            // poll for what is left of the timeout.
+            let gap = Int32(clamping: (last.nanoseconds &+ gather &- Instant.now.nanoseconds) / 1_000_000)
+            let nap = timeout < 0 ? gap : min(gap, timeout)
+            if nap > 0 {
+                _ = CLibc.poll(nil, 0, nap)
+                if timeout > 0 { timeout -= nap }
+            }
+        }
         _ = fds.withUnsafeMutableBufferPointer { CLibc.poll($0.baseAddress, nfds_t($0.count), timeout) }
         now = .now
+        lastWake = now
         turns &+= 1
         return now
     }
