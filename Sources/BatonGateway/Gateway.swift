@@ -182,12 +182,12 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         let proxyPart = proxy == nil ? nil : loop.add(&proxy!)
         loop.add(deadline: timersDeadline)
         loop.add(deadline: notifier.nextDeadline)
-        // A relay link moves data turn by turn: no gathering while one is open.
-        let linksOpen = relay.openLinks + streams.openCount + continuing.openLinks > 0
-        loop.gather = linksOpen ? 0 : config.radioGather.nanoseconds
+        // The radio's reports are gathered for `radio.gather`, and read together: one wake-up
+        // each was most of a busy room's cost (docs/architecture.md §2 "Gathering").
+        if let last = radio.lastRead { loop.holdBack(radioPart, until: last + config.radioGather) }
         let now = loop.wait()
 
-        radio.serve(ready: loop.isReady(radioPart), now: now, table: &table, apple: &apple, publisher: &publisher,
+        radio.serve(ready: loop.isReady(radioPart) || loop.isDue(radioPart), now: now, table: &table, apple: &apple, publisher: &publisher,
                     mqtt: &broker.mqtt, ownership: rooms.ownership, proxy: &proxy, clock: clock)
         if radio.statsOwed {
             radio.statsOwed = false
@@ -227,7 +227,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     /// wait while the broker is away: a past deadline must not spin the loop then.
     var timersDeadline: Instant? {
         var next = Instant.earliest(table.nextExpiry, apple.nextExpiry)
-        next = Instant.earliest(next, rooms.ownership.nextDeadline)
+        next = Instant.earliest(next, rooms.tickDue)
         next = Instant.earliest(next, nextStats)
         if broker.mqtt.isConnected {
             next = Instant.earliest(next, publisher.nextOrphanDeadline)
@@ -255,7 +255,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         }
         if connected, let due = rooms.standInsDue, due <= now { republishStandIns() }
         if connected, let due = publisher.nextCorrection, due <= now { correct(now: now) }
-        if let due = rooms.ownership.nextDeadline, due <= now { roomsTick(now: now) }
+        if let due = rooms.tickDue, due <= now { roomsTick(now: now) }
         if connected, rooms.nextSightingCheck <= now { sendSightings(now: now) }
         if nextStats <= now {
             publishStats(now: now)

@@ -54,8 +54,8 @@ public struct GatewayConfig: Sendable, Equatable {
     /// Extended advertisements in fragments reassembled at once (`radio.reassembly`): one
     /// 1,650-byte buffer each, allocated at start (docs/radio.md "Advertisements in fragments").
     public var radioReassembly: Int = 8  // AdvertisementReassembly.defaultCapacity
-    /// How long a loop turn gathers what the radio and the broker deliver before serving it
-    /// (`radio.gather`, docs/architecture.md §2 "Gathering"); not while a relay link is open.
+    /// How long the radio's reports gather in the kernel after a read before the next read
+    /// (`radio.gather`, docs/architecture.md §2 "Gathering").
     public var radioGather: Duration = .milliseconds(10)
     public var table: ActivityTableConfig
     public var apple: AppleDeviceTableConfig

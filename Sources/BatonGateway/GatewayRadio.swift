@@ -40,6 +40,9 @@ struct GatewayRadio<Radio: RadioSource & ~Copyable>: ~Copyable {
     var lastReportAt: Instant
     var watchdogFrom: Instant
     var retryAt: Instant?
+    /// When the source was last read: the loop holds its descriptor back until `radio.gather`
+    /// after that (docs/architecture.md §2 "Gathering").
+    var lastRead: Instant?
     var announcedFinish = false
     /// An error no retry can fix: the loop ends with it.
     var fatalError: String?
@@ -102,6 +105,7 @@ struct GatewayRadio<Radio: RadioSource & ~Copyable>: ~Copyable {
         if source.state != .finished, retryAt == nil {
             let due = source.nextDeadline.map { $0 <= now } ?? false
             if ready || due || source.fd < 0 && source.state != .stopped {
+                if ready { lastRead = now }
                 poll(now: now, &table, &apple, &publisher, &mqtt, ownership, &proxy, clock: clock)
             }
         }

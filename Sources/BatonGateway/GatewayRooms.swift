@@ -22,6 +22,13 @@ struct GatewayRooms: ~Copyable {
     /// whole table, which every loop turn would pay (docs/rooms.md §2).
     var nextSightingCheck: Instant
     let sightingCheckInterval: Duration
+    /// The rule's own deadlines are run at most every `tickInterval`: with a thousand devices
+    /// one of them is due every few milliseconds, and each was a wake-up of its own. A settle,
+    /// a dwell or a lapse then acts up to that much late (docs/rooms.md §3).
+    var nextTick: Instant
+    static let tickInterval = Duration.milliseconds(100)
+    /// When the rule's deadlines are next run.
+    var tickDue: Instant? { ownership.nextDeadline.map { max($0, nextTick) } }
     /// Ownership changes of one call, handled after it (the handler reads the rule's state).
     /// Reserved for every device at once: a gateway going offline hands over all of them.
     var changes: [OwnershipChange]
@@ -66,6 +73,7 @@ struct GatewayRooms: ~Copyable {
         self.building.reserveCapacity(buildingCapacity)
         self.sightingCheckInterval = min(rooms.sightingMinInterval, .milliseconds(250))
         self.nextSightingCheck = now
+        self.nextTick = now
     }
 
     /// The rooms' part of the stats topic (docs/mqtt.md §1).
@@ -261,6 +269,7 @@ extension Gateway where Radio: ~Copyable {
 
     /// The rule's own deadlines: a settle window ending, an owner's sightings lapsing.
     mutating func roomsTick(now: Instant) {
+        rooms.nextTick = now + GatewayRooms.tickInterval
         rooms.ownership.tick(now: now) { rooms.changes.append($0) }
         handleOwnershipChanges(now: now)
     }

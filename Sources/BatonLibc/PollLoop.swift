@@ -31,13 +31,6 @@ public struct PollLoop: ~Copyable {
     public private(set) var now: Instant
     /// Turns taken, for the stats topic.
     public private(set) var turns = 0
-    /// Nanoseconds a turn waits after the previous one began before it looks at the
-    /// descriptors (0: none). What became ready meanwhile is served in one turn: a radio
-    /// hearing a thousand reports a second then wakes the process a hundred times a second,
-    /// not a thousand, and each wake-up cost more than the reports it served. A deadline
-    /// sooner than that is not delayed (docs/architecture.md §2 "Gathering").
-    public var gather: Int64 = 0
-    private var lastWake: Instant?
 
     /// `parts` and `descriptors` bound one turn: both arrays are reserved here and only
     /// emptied afterwards, so a turn allocates nothing.
@@ -104,22 +97,21 @@ public struct PollLoop: ~Copyable {
     /// clock again. EINTR (a signal) is just an early turn.
     @discardableResult
     public mutating func wait() -> Instant {
-        var timeout = self.timeout
-        if gather > 0, timeout != 0, let last = lastWake {
-            // Sleep to the gathering's end or the nearest deadline, whichever is first, then
-            // poll for what is left of the timeout.
-            let gap = Int32(clamping: (last.nanoseconds &+ gather &- Instant.now.nanoseconds) / 1_000_000)
-            let nap = timeout < 0 ? gap : min(gap, timeout)
-            if nap > 0 {
-                _ = CLibc.poll(nil, 0, nap)
-                if timeout > 0 { timeout -= nap }
-            }
-        }
+        let timeout = self.timeout
         _ = fds.withUnsafeMutableBufferPointer { CLibc.poll($0.baseAddress, nfds_t($0.count), timeout) }
         now = .now
-        lastWake = now
         turns &+= 1
         return now
+    }
+
+    /// Keeps a part's descriptors out of this turn's poll(2) until `until`, which becomes its
+    /// deadline: what they deliver meanwhile waits in the kernel and is read in one turn when
+    /// it is due (docs/architecture.md §2 "Gathering"). The other parts are polled as ever.
+    /// poll(2) skips a negative descriptor; `ready` then shows it as it was added.
+    public mutating func holdBack(_ slot: LoopSlot, until: Instant) {
+        guard until > now else { return }
+        for i in ranges[slot.index] where fds[i].fd >= 0 { fds[i].fd = ~fds[i].fd }
+        deadlines[slot.index] = min(deadlines[slot.index] ?? until, until)
     }
 
     /// What poll(2) said of a part's descriptors, in the order the part appended them.

@@ -1,5 +1,6 @@
-// PollLoop's gathering (docs/architecture.md §2 "Gathering"): what becomes ready while a turn
-// gathers is served in one turn, and a deadline inside the gathering is not delayed.
+// PollLoop.holdBack (docs/architecture.md §2 "Gathering"): a held-back part's descriptors are
+// left out of poll(2) until its hold ends, what they deliver meanwhile is read in one turn, and
+// the other parts are polled as ever.
 import BatonLibc
 import CLibc
 import Foundation
@@ -7,47 +8,51 @@ import Testing
 
 @Suite("Poll loop: gathering")
 struct PollLoopGatherTests {
-    @Test func reportsThatArriveWhileATurnGathersAreServedInOneTurn() throws {
-        var fds: [Int32] = [0, 0]
-        #expect(pipe(&fds) == 0)
-        defer { close(fds[0]); close(fds[1]) }
+    @Test func whatAHeldBackPartDeliversMeanwhileIsReadInOneTurn() throws {
+        var radio: [Int32] = [0, 0]
+        #expect(pipe(&radio) == 0)
+        defer { close(radio[0]); close(radio[1]) }
         var loop = PollLoop(parts: 1, descriptors: 1)
-        loop.gather = 300_000_000  // 300 ms, far longer than the five writes take
-        // The first turn: one byte.
-        #expect(write(fds[1], "a", 1) == 1)
-        loop.begin(now: .now)
-        let part = loop.add(fd: fds[0])
-        loop.wait()
-        let ready = loop.isReady(part)
-        #expect(ready)
-        var buffer = [UInt8](repeating: 0, count: 64)
-        #expect(read(fds[0], &buffer, 64) == 1)
-        // Five more bytes, 10 ms apart, from another thread: the next turn gathers them all.
-        let writer = fds[1]
-        let thread = Thread {
-            for _ in 0 ..< 5 { _ = write(writer, "b", 1); usleep(10_000) }
-        }
-        thread.start()
-        loop.begin(now: .now)
-        let again = loop.add(fd: fds[0])
-        loop.wait()
-        let readyAgain = loop.isReady(again), turns = loop.turns
-        #expect(readyAgain)
-        #expect(read(fds[0], &buffer, 64) == 5, "one turn read what five writes delivered")
-        #expect(turns == 2)
-    }
-
-    @Test func aDeadlineInsideTheGatheringIsNotDelayed() {
-        var loop = PollLoop(parts: 1, descriptors: 0)
-        loop.gather = 60_000_000_000  // a minute
-        loop.begin(now: .now)
-        loop.wait()  // the first turn sets when the gathering began
+        // Five reports, 10 ms apart, while the radio is held back for 300 ms.
+        let writer = radio[1]
+        let thread = Thread { for _ in 0 ..< 5 { _ = write(writer, "r", 1); usleep(10_000) } }
         let start = Instant.now
         loop.begin(now: start)
-        let timer = loop.add(deadline: start + .milliseconds(20))
+        let part = loop.add(fd: radio[0])
+        loop.holdBack(part, until: start + .milliseconds(300))
+        thread.start()
+        loop.wait()
+        let ready = loop.isReady(part), due = loop.isDue(part), turns = loop.turns
+        #expect(!ready, "not polled while held back")
+        #expect(due, "the hold ending is the part's deadline")
+        #expect(turns == 1)
+        var buffer = [UInt8](repeating: 0, count: 64)
+        #expect(read(radio[0], &buffer, 64) == 5, "one read gets all five")
+    }
+
+    @Test func otherPartsArePolledWhileOneIsHeldBack() throws {
+        var radio: [Int32] = [0, 0], broker: [Int32] = [0, 0]
+        #expect(pipe(&radio) == 0 && pipe(&broker) == 0)
+        defer { for fd in radio + broker { close(fd) } }
+        #expect(write(radio[1], "r", 1) == 1)
+        #expect(write(broker[1], "m", 1) == 1)
+        var loop = PollLoop(parts: 2, descriptors: 2)
+        let start = Instant.now
+        loop.begin(now: start)
+        let radioPart = loop.add(fd: radio[0])
+        let brokerPart = loop.add(fd: broker[0])
+        loop.holdBack(radioPart, until: start + .seconds(60))
         let now = loop.wait()
-        let due = loop.isDue(timer)
-        #expect(due)
-        #expect(now - start < .seconds(30), "woken at the deadline, not after the minute of gathering")
+        let brokerReady = loop.isReady(brokerPart), radioReady = loop.isReady(radioPart), radioDue = loop.isDue(radioPart)
+        #expect(brokerReady)
+        #expect(!radioReady && !radioDue)
+        #expect(now - start < .seconds(30), "woken by the broker, not at the end of the hold")
+        // A hold that has ended holds nothing back.
+        loop.begin(now: .now)
+        let again = loop.add(fd: radio[0])
+        loop.holdBack(again, until: start)
+        loop.wait()
+        let readyAgain = loop.isReady(again)
+        #expect(readyAgain)
     }
 }
