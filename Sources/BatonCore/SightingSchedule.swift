@@ -78,6 +78,7 @@ public struct SightingSchedule: ~Copyable {
         /// The last sighting sent was the `rssi: null` of a device heard but out of reach
         /// (docs/rooms.md §8.4): it is sent again once back within reach.
         var withdrawn = false
+        var withdrawnAt: Instant?
     }
 
     private var entries: [Sent]
@@ -299,7 +300,9 @@ public struct SightingSchedule: ~Copyable {
                 || (elapsed >= config.sightingMinInterval && Self.moved(rssi, from: sent, by: config.sightingStep))
         } else if s.withdrawn {
             // Back within reach by a step more than it was withdrawn at: no flapping at the
-            // edge of reach (docs/rooms.md §8.4).
+            // edge of reach (docs/rooms.md §8.4). Asked every `sightingMinInterval`, the
+            // soonest a sighting could follow the last one anyway.
+            guard let at = s.at, now - at >= config.sightingMinInterval else { return }
             due = !outOfReach(a.deviceID, Int(rssi) - config.sightingStep)
             if !due { entries[e].at = now }
         } else {
@@ -311,16 +314,27 @@ public struct SightingSchedule: ~Copyable {
             entries[e].rssi = nil
             entries[e].at = now
             entries[e].withdrawn = true
+            entries[e].withdrawnAt = now
             body(DueSighting(device: a.deviceID, rssi: nil), false)
             return
         }
         entries[e].withdrawn = false
-        // Heard again after its `rssi: null`: a newcomer, unless it was one within the interval.
-        let newcomer = s.rssi == nil && (s.announced.map { now - $0 >= config.sightingInterval } ?? true)
+        // Heard again after its `rssi: null`: a newcomer, unless it was one within the interval,
+        // or it is back within reach soon enough that the gateways hearing it still count
+        // this one a neighbour (§8.4).
+        let remembered = s.withdrawn && s.withdrawnAt.map { now - $0 < Self.neighbourMemory(config) } ?? false
+        let newcomer = s.rssi == nil && !remembered && (s.announced.map { now - $0 >= config.sightingInterval } ?? true)
         entries[e].rssi = rssi
         entries[e].at = now
         if newcomer { entries[e].announced = now }
         body(DueSighting(device: a.deviceID, rssi: rssi), newcomer)
+    }
+
+    /// How long after this gateway's last heard sighting of a device the gateways that hear it
+    /// surely still count it a neighbour: half of their `Neighbourhood.forgetAfter` (60 s, or
+    /// three heartbeats when those are slower), so a return within it needs no announcing.
+    static func neighbourMemory(_ config: RoomsConfig) -> Duration {
+        max(.seconds(30), config.sightingInterval * 3 / 2)
     }
 
     /// Heard within `lostAfter` (at exactly lastSeen + lostAfter it is lost).

@@ -189,7 +189,11 @@ extension Gateway where Radio: ~Copyable {
                 // Before the rule takes a building batch in: whether we held its sender's
                 // sightings fresh is what tells a newcomer (docs/rooms.md §8.3).
                 if rooms.neighbourhood != nil { learnNeighbours(batch, topic: topic, from: gateway, now: now) }
-                return .success(rooms.ownership.batch(batch, gateway: gateway, now: now) { rooms.changes.append($0) })
+                var buildingWide = false
+                if case .building = topic { buildingWide = true }
+                return .success(rooms.ownership.batch(batch, gateway: gateway, now: now, buildingWide: buildingWide) {
+                    rooms.changes.append($0)
+                })
             } catch {
                 return .failure(error)
             }

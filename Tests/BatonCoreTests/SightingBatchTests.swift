@@ -216,6 +216,27 @@ struct SightingBatchCoreTests {
         #expect(drops == ["sighting-replayed 1"])
     }
 
+    @Test func theBuildingWideChannelIsInOrderWithItselfNotWithTheNeighbourhoodOne() {
+        // docs/rooms.md §8.3: b's tick batch (QoS 0, counters 10–11) and its building batch
+        // (QoS 1, 12) may arrive the other way round, as the broker may queue QoS 1 and send
+        // QoS 0 at once; then its next tick batch (13) arrives before the building one again.
+        var rule = RoomOwnership(config: RoomsConfig(), selfID: "a", selfSince: run)
+        for g in ["a", "b"] { rule.status(gateway: Substring(g), online: true, now: t0) { _ in } }
+        func take(_ bytes: [UInt8], buildingWide: Bool, at t: Double) -> BatchOutcome {
+            bytes.withUnsafeBytes { raw in
+                rule.batch(try! SightingBatch.decode(raw), gateway: "b", now: at(t), buildingWide: buildingWide) { _ in }
+            }
+        }
+        let building = batch(n: 12, [(badge, -70)])
+        #expect(take(building, buildingWide: true, at: 0).accepted == 1)
+        #expect(take(batch(n: 10, [(phone, -50), (laptop, -60)]), buildingWide: false, at: 0.1).accepted == 2)
+        #expect(take(batch(n: 13, [(phone, -51)]), buildingWide: false, at: 0.2).accepted == 1)
+        // Each channel still refuses its own replays.
+        #expect(take(building, buildingWide: true, at: 0.3).replayed == 1)
+        #expect(take(batch(n: 13, [(phone, -51)]), buildingWide: false, at: 0.4).replayed == 1)
+        #expect(rule.counters.replayed == 2)
+    }
+
     @Test func aBatchUnderOurOwnIdFromAnotherRunIsAnImpostor() {
         var rule = RoomOwnership(config: RoomsConfig(), selfID: "a", selfSince: run)
         rule.status(gateway: "a", online: true, now: t0) { _ in }

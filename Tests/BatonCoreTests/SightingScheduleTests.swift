@@ -251,16 +251,26 @@ struct SightingScheduleTests {
         best = -62
         g.hear(rssi: -80, at: at(9))
         #expect(marked(&g, at(9)).isEmpty, "no flapping at the edge of reach")
-        // To −63: back, as a newcomer's sighting (its neighbours may have forgotten it).
+        // To −63: back, 8 s after it was withdrawn: the rooms hearing the phone still count this
+        // one a neighbour (they keep one for 60 s), so it is no newcomer.
         best = -63
         g.hear(rssi: -80, at: at(10))
         due = marked(&g, at(10))
         #expect(due.map(\.0) == [DueSighting(device: phone, rssi: -80)])
-        #expect(due.map(\.1) == [true])
-        // Not heard any more while withdrawn: nothing more is owed, and heard again it is news.
+        #expect(due.map(\.1) == [false])
+        // Withdrawn again at 12 s, back at 50 s: they may have forgotten it, so it is news.
         best = -55
         g.hear(rssi: -80, at: at(12))
         #expect(marked(&g, at(12)).map(\.0) == [DueSighting(device: phone, rssi: nil)])
-        #expect(marked(&g, at(30)).isEmpty, "lost while withdrawn: no second `rssi: null`")
+        best = -63
+        g.hear(rssi: -80, at: at(50))
+        due = marked(&g, at(50))
+        #expect(due.map(\.0) == [DueSighting(device: phone, rssi: -80)])
+        #expect(due.map(\.1) == [true])
+        // Not heard any more while withdrawn: nothing more is owed.
+        best = -55
+        g.hear(rssi: -80, at: at(52))
+        #expect(marked(&g, at(52)).map(\.0) == [DueSighting(device: phone, rssi: nil)])
+        #expect(marked(&g, at(70)).isEmpty, "lost while withdrawn: no second `rssi: null`")
     }
 }
