@@ -1,7 +1,7 @@
 // When each of a fixed set of entries is next due: an indexed binary min-heap, one place per
 // entry, so setting an entry's deadline again moves it rather than adding a second one.
 // RoomOwnership keeps each device's next deadline here, so a tick runs the rule for the devices
-// that are due, not for every device (docs/rooms.md §3 "What time alone decides"). Storage is
+// that are due, not for every device (docs/rooms.md §3 "Evaluating a device"). Storage is
 // fixed at init; nothing allocates after it.
 import BatonLibc
 
