@@ -192,6 +192,13 @@ public struct SightingSchedule: ~Copyable {
             // A device already lost when first walked gets an entry that owes nothing, so
             // `nextDeadline` does not keep calling it due.
             let heard = heard(s, now: now)
+            // First heard already out of reach of a room this gateway hears about (§8.4): not
+            // announced at all. It is a newcomer when it comes within reach.
+            if heard, outOfReach(s.deviceID, Int(rssi)) {
+                entries[e] = Sent(inUse: true, device: s.deviceID, rssi: nil, at: now, pass: pass, withdrawn: true)
+                index.insert(s.deviceID, slot: slot)
+                return
+            }
             entries[e] = Sent(inUse: true, device: s.deviceID, rssi: heard ? rssi : nil, at: now, pass: pass,
                               announced: heard ? now : nil)
             index.insert(s.deviceID, slot: slot)
@@ -309,11 +316,14 @@ public struct SightingSchedule: ~Copyable {
             due = true  // heard again after a `rssi: null`
         }
         guard due else { return }
-        if s.rssi != nil, outOfReach(a.deviceID, Int(rssi)) {
-            // It cannot matter to the rule now: said once, as a device no longer heard.
-            entries[e].rssi = nil
+        if outOfReach(a.deviceID, Int(rssi)) {
+            // It cannot matter to the rule now: said once, as a device no longer heard; or, heard
+            // again after its `rssi: null` but out of reach, not said at all (and announced when
+            // it comes within reach).
             entries[e].at = now
             entries[e].withdrawn = true
+            guard s.rssi != nil else { return entries[e].withdrawnAt = nil }
+            entries[e].rssi = nil
             entries[e].withdrawnAt = now
             body(DueSighting(device: a.deviceID, rssi: nil), false)
             return

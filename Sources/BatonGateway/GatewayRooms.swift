@@ -26,7 +26,7 @@ struct GatewayRooms: ~Copyable {
     /// one of them is due every few milliseconds, and each was a wake-up of its own. A settle,
     /// a dwell or a lapse then acts up to that much late (docs/rooms.md §3).
     var nextTick: Instant
-    static let tickInterval = Duration.milliseconds(100)
+    static let tickInterval = Duration.milliseconds(20)
     /// When the rule's deadlines are next run.
     var tickDue: Instant? { ownership.nextDeadline.map { max($0, nextTick) } }
     /// Ownership changes of one call, handled after it (the handler reads the rule's state).

@@ -223,9 +223,9 @@ struct SightingScheduleTests {
 
     @Test func aDeviceOutOfReachIsWithdrawnOnceAndSentAgainWhenBackWithinReach() {
         // docs/rooms.md §8.4, with the default reach (20 dB) and step (3 dB). This gateway hears
-        // the phone at −80 throughout; the best other room's sighting is `best`.
+        // the phone at −80 throughout; the best other room's sighting is `best`, first −70.
         var g = Gateway()
-        var best = -55
+        var best = -70
         func marked(_ g: inout Gateway, _ t: Instant) -> [(DueSighting, Bool)] {
             var out: [(DueSighting, Bool)] = []
             g.schedule.dueMarkingNewcomers(table: g.table, apple: AppleDeviceTable(config: .init()), now: t,
@@ -234,8 +234,10 @@ struct SightingScheduleTests {
         }
         g.hear(rssi: -80, at: at(0))
         var due = marked(&g, at(0))
-        #expect(due.map(\.0) == [DueSighting(device: phone, rssi: -80)], "a first sighting is always sent")
-        // At the heartbeat it is 25 dB below the best: one `rssi: null`, not a newcomer's.
+        #expect(due.map(\.0) == [DueSighting(device: phone, rssi: -80)], "within reach: sent")
+        // The best room now hears it at −55: at the heartbeat this one is 25 dB below, and says
+        // `rssi: null` once, not as a newcomer.
+        best = -55
         g.hear(rssi: -80, at: at(2))
         due = marked(&g, at(2))
         #expect(due.map(\.0) == [DueSighting(device: phone, rssi: nil)])
@@ -272,5 +274,36 @@ struct SightingScheduleTests {
         g.hear(rssi: -80, at: at(52))
         #expect(marked(&g, at(52)).map(\.0) == [DueSighting(device: phone, rssi: nil)])
         #expect(marked(&g, at(70)).isEmpty, "lost while withdrawn: no second `rssi: null`")
+    }
+
+    @Test func aDeviceFirstHeardOutOfReachIsNotAnnouncedUntilItComesWithinReach() {
+        // docs/rooms.md §8.4: a phone at the edge of this room's hearing, 35 dB below the room
+        // that owns it, costs the building nothing; walking closer, it is a newcomer.
+        var g = Gateway()
+        var best = -55
+        func marked(_ g: inout Gateway, _ t: Instant) -> [(DueSighting, Bool)] {
+            var out: [(DueSighting, Bool)] = []
+            g.schedule.dueMarkingNewcomers(table: g.table, apple: AppleDeviceTable(config: .init()), now: t,
+                                           outOfReach: { _, rssi in rssi < best - 20 }) { out.append(($0, $1)) }
+            return out
+        }
+        g.hear(rssi: -90, at: at(0))
+        #expect(marked(&g, at(0)).isEmpty)
+        let hears = g.schedule.hears(phone)
+        #expect(!hears)
+        for s in [2.0, 4, 6] {
+            g.hear(rssi: -90, at: at(s))
+            #expect(marked(&g, at(s)).isEmpty)
+        }
+        best = -73
+        g.hear(rssi: -90, at: at(7))
+        let due = marked(&g, at(7))
+        #expect(due.map(\.0) == [DueSighting(device: phone, rssi: -90)])
+        #expect(due.map(\.1) == [true], "the rooms that hear it have not heard of this one yet")
+        // Lost, then heard again out of reach: nothing at all.
+        #expect(marked(&g, at(17)).map(\.0) == [DueSighting(device: phone, rssi: nil)])
+        best = -55
+        g.hear(rssi: -90, at: at(20))
+        #expect(marked(&g, at(20)).isEmpty)
     }
 }
