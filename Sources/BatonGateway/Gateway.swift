@@ -184,10 +184,13 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         loop.add(deadline: notifier.nextDeadline)
         // The radio's reports are gathered for `radio.gather`, and read together: one wake-up
         // each was most of a busy room's cost (docs/architecture.md §2 "Gathering").
-        if let last = radio.lastRead { loop.holdBack(radioPart, until: last + config.radioGather) }
+        let heldUntil = radio.lastRead.map { $0 + config.radioGather }
+        let held = heldUntil.map { loop.holdBack(radioPart, until: $0) } ?? false
         let now = loop.wait()
 
-        radio.serve(ready: loop.isReady(radioPart) || loop.isDue(radioPart), now: now, table: &table, apple: &apple, publisher: &publisher,
+        // A held-back descriptor is read when its hold ends, ready or not (EAGAIN costs one read).
+        let gathered = held && heldUntil.map { $0 <= now } ?? false
+        radio.serve(ready: loop.isReady(radioPart) || gathered, now: now, table: &table, apple: &apple, publisher: &publisher,
                     mqtt: &broker.mqtt, ownership: rooms.ownership, proxy: &proxy, clock: clock)
         if radio.statsOwed {
             radio.statsOwed = false

@@ -107,11 +107,18 @@ public struct PollLoop: ~Copyable {
     /// Keeps a part's descriptors out of this turn's poll(2) until `until`, which becomes its
     /// deadline: what they deliver meanwhile waits in the kernel and is read in one turn when
     /// it is due (docs/architecture.md §2 "Gathering"). The other parts are polled as ever.
-    /// poll(2) skips a negative descriptor; `ready` then shows it as it was added.
-    public mutating func holdBack(_ slot: LoopSlot, until: Instant) {
-        guard until > now else { return }
-        for i in ranges[slot.index] where fds[i].fd >= 0 { fds[i].fd = ~fds[i].fd }
-        deadlines[slot.index] = min(deadlines[slot.index] ?? until, until)
+    /// poll(2) skips a negative descriptor (`ready` then shows it complemented). Returns
+    /// whether a descriptor was held back: the part should then read it once the hold ends.
+    @discardableResult
+    public mutating func holdBack(_ slot: LoopSlot, until: Instant) -> Bool {
+        guard until > now else { return false }
+        var held = false
+        for i in ranges[slot.index] where fds[i].fd >= 0 {
+            fds[i].fd = ~fds[i].fd
+            held = true
+        }
+        if held { deadlines[slot.index] = min(deadlines[slot.index] ?? until, until) }
+        return held
     }
 
     /// What poll(2) said of a part's descriptors, in the order the part appended them.

@@ -19,7 +19,8 @@ struct PollLoopGatherTests {
         let start = Instant.now
         loop.begin(now: start)
         let part = loop.add(fd: radio[0])
-        loop.holdBack(part, until: start + .milliseconds(300))
+        let held = loop.holdBack(part, until: start + .milliseconds(300))
+        #expect(held)
         thread.start()
         loop.wait()
         let ready = loop.isReady(part), due = loop.isDue(part), turns = loop.turns
@@ -36,12 +37,15 @@ struct PollLoopGatherTests {
         defer { for fd in radio + broker { close(fd) } }
         #expect(write(radio[1], "r", 1) == 1)
         #expect(write(broker[1], "m", 1) == 1)
-        var loop = PollLoop(parts: 2, descriptors: 2)
+        var loop = PollLoop(parts: 3, descriptors: 3)
         let start = Instant.now
         loop.begin(now: start)
         let radioPart = loop.add(fd: radio[0])
         let brokerPart = loop.add(fd: broker[0])
         loop.holdBack(radioPart, until: start + .seconds(60))
+        let nothing = loop.add(fd: -1)
+        let heldNothing = loop.holdBack(nothing, until: start + .seconds(60))
+        #expect(!heldNothing, "a part without a descriptor (a stopped radio) holds nothing back")
         let now = loop.wait()
         let brokerReady = loop.isReady(brokerPart), radioReady = loop.isReady(radioPart), radioDue = loop.isDue(radioPart)
         #expect(brokerReady)
@@ -50,7 +54,8 @@ struct PollLoopGatherTests {
         // A hold that has ended holds nothing back.
         loop.begin(now: .now)
         let again = loop.add(fd: radio[0])
-        loop.holdBack(again, until: start)
+        let heldAgain = loop.holdBack(again, until: start)
+        #expect(!heldAgain)
         loop.wait()
         let readyAgain = loop.isReady(again)
         #expect(readyAgain)
