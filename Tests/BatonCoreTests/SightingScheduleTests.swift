@@ -37,6 +37,15 @@ private struct Gateway: ~Copyable {
     }
 }
 
+/// The sightings due at `t`, each with whether it is a newcomer's, when the best other room
+/// hears the device at `best` and reach is 20 dB (docs/rooms.md §8.4).
+private func withReach(_ g: inout Gateway, best: Int, _ t: Instant) -> [(DueSighting, Bool)] {
+    var out: [(DueSighting, Bool)] = []
+    g.schedule.dueMarkingNewcomers(table: g.table, apple: AppleDeviceTable(config: .init()), now: t,
+                                   outOfReach: { _, rssi in rssi < best - 20 }) { out.append(($0, $1)) }
+    return out
+}
+
 @Suite("Sighting schedule (docs/rooms.md §2)")
 struct SightingScheduleTests {
     @Test func aDeviceHeardForTheFirstTimeIsDueAtOnce() {
@@ -226,20 +235,14 @@ struct SightingScheduleTests {
         // the phone at −80 throughout; the best other room's sighting is `best`, first −70.
         var g = Gateway()
         var best = -70
-        func marked(_ g: inout Gateway, _ t: Instant) -> [(DueSighting, Bool)] {
-            var out: [(DueSighting, Bool)] = []
-            g.schedule.dueMarkingNewcomers(table: g.table, apple: AppleDeviceTable(config: .init()), now: t,
-                                           outOfReach: { _, rssi in rssi < best - 20 }) { out.append(($0, $1)) }
-            return out
-        }
         g.hear(rssi: -80, at: at(0))
-        var due = marked(&g, at(0))
+        var due = withReach(&g, best: best, at(0))
         #expect(due.map(\.0) == [DueSighting(device: phone, rssi: -80)], "within reach: sent")
         // The best room now hears it at −55: at the heartbeat this one is 25 dB below, and says
         // `rssi: null` once, not as a newcomer.
         best = -55
         g.hear(rssi: -80, at: at(2))
-        due = marked(&g, at(2))
+        due = withReach(&g, best: best, at(2))
         #expect(due.map(\.0) == [DueSighting(device: phone, rssi: nil)])
         #expect(due.map(\.1) == [false])
         let hears = g.schedule.hears(phone)
@@ -247,33 +250,33 @@ struct SightingScheduleTests {
         // Heartbeats go by: nothing.
         for s in [4.0, 6, 8] {
             g.hear(rssi: -80, at: at(s))
-            #expect(marked(&g, at(s)).isEmpty)
+            #expect(withReach(&g, best: best, at(s)).isEmpty)
         }
         // The best room fades to −62: −80 is within 20 dB, but not a step more (−83 < −82).
         best = -62
         g.hear(rssi: -80, at: at(9))
-        #expect(marked(&g, at(9)).isEmpty, "no flapping at the edge of reach")
+        #expect(withReach(&g, best: best, at(9)).isEmpty, "no flapping at the edge of reach")
         // To −63: back, 8 s after it was withdrawn: the rooms hearing the phone still count this
         // one a neighbour (they keep one for 60 s), so it is no newcomer.
         best = -63
         g.hear(rssi: -80, at: at(10))
-        due = marked(&g, at(10))
+        due = withReach(&g, best: best, at(10))
         #expect(due.map(\.0) == [DueSighting(device: phone, rssi: -80)])
         #expect(due.map(\.1) == [false])
         // Withdrawn again at 12 s, back at 50 s: they may have forgotten it, so it is news.
         best = -55
         g.hear(rssi: -80, at: at(12))
-        #expect(marked(&g, at(12)).map(\.0) == [DueSighting(device: phone, rssi: nil)])
+        #expect(withReach(&g, best: best, at(12)).map(\.0) == [DueSighting(device: phone, rssi: nil)])
         best = -63
         g.hear(rssi: -80, at: at(50))
-        due = marked(&g, at(50))
+        due = withReach(&g, best: best, at(50))
         #expect(due.map(\.0) == [DueSighting(device: phone, rssi: -80)])
         #expect(due.map(\.1) == [true])
         // Not heard any more while withdrawn: nothing more is owed.
         best = -55
         g.hear(rssi: -80, at: at(52))
-        #expect(marked(&g, at(52)).map(\.0) == [DueSighting(device: phone, rssi: nil)])
-        #expect(marked(&g, at(70)).isEmpty, "lost while withdrawn: no second `rssi: null`")
+        #expect(withReach(&g, best: best, at(52)).map(\.0) == [DueSighting(device: phone, rssi: nil)])
+        #expect(withReach(&g, best: best, at(70)).isEmpty, "lost while withdrawn: no second `rssi: null`")
     }
 
     @Test func aDeviceFirstHeardOutOfReachIsNotAnnouncedUntilItComesWithinReach() {
@@ -281,29 +284,23 @@ struct SightingScheduleTests {
         // that owns it, costs the building nothing; walking closer, it is a newcomer.
         var g = Gateway()
         var best = -55
-        func marked(_ g: inout Gateway, _ t: Instant) -> [(DueSighting, Bool)] {
-            var out: [(DueSighting, Bool)] = []
-            g.schedule.dueMarkingNewcomers(table: g.table, apple: AppleDeviceTable(config: .init()), now: t,
-                                           outOfReach: { _, rssi in rssi < best - 20 }) { out.append(($0, $1)) }
-            return out
-        }
         g.hear(rssi: -90, at: at(0))
-        #expect(marked(&g, at(0)).isEmpty)
+        #expect(withReach(&g, best: best, at(0)).isEmpty)
         let hears = g.schedule.hears(phone)
         #expect(!hears)
         for s in [2.0, 4, 6] {
             g.hear(rssi: -90, at: at(s))
-            #expect(marked(&g, at(s)).isEmpty)
+            #expect(withReach(&g, best: best, at(s)).isEmpty)
         }
         best = -73
         g.hear(rssi: -90, at: at(7))
-        let due = marked(&g, at(7))
+        let due = withReach(&g, best: best, at(7))
         #expect(due.map(\.0) == [DueSighting(device: phone, rssi: -90)])
         #expect(due.map(\.1) == [true], "the rooms that hear it have not heard of this one yet")
         // Lost, then heard again out of reach: nothing at all.
-        #expect(marked(&g, at(17)).map(\.0) == [DueSighting(device: phone, rssi: nil)])
+        #expect(withReach(&g, best: best, at(17)).map(\.0) == [DueSighting(device: phone, rssi: nil)])
         best = -55
         g.hear(rssi: -90, at: at(20))
-        #expect(marked(&g, at(20)).isEmpty)
+        #expect(withReach(&g, best: best, at(20)).isEmpty)
     }
 }
