@@ -316,7 +316,8 @@ public struct SightingSchedule: ~Copyable {
             due = true  // heard again after a `rssi: null`
         }
         guard due else { return }
-        if outOfReach(a.deviceID, Int(rssi)) {
+        // A withdrawn device due now was just found within reach.
+        if !s.withdrawn, outOfReach(a.deviceID, Int(rssi)) {
             // It cannot matter to the rule now: said once, as a device no longer heard; or, heard
             // again after its `rssi: null` but out of reach, not said at all (and announced when
             // it comes within reach).
