@@ -36,6 +36,9 @@ struct GatewayRooms: ~Copyable {
     var drops = DropCounts()
     var sightingsReceived = 0
     var batchesReceived = 0
+    /// Of those, from the building-wide channel (docs/rooms.md §8.3).
+    var buildingSightingsReceived = 0
+    var buildingBatchesReceived = 0
     /// When the rejoin window after a reconnect closes (docs/rooms.md §7).
     var standInsDue: Instant?
     /// `rooms.neighbourhoods` (docs/rooms.md §8.3): whose batches this gateway subscribes to,
@@ -92,6 +95,8 @@ struct GatewayRooms: ~Copyable {
         try w.key("sightings_received"); try w.int(Int64(sightingsReceived))
         try w.key("batches_received"); try w.int(Int64(batchesReceived))
         if let n = neighbourhood {
+            try w.key("building_sightings_received"); try w.int(Int64(buildingSightingsReceived))
+            try w.key("building_batches_received"); try w.int(Int64(buildingBatchesReceived))
             // Whose batches this gateway receives besides its own (docs/rooms.md §8.3).
             try w.key("neighbours"); try w.beginArray()
             var failed: WireError?
@@ -182,6 +187,8 @@ extension Gateway where Radio: ~Copyable {
         case .malformed: return rooms.drops.count("batch-topic")
         }
         rooms.batchesReceived &+= 1
+        var buildingWide = false
+        if case .building = topic { buildingWide = true; rooms.buildingBatchesReceived &+= 1 }
         // Array.withUnsafeBytes rethrows untyped: the outcome travels out as a value.
         let outcome: Result<BatchOutcome, WireError> = message.payload.withUnsafeBytes { bytes in
             do throws(WireError) {
@@ -189,8 +196,6 @@ extension Gateway where Radio: ~Copyable {
                 // Before the rule takes a building batch in: whether we held its sender's
                 // sightings fresh is what tells a newcomer (docs/rooms.md §8.3).
                 if rooms.neighbourhood != nil { learnNeighbours(batch, topic: topic, from: gateway, now: now) }
-                var buildingWide = false
-                if case .building = topic { buildingWide = true }
                 return .success(rooms.ownership.batch(batch, gateway: gateway, now: now, buildingWide: buildingWide) {
                     rooms.changes.append($0)
                 })
@@ -203,6 +208,7 @@ extension Gateway where Radio: ~Copyable {
             rooms.drops.count(error)
         case .success(let o):
             rooms.sightingsReceived &+= o.accepted + o.dropped
+            if buildingWide { rooms.buildingSightingsReceived &+= o.accepted + o.dropped }
             if o.unknownGateway > 0 { rooms.drops.count(SightingDrop.unknownGateway.name, o.unknownGateway) }
             if o.replayed > 0 { rooms.drops.count(SightingDrop.replayed.name, o.replayed) }
             if o.impostor > 0 { rooms.drops.count(SightingDrop.impostor.name, o.impostor) }

@@ -73,6 +73,14 @@ import Testing
             """)
         #expect(watcher.owners(of: alice) == ["hall"] && watcher.owners(of: bob) == ["office"],
                 "alice \(watcher.owners(of: alice)), bob \(watcher.owners(of: bob))")
+        // The neighbourhoods were found on the building-wide channel: the kitchen received the
+        // hall's and the office's newcomers there, and counts them apart (docs/mqtt.md §1).
+        let topic = "baton/gateways/kitchen/stats"
+        let kitchen = json((try? broker.retained(topic))?[topic] ?? [])?["rooms"] as? [String: Any]
+        let buildingBatches = kitchen?["building_batches_received"] as? Int ?? 0
+        let buildingRecords = kitchen?["building_sightings_received"] as? Int ?? 0
+        #expect(buildingBatches >= 2 && buildingRecords >= buildingBatches
+                && buildingRecords <= kitchen?["sightings_received"] as? Int ?? 0, "\(kitchen ?? [:])")
 
         // The walk: hall → kitchen → office, one move each, though the hall never received the
         // office's batches before alice reached the kitchen.
