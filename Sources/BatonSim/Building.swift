@@ -105,6 +105,10 @@ public final class ScenarioPlayer {
     let interval: Double
     let wander: Double
     let wanderers: Int
+    /// `crowd.walk: next-door`: room r's next-door rooms are
+    /// `nextDoor[nextDoorStart[r] ..< nextDoorStart[r + 1]]`; empty arrays for `anywhere`.
+    let nextDoor: [Int]
+    let nextDoorStart: [Int]
 
     /// When something is due: `key` is device × 2 (advertise) or device × 2 + 1 (wander).
     struct Due {
@@ -143,6 +147,7 @@ public final class ScenarioPlayer {
 
         let crowdCount = scenario.crowd?.count ?? 0
         wanderers = wander > 0 && rooms.count > 1 ? crowdCount : 0
+        (nextDoor, nextDoorStart) = scenario.crowd?.walk == .nextDoor ? Self.nextDoorRooms(rooms) : ([], [])
         devices.reserveCapacity(scenario.devices.count + crowdCount + scenario.bthome.count)
         for (i, d) in scenario.devices.enumerated() {
             var flags: BeaconFlags = []
@@ -355,9 +360,16 @@ public final class ScenarioPlayer {
                 // Part B, §4.4.2.2.1); at least 1 µs so time always moves on.
                 replaceTop(Due(time: t + max(1, Int64(interval * (0.9 + 0.2 * uniform()))), key: due.key))
             } else {
-                let rooms = roomX.count
-                var r = Int(rng.next() % UInt64(rooms - 1))
-                if r >= devices[d].room { r += 1 }
+                let r: Int
+                if nextDoorStart.isEmpty {
+                    let rooms = roomX.count
+                    let pick = Int(rng.next() % UInt64(rooms - 1))
+                    r = pick >= devices[d].room ? pick + 1 : pick
+                } else {
+                    let from = devices[d].room
+                    let first = nextDoorStart[from], count = nextDoorStart[from + 1] - first
+                    r = nextDoor[first + Int(rng.next() % UInt64(count))]
+                }
                 let place = Scenario.Place.room(scenario.rooms[r].id)
                 apply(.walk(place), to: d)
                 event(ScenarioEvent(time: t, device: d, deviceID: devices[d].id, name: devices[d].name,
@@ -366,6 +378,19 @@ public final class ScenarioPlayer {
             }
         }
         now = max(now, time)
+    }
+
+    /// Each room's next-door rooms: the other rooms at the smallest distance from it, within
+    /// 1 % (a grid's two to four rooms sharing a wall, not the diagonals at √2).
+    static func nextDoorRooms(_ rooms: [Scenario.Room]) -> ([Int], [Int]) {
+        var next: [Int] = [], start: [Int] = [0]
+        for (i, a) in rooms.enumerated() {
+            func distance(_ b: Scenario.Room) -> Double { ((a.x - b.x) * (a.x - b.x) + (a.y - b.y) * (a.y - b.y)).squareRoot() }
+            let nearest = rooms.indices.filter { $0 != i }.map { distance(rooms[$0]) }.min() ?? 0
+            next += rooms.indices.filter { $0 != i && distance(rooms[$0]) <= nearest * 1.01 }
+            start.append(next.count)
+        }
+        return (next, start)
     }
 
     func nextWander(from t: Int64) -> Int64 {

@@ -147,6 +147,9 @@ public struct Scenario: Sendable, Equatable {
         public var firstID: UInt64
         /// Each walks to a random room about every this many simulated seconds; 0: never.
         public var wander: Double
+        /// Where a wandering device walks: any other room, or only next door (the nearest
+        /// rooms: people walk through doors, they do not cross a building in one step).
+        public var walk: Walk = .anywhere
         /// Their activity type; nil: the capture generator's five, in turn.
         public var type: String?
         /// As a device's: one title for all (nil: each device's name), payload size, link.
@@ -159,6 +162,14 @@ public struct Scenario: Sendable, Equatable {
             self.count = count; self.firstID = firstID; self.wander = wander; self.type = type
             self.title = title; self.payloadBytes = payloadBytes; self.link = link
         }
+    }
+
+    /// Where a crowd device wanders to (`crowd.walk`).
+    public enum Walk: String, Sendable, Equatable, CaseIterable {
+        /// Any other room of the building, each as likely.
+        case anywhere
+        /// One of the rooms nearest its own (in a grid, the two to four that share a wall).
+        case nextDoor = "next-door"
     }
 
     /// A thermometer with BTHome v2 firmware: it advertises its measurements (BTHome.swift) at
@@ -215,7 +226,7 @@ extension Scenario {
                      "group-secret", "identity", "rotate"]),
         ("script", ["at", "walk", "save", "become-current", "invalidate", "silent", "resume"]),
         ("place", ["between", "x", "y"]),
-        ("crowd", ["count", "first-id", "wander", "type", "title", "payload-bytes", "link"]),
+        ("crowd", ["count", "first-id", "wander", "walk", "type", "title", "payload-bytes", "link"]),
         ("bthome", ["name", "address", "at", "temperature", "humidity"]),
     ]
 
@@ -519,6 +530,13 @@ struct ScenarioReader {
         }
         var crowd = Scenario.Crowd(count: count ?? 1, firstID: first ?? 0)
         if let e = m["wander"], let v = number(e, 0...1e7, "simulated seconds (0: never)") { crowd.wander = v }
+        if let e = m["walk"], let t = text(e, expected: "where a wandering device walks") {
+            if let w = Scenario.Walk(rawValue: t) {
+                crowd.walk = w
+            } else {
+                report(e.value, e.key, "expected one of " + YAMLText.listed(Scenario.Walk.allCases.map(\.rawValue)) + ", got \"\(t)\"")
+            }
+        }
         if let e = m["type"], let t = activityType(e) { crowd.type = t }
         if let e = m["title"], let t = name(e, expected: "the activity's title") { crowd.title = t }
         if let e = m["link"], let b = bool(e) { crowd.link = b }

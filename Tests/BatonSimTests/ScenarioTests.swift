@@ -156,6 +156,8 @@ func parseError(_ yaml: String) -> ScenarioError? {
         (minimal + "\ncrowd: {count: 10, first-id: 5b0000000000, payload-bytes: 70000}", 6, "crowd.payload-bytes",
          "must be between 64 and 65535"),
         (minimal + "\ncrowd: {count: 10, first-id: 5b0000000000, link: 2}", 6, "crowd.link", "expected true or false"),
+        (minimal + "\ncrowd: {count: 10, first-id: 5b0000000000, walk: nextdoor}", 6, "crowd.walk",
+         "expected one of anywhere or next-door, got \"nextdoor\""),
         // Nesting, tags and a plus sign (issue 16).
         ("duration: 60\nrooms: " + String(repeating: "[", count: 5000) + "\n", 2, "",
          "YAML nesting deeper than 64 levels (lists and sections inside each other)"),
@@ -386,5 +388,28 @@ let threeRooms = [Scenario.Room(id: "hall", name: "Hall", x: 0), Scenario.Room(i
             room[e.device] = r
         }
         #expect(Set(heard.events.map(\.deviceID)).isSubset(of: Set((0..<100).map { 0x5B00_0000_0000 + UInt64($0) })))
+    }
+
+    /// `walk: next-door` in a 3 × 2 grid: every walk goes to a room sharing a wall with the one
+    /// before (one room unit away, never the diagonal), and every such room is walked to.
+    @Test func aCrowdWalkingNextDoorOnlyCrossesWalls() throws {
+        let grid = (0..<6).map { Scenario.Room(id: "r\($0)", name: "r\($0)", x: Double($0 % 3), y: Double($0 / 3)) }
+        var crowd = Scenario.Crowd(count: 100, firstID: 0x5B00_0000_0000, wander: 10)
+        crowd.walk = .nextDoor
+        let (_, heard) = play(Scenario(duration: 100, rate: 1, rooms: grid, devices: [], crowd: crowd))
+        #expect(heard.events.count > 800, "\(heard.events.count)")
+        var room: [Int: Int] = [:]
+        var steps: Set<[Int]> = []
+        for e in heard.events {
+            guard case .walk(.room(let id)) = e.action, let r = Int(id.dropFirst()) else { Issue.record("\(e.action)"); continue }
+            if let from = room[e.device] {
+                let dx = abs(from % 3 - r % 3), dy = abs(from / 3 - r / 3)
+                #expect(dx + dy == 1, "r\(from) to r\(r) is not next door")
+                steps.insert([from, r])
+            }
+            room[e.device] = r
+        }
+        // 7 walls in a 3 × 2 grid, each crossed both ways.
+        #expect(steps.count == 14, "\(steps.sorted { $0.lexicographicallyPrecedes($1) })")
     }
 }
