@@ -446,7 +446,7 @@ def run_load(procs, baton, work, crowd, wander, rate, warmup, window, layout="ba
         "sim_delivered": sum(r.get("delivered", 0) for r in sim_rooms.values()),
         "sim_dropped": sum(r.get("dropped", 0) for r in sim_rooms.values()),
         "sim_not_scanning": sum(r.get("not_scanning", 0) for r in sim_rooms.values()),
-        "walks": len(walks), "walks_never_moved": len(never),
+        "walks": len(walks), "walks_never_moved": len(never), "walks_never_moved_devices": never[:50],
         "walk_p50_ms": percentile(lat, 50), "walk_p99_ms": percentile(lat, 99),
         "walk_max_ms": lat[-1] if lat else None,
         "sim_elapsed_s": ((end or {}).get("unix_us", 0) - b.start_us) / 1e6 if end else None,
@@ -506,6 +506,8 @@ def table(result):
                 f"{load['walks'] - load['walks_never_moved']} of {load['walks']} moved,",
                 f"    p50 {fmt_s(load['walk_p50_ms'])}   p99 {fmt_s(load['walk_p99_ms'])}"
                 f"   max {fmt_s(load['walk_max_ms'])}"]
+        if load.get("walks_never_moved_devices"):
+            out.append(f"    never moved (device@t): {', '.join(load['walks_never_moved_devices'][:10])}")
     return "\n".join(out)
 
 

@@ -55,6 +55,19 @@ struct NeighbourhoodTests {
         #expect(n.record(from: kitchen, shared: true, now: at(91)) == .subscribe(kitchen), "heard again: subscribed again")
     }
 
+    /// A neighbour that shared a device within the last 10 s (a sixth of 60 s) need not have
+    /// its batches looked through; a stranger, or one quiet for longer, does.
+    @Test func aNeighbourThatSharedWithinTenSecondsNeedsNoLook() {
+        var n = Neighbourhood(gateways: 4, answerCapacity: 8, forgetAfter: .seconds(60))
+        #expect(!n.sharedRecently(kitchen, now: at(0)), "not a neighbour")
+        _ = n.record(from: kitchen, shared: true, now: at(0))
+        #expect(n.sharedRecently(kitchen, now: at(9.9)))
+        #expect(!n.sharedRecently(kitchen, now: at(10)))
+        _ = n.record(from: kitchen, shared: true, now: at(10))
+        #expect(n.sharedRecently(kitchen, now: at(19.9)))
+        #expect(!n.sharedRecently(office, now: at(10)))
+    }
+
     /// Capacity + 1: an answer that does not fit is counted, not queued.
     @Test func answersPastTheCapacityAreCountedNotQueued() {
         var n = Neighbourhood(gateways: 8, answerCapacity: 2, forgetAfter: .seconds(60))

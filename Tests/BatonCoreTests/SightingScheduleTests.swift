@@ -279,6 +279,27 @@ struct SightingScheduleTests {
         #expect(withReach(&g, best: best, at(70)).isEmpty, "lost while withdrawn: no second `rssi: null`")
     }
 
+    /// A withdrawn device heard louder than at the last look (by 2 dB or more) is looked at
+    /// again after `sighting-min-interval`; heard no louder, only after `sighting-interval`.
+    @Test func aWithdrawnDeviceHeardLouderIsLookedAtSooner() {
+        var g = Gateway()
+        g.hear(rssi: -80, at: at(0))
+        #expect(withReach(&g, best: -55, at(0)).isEmpty, "first heard 25 dB below: not announced")
+        // It walks in: heard at −50, half a second later it is looked at and back within reach.
+        g.hear(rssi: -50, at: at(0.5))
+        let back = withReach(&g, best: -55, at(0.5))
+        #expect(back.count == 1 && back.first?.0.rssi.map { $0 >= -72 } == true, "\(back)")
+        // Another phone heard no louder: not looked at for 2 s, though the best room has gone
+        // quiet meanwhile (its sighting of the phone is −90 now).
+        var h = Gateway()
+        h.hear(rssi: -80, at: at(0))
+        #expect(withReach(&h, best: -55, at(0)).isEmpty)
+        h.hear(rssi: -80, at: at(1))
+        #expect(withReach(&h, best: -90, at(1)).isEmpty, "1 s on and no louder: not looked at")
+        h.hear(rssi: -80, at: at(2))
+        #expect(withReach(&h, best: -90, at(2)).map(\.0) == [DueSighting(device: phone, rssi: -80)])
+    }
+
     @Test func aDeviceFirstHeardOutOfReachIsNotAnnouncedUntilItComesWithinReach() {
         // docs/rooms.md §8.4: a phone at the edge of this room's hearing, 35 dB below the room
         // that owns it, costs the building nothing; walking closer, it is a newcomer.
@@ -292,13 +313,17 @@ struct SightingScheduleTests {
             g.hear(rssi: -90, at: at(s))
             #expect(withReach(&g, best: best, at(s)).isEmpty)
         }
+        // The best room fades to −73; heard no louder here, that is looked at with the next
+        // heartbeat's look (2 s after the last), not at every 0.5 s.
         best = -73
         g.hear(rssi: -90, at: at(7))
-        let due = withReach(&g, best: best, at(7))
+        #expect(withReach(&g, best: best, at(7)).isEmpty, "1 s after the last look, and no louder")
+        g.hear(rssi: -90, at: at(8))
+        let due = withReach(&g, best: best, at(8))
         #expect(due.map(\.0) == [DueSighting(device: phone, rssi: -90)])
         #expect(due.map(\.1) == [true], "the rooms that hear it have not heard of this one yet")
         // Lost, then heard again out of reach: nothing at all.
-        #expect(withReach(&g, best: best, at(17)).map(\.0) == [DueSighting(device: phone, rssi: nil)])
+        #expect(withReach(&g, best: best, at(18)).map(\.0) == [DueSighting(device: phone, rssi: nil)])
         best = -55
         g.hear(rssi: -90, at: at(20))
         #expect(withReach(&g, best: best, at(20)).isEmpty)
