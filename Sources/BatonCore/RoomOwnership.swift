@@ -136,6 +136,8 @@ public struct BatchOutcome: Sendable, Equatable {
     public var replayed = 0
     public var impostor = 0
     public var devicesFull = 0
+    /// Of `accepted`, about devices not followed and left so (`RoomOwnership.batch`'s `ignoreNew`).
+    public var ignored = 0
     public init() {}
 
     public var dropped: Int { unknownGateway + replayed + impostor + devicesFull }
@@ -372,7 +374,10 @@ public struct RoomOwnership: ~Copyable {
     public mutating func sighting(_ s: Sighting, gateway: Substring, device: UInt64, now: Instant,
                                   _ onChange: (OwnershipChange) -> Void) -> SightingDrop? {
         let now = clock.clamp(now)
-        return take(s, from: find(gateway), device: device, now: now, onChange)
+        switch take(s, from: find(gateway), device: device, now: now, onChange) {
+        case .dropped(let reason): return reason
+        case .accepted, .ignored: return nil
+        }
     }
 
     /// A batch of sightings from `gateway` (docs/protocol.md §6, docs/rooms.md §8): record i is
@@ -381,7 +386,12 @@ public struct RoomOwnership: ~Copyable {
     /// the same state and report the same changes. The sender is looked up once. Allocates
     /// nothing.
     /// `buildingWide`: it came on the building-wide channel, whose order is checked apart.
+    /// `ignoreNew`: a device the rule does not follow yet and for which it returns true is not
+    /// taken up (the record is accepted, its place in the sender's order kept, and counted in
+    /// `ignored`): the gateway passes "neither heard nor owned here" for building-wide batches
+    /// (docs/rooms.md §8.2: it needs nothing about those).
     public mutating func batch(_ b: SightingBatch, gateway: Substring, now: Instant, buildingWide: Bool = false,
+                               ignoreNew: (UInt64) -> Bool = { _ in false },
                                _ onChange: (OwnershipChange) -> Void) -> BatchOutcome {
         let now = clock.clamp(now)
         let g = find(gateway)
@@ -389,32 +399,42 @@ public struct RoomOwnership: ~Copyable {
         for i in 0 ..< b.count {
             let record = b[i]
             let s = Sighting(rssi: record.rssi, since: b.since, n: b.n &+ UInt64(i))
-            if let reason = take(s, from: g, device: record.device, now: now, buildingWide: buildingWide, onChange) {
-                outcome.count(reason)
-            } else {
-                outcome.accepted &+= 1
+            switch take(s, from: g, device: record.device, now: now, buildingWide: buildingWide,
+                        ignoreNew: ignoreNew, onChange) {
+            case .dropped(let reason): outcome.count(reason)
+            case .accepted: outcome.accepted &+= 1
+            case .ignored: outcome.accepted &+= 1; outcome.ignored &+= 1
             }
         }
         return outcome
     }
 
     /// `sighting`'s rule, with the sender already looked up (nil: not registered).
+    /// What became of one sighting taken in.
+    enum Taken {
+        case accepted
+        /// Accepted, about a device not followed and not to be (`batch`'s `ignoreNew`).
+        case ignored
+        case dropped(SightingDrop)
+    }
+
     private mutating func take(_ s: Sighting, from sender: Int?, device: UInt64, now: Instant,
-                               buildingWide: Bool = false,
-                               _ onChange: (OwnershipChange) -> Void) -> SightingDrop? {
-        guard let g = sender, gateways[g].online else { return drop(.unknownGateway) }
-        if g == 0 && s.since != selfSince { return drop(.impostor) }
+                               buildingWide: Bool = false, ignoreNew: (UInt64) -> Bool = { _ in false },
+                               _ onChange: (OwnershipChange) -> Void) -> Taken {
+        guard let g = sender, gateways[g].online else { return .dropped(drop(.unknownGateway)) }
+        if g == 0 && s.since != selfSince { return .dropped(drop(.impostor)) }
         let sequence = buildingWide ? gateways[g].buildingSequence : gateways[g].sequence
-        guard sequence.admits(s) else { return drop(.replayed) }
+        guard sequence.admits(s) else { return .dropped(drop(.replayed)) }
         var entry = index.find(device).map { Int($0) }
-        if entry == nil && s.rssi != nil && free.isEmpty { return drop(.devicesFull) }
+        let ignore = entry == nil && ignoreNew(device)
+        if entry == nil && s.rssi != nil && free.isEmpty && !ignore { return .dropped(drop(.devicesFull)) }
 
         let taken = Sequence(accepted: true, since: s.since, n: s.n)
         if buildingWide { gateways[g].buildingSequence = taken } else { gateways[g].sequence = taken }
         counters.sightingsAccepted &+= 1
         if entry == nil {
             // A device nobody tracks is not created by "no longer heard".
-            guard s.rssi != nil else { return nil }
+            guard s.rssi != nil, !ignore else { return ignore ? .ignored : .accepted }
             entry = insert(device, now: now)
         }
         // Proof: set just above, or found in the index.
@@ -431,12 +451,12 @@ public struct RoomOwnership: ~Copyable {
         }
         // Most sightings are the heartbeats of rooms that neither own the device nor challenge
         // its owner: they cannot change what the rule decides, so it is not run for them.
-        guard evaluatesEverySighting || !cannotMatter(d, from: g, rssi: s.rssi, now: now) else { return nil }
+        guard evaluatesEverySighting || !cannotMatter(d, from: g, rssi: s.rssi, now: now) else { return .accepted }
         // A sighting mostly moves the device's next deadline later (a candidate's freshness);
         // the entry queued earlier then fires, finds nothing and queues the exact one. Moving
         // it at every record was a tenth of the rule's time at 50 rooms.
         if let next = evaluate(d, now: now, onChange) { deadlines.lower(d, next) } else { deadlines.remove(d) }
-        return nil
+        return .accepted
     }
 
     /// Whether a sighting of entry `d` by room `g`, just taken in, cannot change what `evaluate`

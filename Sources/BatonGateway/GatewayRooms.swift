@@ -196,7 +196,20 @@ extension Gateway where Radio: ~Copyable {
                 // Before the rule takes a building batch in: whether we held its sender's
                 // sightings fresh is what tells a newcomer (docs/rooms.md §8.3).
                 if rooms.neighbourhood != nil { learnNeighbours(batch, topic: topic, from: gateway, now: now) }
-                return .success(rooms.ownership.batch(batch, gateway: gateway, now: now, buildingWide: buildingWide) {
+                // A building-wide record of a device this gateway neither hears nor owns (nor
+                // follows already) is not taken up: it needs nothing about such devices
+                // (docs/rooms.md §8.2), and each one followed went stale 5 s later and was
+                // evaluated over and over until forgotten.
+                let lostAfter = rooms.lostAfter
+                return .success(rooms.ownership.batch(batch, gateway: gateway, now: now, buildingWide: buildingWide,
+                                                      ignoreNew: { device in
+                    guard buildingWide else { return false }
+                    if let a = table.activity(deviceID: device) { return now >= a.lastSeen.after(lostAfter) }
+                    if device >> 32 == 0xFFFF, let d = apple.namedDevice(id: UInt32(truncatingIfNeeded: device)) {
+                        return now >= d.lastSeen.after(lostAfter)
+                    }
+                    return true
+                }) {
                     rooms.changes.append($0)
                 })
             } catch {

@@ -237,6 +237,39 @@ struct SightingBatchCoreTests {
         #expect(rule.counters.replayed == 2)
     }
 
+    /// docs/rooms.md §8.2: a building-wide record of a device this gateway does not follow,
+    /// and `ignoreNew` says it neither hears nor owns, is accepted in the sender's order but
+    /// not taken up; a device it follows already is taken in as always.
+    @Test func aBuildingRecordOfADeviceNeitherHeardNorOwnedHereIsNotTakenUp() {
+        var rule = RoomOwnership(config: RoomsConfig(), selfID: "a", selfSince: run)
+        for g in ["a", "b", "c"] { rule.status(gateway: Substring(g), online: true, now: t0) { _ in } }
+        func take(_ bytes: [UInt8], from g: Substring, at t: Double) -> BatchOutcome {
+            bytes.withUnsafeBytes { raw in
+                rule.batch(try! SightingBatch.decode(raw), gateway: g, now: at(t), buildingWide: true,
+                           ignoreNew: { $0 == badge }) { _ in }
+            }
+        }
+        // The phone is followed (c's tick batch); the badge is not, and is heard nowhere here.
+        _ = batch(n: 1, [(phone, -60)]).withUnsafeBytes { raw in
+            rule.batch(try! SightingBatch.decode(raw), gateway: "c", now: at(0)) { _ in }
+        }
+        var outcome = take(batch(n: 5, [(badge, -50), (phone, -55)]), from: "b", at: 0.1)
+        #expect(outcome.accepted == 2 && outcome.ignored == 1 && outcome.dropped == 0)
+        #expect(rule.count == 1, "only the phone is followed")
+        var candidates: [String] = []
+        rule.sightings(of: phone, now: at(0.2)) { g, _ in candidates.append(rule.id(of: g)) }
+        #expect(candidates.sorted() == ["b", "c"])
+        // Ignored, yet in b's order: the same record again is a replay.
+        outcome = take(batch(n: 5, [(badge, -50)]), from: "b", at: 0.3)
+        #expect(outcome.replayed == 1 && outcome.ignored == 0)
+        // The same record on the neighbourhood channel is taken up: only building-wide ones
+        // are passed `ignoreNew` by the gateway, and the default takes everything.
+        _ = batch(n: 6, [(badge, -50)]).withUnsafeBytes { raw in
+            rule.batch(try! SightingBatch.decode(raw), gateway: "b", now: at(0.4)) { _ in }
+        }
+        #expect(rule.count == 2)
+    }
+
     @Test func aBatchUnderOurOwnIdFromAnotherRunIsAnImpostor() {
         var rule = RoomOwnership(config: RoomsConfig(), selfID: "a", selfSince: run)
         rule.status(gateway: "a", online: true, now: t0) { _ in }
