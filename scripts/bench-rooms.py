@@ -288,7 +288,10 @@ def compute_latencies(walks, activity):
             hit = next((s for s, v in by_device.get(device, [])
                         if w["unix_us"] <= s < until and v and v.get("gateway") == w.get("room")), None)
             if hit is None:
-                never.append(f"{device}@{w['t']}")
+                # What the subscriber saw of the device from the walk on (s after it, gateway).
+                seen = [f"{(s - w['unix_us']) / 1e6:+.1f}s {v.get('gateway') if v else '(cleared)'}"
+                        for s, v in by_device.get(device, []) if s >= w["unix_us"] - 30_000_000][:8]
+                never.append(f"{device}@{w['t']} to {w.get('room')} (seen: {', '.join(seen) or 'nothing'})")
             else:
                 latencies.append(hit - w["unix_us"])
     return latencies, never

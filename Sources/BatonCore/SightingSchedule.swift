@@ -86,6 +86,13 @@ public struct SightingSchedule: ~Copyable {
     private var entries: [Sent]
     private var free: [Int32]
     private var index: SlotIndex
+    /// Devices a walk found in the sources but not here, taken in after it (reserved at init
+    /// for every device at once: after a reset, everything heard is new).
+    private var found: [SightedDevice]
+    /// When `due` last walked the sources.
+    private var lastWalk: Instant?
+    /// How long a lost device's entry is kept after its `rssi: null`.
+    private var forgetLost: Duration { max(.seconds(1), config.sightingInterval) }
     /// Counts `due` calls. Proof it never wraps: 2⁶⁴ calls at one per microsecond take
     /// 584,000 years.
     private var pass: UInt64 = 0
@@ -100,6 +107,8 @@ public struct SightingSchedule: ~Copyable {
         free.reserveCapacity(capacity)
         for i in stride(from: capacity - 1, through: 0, by: -1) { free.append(Int32(i)) }
         index = SlotIndex(maxKeys: capacity)
+        found = []
+        found.reserveCapacity(capacity)
     }
 
     public var capacity: Int { entries.count }
@@ -166,49 +175,69 @@ public struct SightingSchedule: ~Copyable {
         _ body: (DueSighting, _ newcomer: Bool) -> Void
     ) {
         pass &+= 1
-        var newDevices = false
+        found.removeAll(keepingCapacity: true)
+        var overflow = false
+        var kept = 0
+        lastWalk = now
+        // A device lost (not heard for `lostAfter`) keeps its entry, with its `rssi: null`
+        // sent, for `forgetLost` (a newcomer is one at most once per `sightingInterval`); then a
+        // walk in the next second frees it, and later walks pass it by without a lookup: at 50
+        // rooms most of a table is devices heard a while ago, kept until they expire, and
+        // looking each up four times a second showed in the profile. Were one missed (walks
+        // late by more than a second), its entry departs below all the same.
         func walkKnown(_ s: SightedDevice) {
+            let forgotten = s.lastSeen + config.lostAfter + forgetLost
+            guard now < forgotten else {
+                if now < forgotten + .seconds(1), let e = index.find(s.deviceID).map({ Int($0) }) {
+                    if entries[e].rssi != nil { body(DueSighting(device: s.deviceID, rssi: nil), false) }
+                    remove(e)
+                }
+                return
+            }
             guard let e = index.find(s.deviceID).map({ Int($0) }) else {
-                if Self.rssi(s) != nil { newDevices = true }
+                guard Self.rssi(s) != nil, heard(s, now: now) else { return }
+                if found.count < found.capacity { found.append(s) } else { overflow = true }
                 return
             }
             entries[e].pass = pass
             visit(e, s, now: now, outOfReach, body)
+            if entries[e].inUse && entries[e].device == s.deviceID { kept &+= 1 }
         }
         a.forEachSighted(walkKnown)
         b.forEachSighted(walkKnown)
-        // Departed devices first, so their entries are free for the newcomers.
-        if count > 0 {
+        // Departed devices first, so their entries are free for the newcomers. When every entry
+        // left was found in the sources none departed, and the whole capacity need not be
+        // walked (four times a second, over 5,000 entries at 50 rooms).
+        if kept < count {
             for e in entries.indices where entries[e].inUse && entries[e].pass != pass {
                 if entries[e].rssi != nil { body(DueSighting(device: entries[e].device, rssi: nil), false) }
                 remove(e)
             }
         }
-        guard newDevices else { return }
+        for s in found { takeIn(s) }
+        guard overflow else { return }
+        a.forEachSighted(takeIn)
+        b.forEachSighted(takeIn)
+
         func takeIn(_ s: SightedDevice) {
-            guard index.find(s.deviceID) == nil, let rssi = Self.rssi(s) else { return }
+            // A device already lost gets no entry: there is nothing to send about it.
+            guard heard(s, now: now), index.find(s.deviceID) == nil, let rssi = Self.rssi(s) else { return }
             // The sources never hold more devices than this schedule's capacity (sized for
             // both), and every entry left is a device in them; a smaller schedule skips the rest.
             guard let slot = free.popLast() else { return }
             let e = Int(slot)
-            // A device already lost when first walked gets an entry that owes nothing, so
-            // `nextDeadline` does not keep calling it due.
-            let heard = heard(s, now: now)
             // First heard already out of reach of a room this gateway hears about (§8.4): not
             // announced at all. It is a newcomer when it comes within reach.
-            if heard, outOfReach(s.deviceID, Int(rssi)) {
+            if outOfReach(s.deviceID, Int(rssi)) {
                 entries[e] = Sent(inUse: true, device: s.deviceID, rssi: nil, at: now, pass: pass, withdrawn: true,
                                   lookedAt: rssi)
                 index.insert(s.deviceID, slot: slot)
                 return
             }
-            entries[e] = Sent(inUse: true, device: s.deviceID, rssi: heard ? rssi : nil, at: now, pass: pass,
-                              announced: heard ? now : nil)
+            entries[e] = Sent(inUse: true, device: s.deviceID, rssi: rssi, at: now, pass: pass, announced: now)
             index.insert(s.deviceID, slot: slot)
-            if heard { body(DueSighting(device: s.deviceID, rssi: rssi), true) }
+            body(DueSighting(device: s.deviceID, rssi: rssi), true)
         }
-        a.forEachSighted(takeIn)
-        b.forEachSighted(takeIn)
     }
 
     /// `due` over whatever `each` hands to its argument, for tests and one-off callers. It may
@@ -252,8 +281,9 @@ public struct SightingSchedule: ~Copyable {
         func look(_ d: SightedDevice) {
             let rssi = Self.rssi(d)
             guard let slot = index.find(d.deviceID) else {
-                // Never walked: `due` takes it in (and sends it if still heard).
-                if rssi != nil { consider(d.lastSeen) }
+                // Not walked while heard: `due` takes it in (and sends it if still heard); one
+                // that `due` has found lost (and then freed) is owed nothing.
+                if rssi != nil, lastWalk.map({ $0 < d.lastSeen + config.lostAfter }) ?? true { consider(d.lastSeen) }
                 return
             }
             matched += 1

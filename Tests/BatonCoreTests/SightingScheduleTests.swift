@@ -90,7 +90,13 @@ struct SightingScheduleTests {
         #expect(g.schedule.nextDeadline(table: g.table) == at(10))
         #expect(g.due(at: at(9.9)) == [])
         #expect(g.due(at: at(10)) == [DueSighting(device: phone, rssi: nil)])
-        for s in [10.5, 12, 20, 30] { #expect(g.due(at: at(s)) == [], "silent at \(s) s") }
+        #expect(g.due(at: at(10.5)) == [])
+        var kept = g.schedule.lastSent(phone)
+        #expect(kept == DueSighting(device: phone, rssi: nil), "remembered as not heard for a heartbeat")
+        for s in [12.0, 20, 30] { #expect(g.due(at: at(s)) == [], "silent at \(s) s") }
+        // Freed 2 s after its `rssi: null` (a `sighting-interval`): the walk passes it by.
+        kept = g.schedule.lastSent(phone)
+        #expect(kept == nil && g.schedule.count == 0)
         #expect(g.schedule.nextDeadline(table: g.table) == nil)
         // Heard again: due at once, like a first hearing.
         g.hear(rssi: -70, at: at(31))
