@@ -103,6 +103,13 @@ public final class VirtualController {
     /// Delivers one advertisement heard in this room, if scanning is on: an LE Advertising
     /// Report event with one report.
     public func deliver(_ report: GeneratedReport) {
+        queue(report)
+        flush()
+    }
+
+    /// `deliver` without the write: `flush` sends what is queued. The building queues a turn's
+    /// reports and flushes each room once, so they go in one write, not one each.
+    public func queue(_ report: GeneratedReport) {
         guard scanning else { reportsWhileNotScanning += 1; return }
         if extended {
             // An LE Extended Advertising Report per fragment (a report already a fragment, as
@@ -114,7 +121,6 @@ public final class VirtualController {
                 outbox += [0x04] + AdvertisingEvents.event([f][...])
                 reportsDelivered += 1
             }
-            flush()
             return
         }
         guard report.data.count <= 31 else { reportsTooLong += 1; return }
@@ -123,7 +129,6 @@ public final class VirtualController {
         legacy.extended = false
         outbox += [0x04] + AdvertisingEvents.event([legacy][...])
         reportsDelivered += 1
-        flush()
     }
 
     /// Sends one H4 packet as is (a test's own event, a report outside the generator).
