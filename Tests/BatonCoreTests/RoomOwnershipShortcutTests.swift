@@ -8,18 +8,6 @@ import BatonWire
 @testable import BatonCore
 
 @Suite struct RoomOwnershipShortcutTests {
-    private struct Generator {
-        var state: UInt64
-        mutating func next() -> UInt64 {
-            state &+= 0x9E37_79B9_7F4A_7C15
-            var z = state
-            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-            return z ^ (z >> 31)
-        }
-        mutating func below(_ n: Int) -> Int { Int(next() % UInt64(n)) }
-    }
-
     /// Six rooms, 24 devices, 60 s in steps of 10–60 ms: each step ticks both rules, then
     /// sends one room's sighting of one device (now and then `rssi: null`), and now and then
     /// takes a room offline or brings it back. Each device has a home room and heard levels
@@ -40,31 +28,32 @@ import BatonWire
             fast.status(gateway: Substring(r), online: true, now: t0) { _ in }
             full.status(gateway: Substring(r), online: true, now: t0) { _ in }
         }
-        var rng = Generator(state: seed)
+        var rng = SplitMix64(state: seed)
+        func below(_ n: Int) -> Int { Int(rng.next() % UInt64(n)) }
         var level = (0 ..< 24 * rooms.count).map { i in -50 - 12 * ((i % rooms.count + i / rooms.count) % rooms.count) }
         var counter = Array(repeating: UInt64(0), count: rooms.count)
         var online = Array(repeating: true, count: rooms.count)
         var ms = 0
         var skipped = 0, sightings = 0
         while ms < 60_000 {
-            ms += 10 + rng.below(51)
+            ms += 10 + below(51)
             let now = t0 + .milliseconds(ms)
             fast.tick(now: now) { note(&fastChanges, $0, ms) }
             full.tick(now: now) { note(&fullChanges, $0, ms) }
-            if rng.below(400) == 0 {
-                let r = 1 + rng.below(rooms.count - 1)  // never this gateway, "a"
+            if below(400) == 0 {
+                let r = 1 + below(rooms.count - 1)  // never this gateway, "a"
                 online[r].toggle()
                 fast.status(gateway: Substring(rooms[r]), online: online[r], now: now) { note(&fastChanges, $0, ms) }
                 full.status(gateway: Substring(rooms[r]), online: online[r], now: now) { note(&fullChanges, $0, ms) }
                 continue
             }
-            let r = rng.below(rooms.count), d = rng.below(24)
+            let r = below(rooms.count), d = below(24)
             guard online[r] else { continue }
             // The device's level in this room drifts by up to ±4 dB a sighting, and each
             // sighting adds up to ±7 dB of noise: challengers lead, dip and lead again.
             let i = d * rooms.count + r
-            level[i] = max(-100, min(-40, level[i] + rng.below(9) - 4))
-            let rssi: Int8? = rng.below(30) == 0 ? nil : Int8(level[i] + rng.below(15) - 7)
+            level[i] = max(-100, min(-40, level[i] + below(9) - 4))
+            let rssi: Int8? = below(30) == 0 ? nil : Int8(level[i] + below(15) - 7)
             counter[r] += 1
             sightings += 1
             let s = Sighting(rssi: rssi, since: 1_795_430_000_000, n: counter[r])

@@ -71,8 +71,8 @@ private struct Building: ~Copyable {
 }
 
 /// SplitMix64 (Steele, Lea, Flood, OOPSLA 2014): a small deterministic generator, so the noisy
-/// test replays the very same noise on every run.
-private struct SplitMix64: RandomNumberGenerator {
+/// tests replay the very same noise on every run (RoomOwnershipShortcutTests too).
+struct SplitMix64: RandomNumberGenerator {
     var state: UInt64
     mutating func next() -> UInt64 {
         state &+= 0x9E37_79B9_7F4A_7C15
