@@ -409,7 +409,6 @@ public struct RoomOwnership: ~Copyable {
         return outcome
     }
 
-    /// `sighting`'s rule, with the sender already looked up (nil: not registered).
     /// What became of one sighting taken in.
     enum Taken {
         case accepted
@@ -418,6 +417,7 @@ public struct RoomOwnership: ~Copyable {
         case dropped(SightingDrop)
     }
 
+    /// `sighting`'s rule, with the sender already looked up (nil: not registered).
     private mutating func take(_ s: Sighting, from sender: Int?, device: UInt64, now: Instant,
                                buildingWide: Bool = false, ignoreNew: (UInt64) -> Bool = { _ in false },
                                _ onChange: (OwnershipChange) -> Void) -> Taken {

@@ -203,12 +203,7 @@ extension Gateway where Radio: ~Copyable {
                 let lostAfter = rooms.lostAfter
                 return .success(rooms.ownership.batch(batch, gateway: gateway, now: now, buildingWide: buildingWide,
                                                       ignoreNew: { device in
-                    guard buildingWide else { return false }
-                    if let a = table.activity(deviceID: device) { return now >= a.lastSeen.after(lostAfter) }
-                    if device >> 32 == 0xFFFF, let d = apple.namedDevice(id: UInt32(truncatingIfNeeded: device)) {
-                        return now >= d.lastSeen.after(lostAfter)
-                    }
-                    return true
+                    buildingWide && !Self.heard(device, table: table, apple: apple, lostAfter: lostAfter, now: now)
                 }) {
                     rooms.changes.append($0)
                 })
@@ -268,9 +263,17 @@ extension Gateway where Radio: ~Copyable {
     /// schedule forgets what it sent whenever a gateway comes online (§7), its tables heard it
     /// within `lost-after`. O(1), allocates nothing.
     func hears(_ device: UInt64, now: Instant) -> Bool {
-        if rooms.sightings.hears(device) { return true }
-        if let a = table.activity(deviceID: device) { return now < a.lastSeen.after(rooms.lostAfter) }
-        if let d = namedApple(device) { return now < d.lastSeen.after(rooms.lostAfter) }
+        rooms.sightings.hears(device) || Self.heard(device, table: table, apple: apple, lostAfter: rooms.lostAfter, now: now)
+    }
+
+    /// Whether the tables heard `device` (an activity, or a named Apple device's rooms id)
+    /// within `lostAfter` nanoseconds. Static, so it can be asked while the rule is being changed.
+    static func heard(_ device: UInt64, table: borrowing ActivityTable, apple: borrowing AppleDeviceTable,
+                      lostAfter: Int64, now: Instant) -> Bool {
+        if let a = table.activity(deviceID: device) { return now < a.lastSeen.after(lostAfter) }
+        if device >> 32 == 0xFFFF, let d = apple.namedDevice(id: UInt32(truncatingIfNeeded: device)) {
+            return now < d.lastSeen.after(lostAfter)
+        }
         return false
     }
 
