@@ -185,10 +185,11 @@ public struct SightingSchedule: ~Copyable {
         // rooms most of a table is devices heard a while ago, kept until they expire, and
         // looking each up four times a second showed in the profile. Were one missed (walks
         // late by more than a second), its entry departs below all the same.
+        // Spans added once per walk, not per device (Duration's arithmetic is 128-bit).
+        let keptFor = config.lostAfter + forgetLost, freedWithin = keptFor + .seconds(1)
         func walkKnown(_ s: SightedDevice) {
-            let forgotten = s.lastSeen + config.lostAfter + forgetLost
-            guard now < forgotten else {
-                if now < forgotten + .seconds(1), let e = index.find(s.deviceID).map({ Int($0) }) {
+            guard now < s.lastSeen + keptFor else {
+                if now < s.lastSeen + freedWithin, let e = index.find(s.deviceID).map({ Int($0) }) {
                     if entries[e].rssi != nil { body(DueSighting(device: s.deviceID, rssi: nil), false) }
                     remove(e)
                 }
@@ -201,7 +202,7 @@ public struct SightingSchedule: ~Copyable {
             }
             entries[e].pass = pass
             visit(e, s, now: now, outOfReach, body)
-            if entries[e].inUse && entries[e].device == s.deviceID { kept &+= 1 }
+            kept &+= 1  // `visit` never frees an entry
         }
         a.forEachSighted(walkKnown)
         b.forEachSighted(walkKnown)

@@ -187,8 +187,8 @@ extension Gateway where Radio: ~Copyable {
         case .malformed: return rooms.drops.count("batch-topic")
         }
         rooms.batchesReceived &+= 1
-        var buildingWide = false
-        if case .building = topic { buildingWide = true; rooms.buildingBatchesReceived &+= 1 }
+        let buildingWide = topic.isBuildingWide
+        if buildingWide { rooms.buildingBatchesReceived &+= 1 }
         // Array.withUnsafeBytes rethrows untyped: the outcome travels out as a value.
         let outcome: Result<BatchOutcome, WireError> = message.payload.withUnsafeBytes { bytes in
             do throws(WireError) {
@@ -233,8 +233,7 @@ extension Gateway where Radio: ~Copyable {
     /// topic of a new neighbour.
     mutating func learnNeighbours(_ batch: SightingBatch, topic: BatchTopic, from gateway: Substring, now: Instant) {
         guard let from = rooms.ownership.slot(of: gateway), from != rooms.ownership.selfSlot else { return }
-        var building = false
-        if case .building = topic { building = true }
+        let building = topic.isBuildingWide
         // Looking through every neighbour's every batch for a shared device was 6 % of a
         // gateway at 50 rooms; one look in a while keeps the neighbour as well.
         if !building, rooms.neighbourhood?.sharedRecently(from, now: now) == true { return }

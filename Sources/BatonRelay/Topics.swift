@@ -59,6 +59,12 @@ public enum BatchTopic: Sendable, Equatable {
     /// Under `<prefix>/rooms/` or `<prefix>/building/` but not one gateway id (empty, or with
     /// more levels): counted as `batch-topic`, as `sighting-topic` is.
     case malformed
+
+    /// The building-wide channel, whose order a receiver checks apart (docs/rooms.md §8.3).
+    public var isBuildingWide: Bool {
+        if case .building = self { return true }
+        return false
+    }
 }
 
 public struct Topics: Sendable, Equatable {

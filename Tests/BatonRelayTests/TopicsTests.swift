@@ -57,6 +57,9 @@ struct TopicsTests {
         #expect(hall.classify("baton/rooms/kitchen") == .batch(.neighbourhood(gateway: "kitchen")))
         #expect(hall.classify("baton/building/kitchen") == .batch(.building(gateway: "kitchen")))
         #expect(hall.classify("baton/rooms/kitchen/5a123456789a") == .batch(.malformed))
+        // Only the building-wide channel has its order checked apart (§8.3).
+        #expect(hall.classifyBatch("baton/building/kitchen")?.isBuildingWide == true)
+        #expect(hall.classifyBatch("baton/rooms/kitchen")?.isBuildingWide == false)
     }
 
     @Test func relayMd_fetchesAnswersAndContinued() {
