@@ -156,6 +156,11 @@ extension Gateway where Radio: ~Copyable {
             guard readvertiser != nil else { return }
             answeredForPhone(message, link: link, now: now)
         case .activity(let device):
+            // Who speaks for the device, for the relay's answerer (docs/relay.md §4): an
+            // empty message clears it.
+            let by = message.payload.isEmpty ? nil
+                : message.payload.withUnsafeBytes { RetainedEntry.gateway($0) }.flatMap { rooms.ownership.slot(of: Substring($0)) }
+            rooms.publishers.published(device, by: by)
             if readvertiser != nil,
                let change = readvertising?.readvertiser?.activity(device: device, payload: message.payload,
                                                                  isOnline: { rooms.ownership.isOnline(gateway: Substring($0)) }) {

@@ -93,10 +93,19 @@ extension Gateway where Radio: ~Copyable {
     }
 
     /// The one gateway that answers a request about `device` (docs/relay.md §4): its owner
-    /// while online, else the online gateway whose id sorts first.
+    /// while online, else the online gateway whose id sorts first. With neighbourhoods the
+    /// rule here follows only the devices around this room (docs/rooms.md §8.3): a device it
+    /// has no online owner for may have one at the far end of the building, the gateway its
+    /// activity topic names, and then that one answers, not the first.
     func answers(for device: UInt64?) -> Bool {
         var answerer = rooms.ownership.firstOnline
-        if let device, let owner = rooms.ownership.owner(of: device), rooms.ownership.isOnline(owner) { answerer = owner }
+        if let device {
+            if let owner = rooms.ownership.owner(of: device), rooms.ownership.isOnline(owner) {
+                answerer = owner
+            } else if let publisher = rooms.publishers.publisher(of: device), rooms.ownership.isOnline(publisher) {
+                answerer = publisher
+            }
+        }
         return answerer == rooms.ownership.selfSlot
     }
 

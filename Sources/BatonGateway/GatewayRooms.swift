@@ -50,6 +50,9 @@ struct GatewayRooms: ~Copyable {
     let buildingCapacity: Int
     /// Building-wide records that did not fit `building` (never in practice: see its size).
     var buildingDropped = 0
+    /// The gateway each device's activity topic names: who answers for a device the rule does
+    /// not follow (docs/relay.md §4 "Who answers"). As many devices as the rule follows.
+    var publishers: ActivityPublishers
 
     init(config: GatewayConfig, unixMicroseconds: Int64, now: Instant) {
         var rooms = config.rooms
@@ -61,6 +64,7 @@ struct GatewayRooms: ~Copyable {
         self.sightings = SightingSchedule(config: rooms, capacity: config.table.capacity + config.appleIRKs.count)
         self.changes = []
         self.changes.reserveCapacity(rooms.capacity)
+        self.publishers = ActivityPublishers(capacity: rooms.capacity)
         let followed = config.table.capacity + config.appleIRKs.count
         if config.neighbourhoods && config.sightingBatches {
             // A neighbour is forgotten after 60 s without a shared device, or three heartbeats
@@ -107,6 +111,10 @@ struct GatewayRooms: ~Copyable {
             if let failed { throw failed }
             try w.endArray()
         }
+        // Devices whose owner is known from their activity topic (docs/relay.md §4), and
+        // messages about one more that did not fit.
+        try w.key("owners_known"); try w.int(Int64(publishers.count))
+        try w.key("owners_known_full"); try w.int(Int64(publishers.full))
         try w.key("cleared_for_others"); try w.int(Int64(publisher.clearedForOthers))
         try w.key("corrections"); try w.int(Int64(publisher.corrections))
         // Apart from the radio's drops: a sighting's `truncated` is not an advert's.

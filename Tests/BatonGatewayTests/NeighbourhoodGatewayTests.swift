@@ -102,3 +102,93 @@ import Testing
         _ = building
     }
 }
+
+/// Who answers a fetch when not every gateway follows every device (docs/relay.md §4): four
+/// rooms in a line, hall — kitchen — office — study, each hearing only the next room. The
+/// hall, whose id sorts first, never hears erin's tablet in the study, nor does any room it
+/// shares a device with, so its rule does not follow erin; it must still leave erin's fetch to
+/// the study, and answer alone for a device nobody hears.
+@Suite(.serialized) struct NeighbourhoodFetchTests {
+    let alice = "5a0000000001", erin = "5a0000000005"
+
+    func lineOfFour() -> String {
+        """
+        seed: 12
+        speed: 4
+        duration: 200
+        rate: 10
+        radio: {in-room: -55, per-room: -15, heard-down-to: -75, noise: 1, loss: 0}
+        rooms:
+          - {id: hall, name: Hall}
+          - {id: kitchen, name: Kitchen}
+          - {id: office, name: Office}
+          - {id: study, name: Study}
+        devices:
+          - id: \(alice)
+            name: alice-phone
+            at: hall
+          - id: \(erin)
+            name: erin-tablet
+            type: com.example.reader.article
+            title: A long read
+            payload-bytes: 300
+            at: study
+        """
+    }
+
+    @Test func aFetchAboutADeviceTheFirstGatewayDoesNotFollowGetsOneAnswerFromItsOwner() throws {
+        let broker = try MosquittoBroker()
+        let dir = try scratchDirectory("neighbourhood-fetch")
+        let watcher = try ActivityWatcher(port: broker.port, in: dir)
+        let building = try SimulatedBuilding(scenario: lineOfFour(), in: dir)
+        var gateways: [String: GatewayProcess] = [:]
+        for (id, room) in [("hall", "Hall"), ("kitchen", "Kitchen"), ("office", "Office"), ("study", "Study")] {
+            let gdir = dir.appendingPathComponent(id)
+            try FileManager.default.createDirectory(at: gdir, withIntermediateDirectories: true)
+            gateways[id] = try GatewayProcess(
+                yaml: roomGatewayYAML(port: broker.port, id: id, room: room, socket: building.socket(id)), in: gdir)
+        }
+        let settled = eventually(within: 10, every: 0.2) {
+            watcher.owners(of: alice) == ["hall"] && watcher.owners(of: erin) == ["study"] ? true : nil
+        }
+        #expect(settled != nil, "alice \(watcher.owners(of: alice)), erin \(watcher.owners(of: erin))")
+
+        let answers = dir.appendingPathComponent("answers.txt")
+        let sub = try ChildProcess("/usr/bin/mosquitto_sub",
+                                   ["-h", "127.0.0.1", "-p", "\(broker.port)", "-V", "mqttv311", "-v",
+                                    "-t", "test/answers/#"], stdout: answers.path)
+        defer { sub.signal(SIGKILL); _ = sub.wait(timeout: .seconds(5)) }
+        usleep(300_000)
+        func request(_ device: String, _ n: Int) throws {
+            let body = #"{"response_topic":"test/answers/\#(n)","correlation":"0\#(n)"}"#
+            let p = try ChildProcess("/usr/bin/mosquitto_pub",
+                                     ["-h", "127.0.0.1", "-p", "\(broker.port)", "-V", "mqttv311", "-q", "1",
+                                      "-t", "baton/fetch/\(device)", "-m", body])
+            #expect(p.wait(timeout: .seconds(10)) == 0)
+        }
+        func collected() -> [String: [[String: Any]]] {
+            let text = (try? String(contentsOf: answers, encoding: .utf8)) ?? ""
+            var result: [String: [[String: Any]]] = [:]
+            for line in text.split(separator: "\n") {
+                let parts = line.split(separator: " ", maxSplits: 1)
+                guard parts.count == 2, let n = parts[0].split(separator: "/").last, let o = json(Array(parts[1].utf8)) else { continue }
+                result[String(n), default: []].append(o)
+            }
+            return result
+        }
+        try request(erin, 1)                 // the study's: ok, from the study alone
+        try request("5affffffffff", 2)       // nobody's: unknown-device, from the hall alone
+        try request(alice, 3)                // the hall's own: not-owner never, ok or unreachable from the hall
+        _ = eventually(within: 10) { collected().count == 3 ? true : nil }
+        // Any second answer would come within the fetch timeout: wait it out once.
+        usleep(1_500_000)
+        let got = collected()
+        #expect(got["1"]?.count == 1 && got["1"]?.first?["status"] as? String == "ok"
+                && got["1"]?.first?["gateway"] as? String == "study", "erin's fetch: \(got["1"] ?? [])")
+        #expect(got["2"]?.count == 1 && got["2"]?.first?["status"] as? String == "unknown-device",
+                "a fetch about a device nobody hears: \(got["2"] ?? [])")
+        #expect(got["3"]?.count == 1 && got["3"]?.first?["gateway"] as? String == "hall", "alice's fetch: \(got["3"] ?? [])")
+        for (id, g) in gateways { #expect(g.stop() == 0, "\(id) did not stop cleanly: \(g.log)") }
+        _ = building
+    }
+}
