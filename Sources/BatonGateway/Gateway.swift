@@ -254,7 +254,8 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
             for change in ended { readvertiseChanged(change) }
         }
         if connected, let due = publisher.nextOrphanDeadline, due <= now {
-            publisher.clearOrphans(&broker.mqtt, table: table, apple: apple, ownership: rooms.ownership, now: now)
+            publisher.clearOrphans(&broker.mqtt, table: table, apple: apple, ownership: rooms.ownership,
+                                   publishers: rooms.publishers, now: now)
         }
         if connected, let due = rooms.standInsDue, due <= now { republishStandIns() }
         if connected, let due = publisher.nextCorrection, due <= now { correct(now: now) }

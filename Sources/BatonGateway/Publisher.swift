@@ -639,7 +639,8 @@ public struct Publisher: ~Copyable {
     /// gateway's own, and offline gateways' activities that no online gateway owns, when this
     /// gateway is the first online one (so one gateway clears, not all).
     public mutating func clearOrphans(_ mqtt: inout MQTTClient, table: borrowing ActivityTable, apple: borrowing AppleDeviceTable,
-                                      ownership: borrowing RoomOwnership, now: Instant) {
+                                      ownership: borrowing RoomOwnership, publishers: borrowing ActivityPublishers,
+                                      now: Instant) {
         guard mqtt.isConnected else { return }
         if let due = rescanAt, due <= now { return rescanOrphans(&mqtt, now: now) }
         guard orphans.contains(where: { $0.deadline <= now }) else { return }
@@ -651,6 +652,15 @@ public struct Publisher: ~Copyable {
             if let id = Self.roomsID(o.topic, ownership), let owner = ownership.owner(of: id),
                owner != ownership.selfSlot, ownership.isOnline(owner) {
                 continue  // an online gateway owns it now and keeps the topic right
+            }
+            if !o.mine, let id = Self.roomsID(o.topic, ownership), ownership.follows(id) {
+                continue  // the rule forgets it when nobody hears it, and the first online gateway clears it then (docs/rooms.md §4)
+            }
+            // A device the rule does not follow (with neighbourhoods, one at the far end of the
+            // building): an online gateway that published it since has it (docs/relay.md §4).
+            if case .activity(let id) = o.topic, let by = publishers.publisher(of: id),
+               by != ownership.selfSlot, ownership.isOnline(by) {
+                continue
             }
             if !o.mine, ownership.firstOnline != ownership.selfSlot { continue }
             if cleared < 8 {
@@ -676,6 +686,19 @@ public struct Publisher: ~Copyable {
     /// now, and the one before may have left some (docs/rooms.md §4): the broker is asked
     /// again for every retained entry.
     public mutating func becameFirstOnline(_ mqtt: inout MQTTClient, now: Instant) {
+        askForRetainedAgain(&mqtt, now: now)
+    }
+
+    /// Another gateway went offline while this one is the first online, and this gateway's
+    /// rule does not follow every device (neighbourhoods, docs/rooms.md §8.3): what the dead
+    /// one owned far away is known only from the broker's retained entries, so the broker is
+    /// asked for them again, and those nobody takes over are cleared after the grace
+    /// (docs/mqtt.md §5).
+    public mutating func gatewayWentOffline(_ mqtt: inout MQTTClient, now: Instant) {
+        askForRetainedAgain(&mqtt, now: now)
+    }
+
+    private mutating func askForRetainedAgain(_ mqtt: inout MQTTClient, now: Instant) {
         guard mqtt.isConnected, rescanAt == nil else { return }
         rescanAt = max(now, (lastRescan ?? now) + Self.orphanRescanGap)
     }

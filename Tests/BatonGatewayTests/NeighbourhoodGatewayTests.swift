@@ -103,66 +103,88 @@ import Testing
     }
 }
 
-/// Who answers a fetch when not every gateway follows every device (docs/relay.md §4): four
-/// rooms in a line, hall — kitchen — office — study, each hearing only the next room. The
-/// hall, whose id sorts first, never hears erin's tablet in the study, nor does any room it
-/// shares a device with, so its rule does not follow erin; it must still leave erin's fetch to
-/// the study, and answer alone for a device nobody hears.
-@Suite(.serialized) struct NeighbourhoodFetchTests {
-    let alice = "5a0000000001", erin = "5a0000000005"
+/// The far end of a building (docs/relay.md §4, docs/rooms.md §4): four rooms in a line, hall —
+/// kitchen — office — study, where the hall's id sorts first. Its rule follows only the devices
+/// of the rooms it shares one with, yet it is the gateway that answers for devices nobody owns
+/// and clears what an offline gateway left.
+final class LineOfFour {
+    static let rooms = [("hall", "Hall"), ("kitchen", "Kitchen"), ("office", "Office"), ("study", "Study")]
+    let broker: MosquittoBroker
+    let dir: URL
+    let watcher: ActivityWatcher
+    let building: SimulatedBuilding
+    var gateways: [String: GatewayProcess] = [:]
 
-    func lineOfFour() -> String {
-        """
-        seed: 12
-        speed: 4
-        duration: 200
-        rate: 10
-        radio: {in-room: -55, per-room: -15, heard-down-to: -75, noise: 1, loss: 0}
-        rooms:
-          - {id: hall, name: Hall}
-          - {id: kitchen, name: Kitchen}
-          - {id: office, name: Office}
-          - {id: study, name: Study}
-        devices:
-          - id: \(alice)
-            name: alice-phone
-            at: hall
-          - id: \(erin)
-            name: erin-tablet
-            type: com.example.reader.article
-            title: A long read
-            payload-bytes: 300
-            at: study
-        """
-    }
-
-    @Test func aFetchAboutADeviceTheFirstGatewayDoesNotFollowGetsOneAnswerFromItsOwner() throws {
-        let broker = try MosquittoBroker()
-        let dir = try scratchDirectory("neighbourhood-fetch")
-        let watcher = try ActivityWatcher(port: broker.port, in: dir)
-        let building = try SimulatedBuilding(scenario: lineOfFour(), in: dir)
-        var gateways: [String: GatewayProcess] = [:]
-        for (id, room) in [("hall", "Hall"), ("kitchen", "Kitchen"), ("office", "Office"), ("study", "Study")] {
+    /// alice in the hall, erin's tablet (a 300-byte payload) in the study; a room hears the
+    /// next one `perRoom` dB weaker, down to −75 dBm.
+    init(_ name: String, perRoom: Int) throws {
+        let scenario = """
+            seed: 12
+            speed: 4
+            duration: 200
+            rate: 10
+            radio: {in-room: -55, per-room: \(perRoom), heard-down-to: -75, noise: 1, loss: 0}
+            rooms:
+              - {id: hall, name: Hall}
+              - {id: kitchen, name: Kitchen}
+              - {id: office, name: Office}
+              - {id: study, name: Study}
+            devices:
+              - id: 5a0000000001
+                name: alice-phone
+                at: hall
+              - id: 5a0000000005
+                name: erin-tablet
+                type: com.example.reader.article
+                title: A long read
+                payload-bytes: 300
+                at: study
+            """
+        broker = try MosquittoBroker()
+        dir = try scratchDirectory(name)
+        watcher = try ActivityWatcher(port: broker.port, in: dir)
+        building = try SimulatedBuilding(scenario: scenario, in: dir)
+        for (id, room) in Self.rooms {
             let gdir = dir.appendingPathComponent(id)
             try FileManager.default.createDirectory(at: gdir, withIntermediateDirectories: true)
             gateways[id] = try GatewayProcess(
                 yaml: roomGatewayYAML(port: broker.port, id: id, room: room, socket: building.socket(id)), in: gdir)
         }
-        let settled = eventually(within: 10, every: 0.2) {
-            watcher.owners(of: alice) == ["hall"] && watcher.owners(of: erin) == ["study"] ? true : nil
-        }
-        #expect(settled != nil, "alice \(watcher.owners(of: alice)), erin \(watcher.owners(of: erin))")
+    }
 
-        let answers = dir.appendingPathComponent("answers.txt")
+    func stats(_ id: String) -> [String: Any]? {
+        let topic = "baton/gateways/\(id)/stats"
+        return json((try? broker.retained(topic))?[topic] ?? [])?["rooms"] as? [String: Any]
+    }
+
+    func stopAll() {
+        for (id, g) in gateways where g.isRunning { #expect(g.stop() == 0, "\(id) did not stop cleanly: \(g.log)") }
+    }
+}
+
+@Suite(.serialized) struct NeighbourhoodFarEndTests {
+    let alice = "5a0000000001", erin = "5a0000000005"
+
+    /// A room hears only the next one: the hall never hears erin, nor does the kitchen, the
+    /// only room it shares a device with, so the hall's rule does not follow erin. It must
+    /// still leave erin's fetch to the study, and answer alone for a device nobody hears.
+    @Test func aFetchAboutADeviceTheFirstGatewayDoesNotFollowGetsOneAnswerFromItsOwner() throws {
+        let line = try LineOfFour("far-end-fetch", perRoom: -15)
+        let settled = eventually(within: 10, every: 0.2) {
+            line.watcher.owners(of: alice) == ["hall"] && line.watcher.owners(of: erin) == ["study"] ? true : nil
+        }
+        #expect(settled != nil, "alice \(line.watcher.owners(of: alice)), erin \(line.watcher.owners(of: erin))")
+
+        let answers = line.dir.appendingPathComponent("answers.txt")
         let sub = try ChildProcess("/usr/bin/mosquitto_sub",
-                                   ["-h", "127.0.0.1", "-p", "\(broker.port)", "-V", "mqttv311", "-v",
+                                   ["-h", "127.0.0.1", "-p", "\(line.broker.port)", "-V", "mqttv311", "-v",
                                     "-t", "test/answers/#"], stdout: answers.path)
         defer { sub.signal(SIGKILL); _ = sub.wait(timeout: .seconds(5)) }
         usleep(300_000)
         func request(_ device: String, _ n: Int) throws {
             let body = #"{"response_topic":"test/answers/\#(n)","correlation":"0\#(n)"}"#
             let p = try ChildProcess("/usr/bin/mosquitto_pub",
-                                     ["-h", "127.0.0.1", "-p", "\(broker.port)", "-V", "mqttv311", "-q", "1",
+                                     ["-h", "127.0.0.1", "-p", "\(line.broker.port)", "-V", "mqttv311", "-q", "1",
                                       "-t", "baton/fetch/\(device)", "-m", body])
             #expect(p.wait(timeout: .seconds(10)) == 0)
         }
@@ -178,7 +200,7 @@ import Testing
         }
         try request(erin, 1)                 // the study's: ok, from the study alone
         try request("5affffffffff", 2)       // nobody's: unknown-device, from the hall alone
-        try request(alice, 3)                // the hall's own: not-owner never, ok or unreachable from the hall
+        try request(alice, 3)                // the hall's own, from the hall alone
         _ = eventually(within: 10) { collected().count == 3 ? true : nil }
         // Any second answer would come within the fetch timeout: wait it out once.
         usleep(1_500_000)
@@ -188,7 +210,34 @@ import Testing
         #expect(got["2"]?.count == 1 && got["2"]?.first?["status"] as? String == "unknown-device",
                 "a fetch about a device nobody hears: \(got["2"] ?? [])")
         #expect(got["3"]?.count == 1 && got["3"]?.first?["gateway"] as? String == "hall", "alice's fetch: \(got["3"] ?? [])")
-        for (id, g) in gateways { #expect(g.stop() == 0, "\(id) did not stop cleanly: \(g.log)") }
-        _ = building
+        // The hall knows erin's owner from her activity topic (docs/mqtt.md §1).
+        #expect((line.stats("hall")?["owners_known"] as? Int ?? 0) >= 2, "\(line.stats("hall") ?? [:])")
+        line.stopAll()
+    }
+
+    /// Walls stop the radio (a room hears nothing of the next): no room shares a device with
+    /// another. The study dies; nobody else hears erin, so her activity stays retained for
+    /// `table.expiry` (15 s here), then the hall, first in id order, clears it, though its
+    /// rule never followed her.
+    @Test func aDeadRoomsDeviceThatNobodyHearsIsClearedByTheFirstGatewayAfterExpiry() throws {
+        let line = try LineOfFour("far-end-clear", perRoom: -25)
+        let topic = "baton/activities/\(erin)"
+        let settled = eventually(within: 10, every: 0.2) {
+            line.watcher.owners(of: alice) == ["hall"] && line.watcher.owners(of: erin) == ["study"] ? true : nil
+        }
+        #expect(settled != nil, "alice \(line.watcher.owners(of: alice)), erin \(line.watcher.owners(of: erin))")
+        #expect(line.stats("hall")?["neighbours"] as? [String] == [], "\(line.stats("hall") ?? [:])")
+
+        line.gateways["study"]!.kill()
+        let killed = Date()
+        usleep(3_000_000)
+        #expect((try? line.broker.retained(topic))?[topic] != nil, "erin's activity went before table.expiry")
+        let cleared = eventually(within: 30, every: 0.5) { (try? line.broker.retained(topic))?[topic] == nil ? true : nil }
+        #expect(cleared != nil, "erin's activity is still retained \(Int(-killed.timeIntervalSinceNow)) s after the study died")
+        let counted = eventually(within: 5, every: 0.5) { line.stats("hall")?["cleared_for_others"] as? Int == 1 ? true : nil }
+        #expect(counted != nil, "the hall's stats: \(line.stats("hall") ?? [:])")
+        // alice is the hall's own, and stays.
+        #expect((try? line.broker.retained("baton/activities/\(alice)"))?["baton/activities/\(alice)"] != nil)
+        line.stopAll()
     }
 }
