@@ -527,9 +527,17 @@ public struct Publisher: ~Copyable {
         retainedScanEnds = nil
         do throws(MQTTError) {
             try mqtt.unsubscribe(topics.applePattern)
+            // From now on the activities bring only the building's live changes, a few hundred a
+            // second at 50 rooms: at QoS 1 each cost an acknowledgement back to the broker, a
+            // write of its own at every gateway (docs/rooms.md §8.6). A live change lost with the
+            // connection is found again by the next connect's scan, which is QoS 1. Under MQTT
+            // 3.1.1 subscribing again would bring every retained entry once more: it stays.
+            if mqtt.protocolVersion == .v5 {
+                try mqtt.subscribe(topics.activityPattern, qos: 0, sendRetained: false)
+            }
         } catch {
-            // Harmless: the messages keep coming and are ignored, as before.
-            log.debug("unsubscribing after the retained scan failed: \(error)")
+            // Harmless: the messages keep coming, as before.
+            log.debug("changing the subscriptions after the retained scan failed: \(error)")
         }
     }
 

@@ -434,11 +434,16 @@ public struct MQTTClient: ~Copyable {
     /// live message was retained. MQTT 3.1.1 has no such option: there the broker clears the
     /// flag on every message but the retained ones it sends at subscribe (§3.3.1.3), and
     /// libmosquitto would write the option into the QoS byte's reserved bits, so it is not sent.
-    public mutating func subscribe(_ pattern: String, qos: Int32 = 0, retainAsPublished: Bool = false) throws(MQTTError) {
+    /// `sendRetained: false` (MQTT 5 only, Retain Handling 2, §3.8.3.1): the broker sends no
+    /// retained messages for this subscription, so a filter subscribed to again (at another QoS)
+    /// is not flooded with everything retained under it once more. Under 3.1.1 it is ignored.
+    public mutating func subscribe(_ pattern: String, qos: Int32 = 0, retainAsPublished: Bool = false,
+                                   sendRetained: Bool = true) throws(MQTTError) {
         guard phase == .connected else { throw .notConnected }
         try rejectNUL(pattern, "the topic filter \"\(pattern)\"")
         let closesBefore = inbox.closes
-        let options: Int32 = retainAsPublished && attemptVersion == .v5 ? Int32(MQTT_SUB_OPT_RETAIN_AS_PUBLISHED.rawValue) : 0
+        var options: Int32 = retainAsPublished && attemptVersion == .v5 ? Int32(MQTT_SUB_OPT_RETAIN_AS_PUBLISHED.rawValue) : 0
+        if !sendRetained && attemptVersion == .v5 { options |= Int32(MQTT_SUB_OPT_SEND_RETAIN_NEVER.rawValue) }
         let rc = pattern.withCString { mosquitto_subscribe_v5(handle, nil, $0, qos, options, nil) }
         let saved = errno
         guard rc == MOSQ_ERR_SUCCESS.rawValue else {

@@ -158,6 +158,33 @@ func connect(_ client: inout MQTTClient, _ log: EventLog) throws {
         #expect(log.messages == [MQTTMessage(topic: "baton/streams/s1/up", payload: [0x01, 0x02], qos: 0, retained: false)])
     }
 
+    /// MQTT 5.0 §3.8.3.1, Retain Handling 2: a filter subscribed to again at QoS 0 without the
+    /// retained messages (the gateway's activities after its retained scan) brings the live
+    /// changes at QoS 0, and not the retained store a second time.
+    @Test func subscribingAgainWithoutRetainedBringsOnlyLiveChangesAtTheNewQoS() throws {
+        let broker = try MosquittoBroker()
+        try broker.publish(topic: "baton/activities/d1", payload: [0x31], retain: true, qos: 1)
+        var client = try MQTTClient(config: clientConfig(broker, id: "rescan"))
+        let log = EventLog()
+        try connect(&client, log)
+        try client.subscribe("baton/activities/+", qos: 1)
+        #expect(runLoop(&client, log) { log.messages.count == 1 })
+        #expect(log.messages.first?.retained == true && log.messages.first?.qos == 1, "the scan: \(log.messages)")
+        try client.subscribe("baton/activities/+", qos: 0, sendRetained: false)
+        var published = false
+        #expect(runLoop(&client, log) {
+            if !published && broker.log.contains("rescan 0 baton/activities/+") {
+                published = true
+                try? broker.publish(topic: "baton/activities/d2", payload: [0x32], qos: 1)
+            }
+            return log.messages.count >= 2
+        })
+        // Anything else would come within a moment: the retained d1 again, say.
+        runLoop(&client, log, limit: .milliseconds(300)) { false }
+        #expect(log.messages.count == 2, "\(log.messages)")
+        #expect(log.messages.last == MQTTMessage(topic: "baton/activities/d2", payload: [0x32], qos: 0, retained: false))
+    }
+
     /// MQTT 5.0 §3.1.2.5: a connection that ends without DISCONNECT gets its will published.
     /// Dropping the client closes its socket without DISCONNECT, as a crash would.
     @Test func willIsPublishedWhenTheConnectionEndsAbruptly() throws {

@@ -176,8 +176,9 @@ public final class MosquittoBroker: @unchecked Sendable {
     }
 
     /// Publishes one message with mosquitto_pub (payload from a file, `-f`, so any bytes go
-    /// through). An empty retained payload clears the topic's retained message.
-    public func publish(topic: String, payload: [UInt8], retain: Bool = false) throws {
+    /// through). An empty retained payload clears the topic's retained message. `qos` 1: a
+    /// subscriber at QoS 1 gets it at QoS 1 (it is delivered at the lower of the two).
+    public func publish(topic: String, payload: [UInt8], retain: Bool = false, qos: Int = 0) throws {
         let unique = UInt64.random(in: 0...UInt64.max)
         let payloadPath = directory.appendingPathComponent("pub-\(unique).payload").path
         let errPath = directory.appendingPathComponent("pub-\(unique).err").path
@@ -193,6 +194,7 @@ public final class MosquittoBroker: @unchecked Sendable {
             arguments += ["-f", payloadPath]
         }
         if retain { arguments.append("-r") }
+        if qos > 0 { arguments += ["-q", String(qos)] }
         let status = try ChildProcess.run("/usr/bin/mosquitto_pub", arguments + loginArguments, stderr: errPath)
         if status != 0 {
             let text = (try? String(contentsOfFile: errPath, encoding: .utf8)) ?? ""
