@@ -439,15 +439,21 @@ public struct Publisher: ~Copyable {
         rescanAt = nil
         // Every gateway's status and sightings, for the ownership rule (docs/rooms.md). The
         // statuses come first, so the retained scan below knows who is online.
+        // All at QoS 0 (each is published at QoS 1, so the broker has it): mosquitto sends a
+        // QoS 0 message at once but may hold a QoS 1 one behind a full inflight window, so a
+        // gateway's batch could overtake its own `online` and be dropped as an unknown
+        // gateway's; and at 50 rooms the acknowledgements of the building batches were a write
+        // per message at every gateway (docs/rooms.md §8.3). A delivery is lost only with the
+        // connection, and a reconnect starts the rooms over (§7).
         do throws(MQTTError) {
-            try mqtt.subscribe(topics.statusPattern, qos: 1)
+            try mqtt.subscribe(topics.statusPattern, qos: 0)
             // The gateways' sighting batches (docs/rooms.md §8.1), and single JSON sightings
             // from gateways older than batches (§2), so a building can be upgraded room by room.
             // With neighbourhoods (§8.3), our own and the building-wide ones; the neighbours'
             // follow as the loop learns them.
             if neighbourhoods {
                 try mqtt.subscribe(topics.batch, qos: 0)
-                try mqtt.subscribe(topics.buildingBatchPattern, qos: 1)
+                try mqtt.subscribe(topics.buildingBatchPattern, qos: 0)
             } else {
                 try mqtt.subscribe(topics.batchPattern, qos: 0)
             }
