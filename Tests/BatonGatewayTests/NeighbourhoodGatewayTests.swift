@@ -175,36 +175,14 @@ final class LineOfFour {
         }
         #expect(settled != nil, "alice \(line.watcher.owners(of: alice)), erin \(line.watcher.owners(of: erin))")
 
-        let answers = line.dir.appendingPathComponent("answers.txt")
-        let sub = try ChildProcess("/usr/bin/mosquitto_sub",
-                                   ["-h", "127.0.0.1", "-p", "\(line.broker.port)", "-V", "mqttv311", "-v",
-                                    "-t", "test/answers/#"], stdout: answers.path)
-        defer { sub.signal(SIGKILL); _ = sub.wait(timeout: .seconds(5)) }
-        usleep(300_000)
-        func request(_ device: String, _ n: Int) throws {
-            let body = #"{"response_topic":"test/answers/\#(n)","correlation":"0\#(n)"}"#
-            let p = try ChildProcess("/usr/bin/mosquitto_pub",
-                                     ["-h", "127.0.0.1", "-p", "\(line.broker.port)", "-V", "mqttv311", "-q", "1",
-                                      "-t", "baton/fetch/\(device)", "-m", body])
-            #expect(p.wait(timeout: .seconds(10)) == 0)
-        }
-        func collected() -> [String: [[String: Any]]] {
-            let text = (try? String(contentsOf: answers, encoding: .utf8)) ?? ""
-            var result: [String: [[String: Any]]] = [:]
-            for line in text.split(separator: "\n") {
-                let parts = line.split(separator: " ", maxSplits: 1)
-                guard parts.count == 2, let n = parts[0].split(separator: "/").last, let o = json(Array(parts[1].utf8)) else { continue }
-                result[String(n), default: []].append(o)
-            }
-            return result
-        }
-        try request(erin, 1)                 // the study's: ok, from the study alone
-        try request("5affffffffff", 2)       // nobody's: unknown-device, from the hall alone
-        try request(alice, 3)                // the hall's own, from the hall alone
-        _ = eventually(within: 10) { collected().count == 3 ? true : nil }
+        let hand = try HandFetches(broker: line.broker, in: line.dir)
+        try hand.request(erin, HandFetches.route(1))            // the study's: ok, from the study alone
+        try hand.request("5affffffffff", HandFetches.route(2))  // nobody's: unknown-device, from the hall alone
+        try hand.request(alice, HandFetches.route(3))           // the hall's own, from the hall alone
+        _ = eventually(within: 10) { hand.collected().count == 3 ? true : nil }
         // Any second answer would come within the fetch timeout: wait it out once.
         usleep(1_500_000)
-        let got = collected()
+        let got = hand.collected()
         #expect(got["1"]?.count == 1 && got["1"]?.first?["status"] as? String == "ok"
                 && got["1"]?.first?["gateway"] as? String == "study", "erin's fetch: \(got["1"] ?? [])")
         #expect(got["2"]?.count == 1 && got["2"]?.first?["status"] as? String == "unknown-device",

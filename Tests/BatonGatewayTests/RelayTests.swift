@@ -111,6 +111,53 @@ final class RelayBuilding {
     }
 }
 
+/// Fetches asked by hand, as a user's script would: each request published with
+/// `mosquitto_pub` (MQTT 3.1.1, QoS 1, the body's `response_topic`), the answers collected by
+/// one `mosquitto_sub` on `test/answers/#`. Request n answers on `test/answers/n` with
+/// correlation "0n".
+final class HandFetches {
+    let port: Int
+    let file: URL
+    let sub: ChildProcess
+
+    init(broker: MosquittoBroker, in dir: URL) throws {
+        port = broker.port
+        file = dir.appendingPathComponent("answers.txt")
+        sub = try ChildProcess("/usr/bin/mosquitto_sub",
+                               ["-h", "127.0.0.1", "-p", "\(port)", "-V", "mqttv311", "-v", "-t", "test/answers/#"],
+                               stdout: file.path)
+        usleep(300_000)
+    }
+
+    deinit {
+        sub.signal(SIGKILL)
+        _ = sub.wait(timeout: .seconds(5))
+    }
+
+    static func route(_ n: Int, _ extra: String = "") -> String {
+        #"{"response_topic":"test/answers/\#(n)","correlation":"0\#(n)"\#(extra)}"#
+    }
+
+    func request(_ device: String, _ body: String) throws {
+        let p = try ChildProcess("/usr/bin/mosquitto_pub",
+                                 ["-h", "127.0.0.1", "-p", "\(port)", "-V", "mqttv311", "-q", "1",
+                                  "-t", "baton/fetch/\(device)", "-m", body])
+        #expect(p.wait(timeout: .seconds(10)) == 0)
+    }
+
+    /// The answers so far, by request number, in arrival order.
+    func collected() -> [String: [[String: Any]]] {
+        let text = (try? String(contentsOf: file, encoding: .utf8)) ?? ""
+        var result: [String: [[String: Any]]] = [:]
+        for line in text.split(separator: "\n") {
+            let parts = line.split(separator: " ", maxSplits: 1)
+            guard parts.count == 2, let n = parts[0].split(separator: "/").last, let o = json(Array(parts[1].utf8)) else { continue }
+            result[String(n), default: []].append(o)
+        }
+        return result
+    }
+}
+
 @Suite(.serialized) struct RelayTests {
     let alice = "5a0000000001", bob = "5a0000000002", carol = "5a0000000003"
 
@@ -264,21 +311,9 @@ final class RelayBuilding {
     @Test func everyRequestGetsExactlyOneAnswer() throws {
         let broker = try MosquittoBroker()
         let b = try RelayBuilding(name: "fetch-garbage", brokers: [broker])
-        let answers = b.dir.appendingPathComponent("answers.txt")
-        let sub = try ChildProcess("/usr/bin/mosquitto_sub",
-                                   ["-h", "127.0.0.1", "-p", "\(broker.port)", "-V", "mqttv311", "-v",
-                                    "-t", "test/answers/#"], stdout: answers.path)
-        defer { sub.signal(SIGKILL); _ = sub.wait(timeout: .seconds(5)) }
-        usleep(300_000)
-        func request(_ device: String, _ body: String) throws {
-            let p = try ChildProcess("/usr/bin/mosquitto_pub",
-                                     ["-h", "127.0.0.1", "-p", "\(broker.port)", "-V", "mqttv311", "-q", "1",
-                                      "-t", "baton/fetch/\(device)", "-m", body])
-            #expect(p.wait(timeout: .seconds(10)) == 0)
-        }
-        func route(_ n: Int, _ extra: String = "") -> String {
-            #"{"response_topic":"test/answers/\#(n)","correlation":"0\#(n)"\#(extra)}"#
-        }
+        let hand = try HandFetches(broker: broker, in: b.dir)
+        func request(_ device: String, _ body: String) throws { try hand.request(device, body) }
+        func route(_ n: Int, _ extra: String = "") -> String { HandFetches.route(n, extra) }
         try request(alice, route(1))                                  // ok
         try request(alice, route(2, #","format":"xml""#))               // bad-request: format
         try request(alice, route(3, #","colour":"red""#))               // bad-request: unknown key
@@ -291,16 +326,7 @@ final class RelayBuilding {
 
         let expected = ["1": "ok", "2": "bad-request", "3": "bad-request", "4": "bad-request",
                         "5": "unknown-device", "6": "unreachable", "7": "ok"]
-        func collected() -> [String: [[String: Any]]] {
-            let text = (try? String(contentsOf: answers, encoding: .utf8)) ?? ""
-            var result: [String: [[String: Any]]] = [:]
-            for line in text.split(separator: "\n") {
-                let parts = line.split(separator: " ", maxSplits: 1)
-                guard parts.count == 2, let n = parts[0].split(separator: "/").last, let o = json(Array(parts[1].utf8)) else { continue }
-                result[String(n), default: []].append(o)
-            }
-            return result
-        }
+        func collected() -> [String: [[String: Any]]] { hand.collected() }
         _ = eventually(within: 10) { collected().count == expected.count ? true : nil }
         // Any second answer would come within the fetch timeout: wait it out once.
         usleep(1_500_000)
