@@ -439,7 +439,8 @@ public struct Publisher: ~Copyable {
         rescanAt = nil
         // Every gateway's status and sightings, for the ownership rule (docs/rooms.md). The
         // statuses come first, so the retained scan below knows who is online.
-        // All at QoS 0 (each is published at QoS 1, so the broker has it): mosquitto sends a
+        // All at QoS 0 (the statuses and building batches are published at QoS 1, so the
+        // broker has them): mosquitto sends a
         // QoS 0 message at once but may hold a QoS 1 one behind a full inflight window, so a
         // gateway's batch could overtake its own `online` and be dropped as an unknown
         // gateway's; and at 50 rooms the acknowledgements of the building batches were a write
