@@ -146,13 +146,12 @@ extension Gateway where Radio: ~Copyable {
         }
         let wasFirst = rooms.ownership.firstOnline == rooms.ownership.selfSlot
         defer {
-            if !wasFirst, rooms.ownership.firstOnline == rooms.ownership.selfSlot, id != config.gatewayID {
-                publisher.becameFirstOnline(&broker.mqtt, now: now)
-            } else if !online, !message.retained, rooms.neighbourhood != nil,
-                      rooms.ownership.firstOnline == rooms.ownership.selfSlot, id != config.gatewayID {
-                // Its far devices are not followed here: the retained entries tell (docs/rooms.md
-                // §4). A retained `offline` is one our connect's own scan covers.
-                publisher.gatewayWentOffline(&broker.mqtt, now: now)
+            // Orphans are the first gateway's: it has just become first, or (neighbourhoods) a
+            // gateway whose far devices are not followed here died. A retained `offline` is one
+            // our connect's own scan covers.
+            let died = !online && !message.retained && rooms.neighbourhood != nil
+            if rooms.ownership.firstOnline == rooms.ownership.selfSlot, id != config.gatewayID, !wasFirst || died {
+                publisher.askForRetainedAgain(&broker.mqtt, now: now)
             }
         }
         if !rooms.ownership.status(gateway: id, online: online, now: now, { rooms.changes.append($0) }) {

@@ -563,7 +563,7 @@ public struct Publisher: ~Copyable {
             guard Self.roomsID(owned, ownership) != nil, !ownership.isOnline(gateway: Substring(gateway)) else { return }
             // Only the first online gateway clears them (docs/rooms.md §4), so only it holds
             // them: the others' lists stay free for their own, and one that becomes first later
-            // asks the broker for everything again (`becameFirstOnline`).
+            // asks the broker for everything again (`askForRetainedAgain`).
             guard ownership.firstOnline == ownership.selfSlot else { return }
         }
         guard !orphans.contains(where: { $0.topic == owned }) else { return }
@@ -664,12 +664,13 @@ public struct Publisher: ~Copyable {
         for o in orphans {
             guard o.deadline <= now else { kept.append(o); continue }
             if Self.holds(o.topic, table: table, apple: apple, ownership: ownership) { continue }
-            if let id = Self.roomsID(o.topic, ownership), let owner = ownership.owner(of: id),
-               owner != ownership.selfSlot, ownership.isOnline(owner) {
-                continue  // an online gateway owns it now and keeps the topic right
-            }
-            if !o.mine, let id = Self.roomsID(o.topic, ownership), ownership.follows(id) {
-                continue  // the rule forgets it when nobody hears it, and the first online gateway clears it then (docs/rooms.md §4)
+            if let id = Self.roomsID(o.topic, ownership) {
+                if let owner = ownership.owner(of: id), owner != ownership.selfSlot, ownership.isOnline(owner) {
+                    continue  // an online gateway owns it now and keeps the topic right
+                }
+                if !o.mine, ownership.follows(id) {
+                    continue  // the rule forgets it when nobody hears it, and the first online gateway clears it then (docs/rooms.md §4)
+                }
             }
             // A device the rule does not follow (with neighbourhoods, one at the far end of the
             // building): an online gateway that published it since has it (docs/relay.md §4).
@@ -697,23 +698,13 @@ public struct Publisher: ~Copyable {
         }
     }
 
-    /// This gateway became the first online one: clearing other gateways' orphans is its job
-    /// now, and the one before may have left some (docs/rooms.md §4): the broker is asked
-    /// again for every retained entry.
-    public mutating func becameFirstOnline(_ mqtt: inout MQTTClient, now: Instant) {
-        askForRetainedAgain(&mqtt, now: now)
-    }
-
-    /// Another gateway went offline while this one is the first online, and this gateway's
-    /// rule does not follow every device (neighbourhoods, docs/rooms.md §8.3): what the dead
-    /// one owned far away is known only from the broker's retained entries, so the broker is
-    /// asked for them again, and those nobody takes over are cleared after the grace
-    /// (docs/mqtt.md §5).
-    public mutating func gatewayWentOffline(_ mqtt: inout MQTTClient, now: Instant) {
-        askForRetainedAgain(&mqtt, now: now)
-    }
-
-    private mutating func askForRetainedAgain(_ mqtt: inout MQTTClient, now: Instant) {
+    /// Asks the broker again for every retained entry, at most every `orphanRescanGap`, when this
+    /// gateway is the first online one and may not know what another left (docs/rooms.md §4):
+    /// it has just become first, and the one before may have left some; or, with
+    /// neighbourhoods (§8.3), another gateway died while this one is first, and its devices at
+    /// the far end of the building are known here only from the broker's retained entries.
+    /// Those nobody takes over are cleared after the grace (docs/mqtt.md §5).
+    public mutating func askForRetainedAgain(_ mqtt: inout MQTTClient, now: Instant) {
         guard mqtt.isConnected, rescanAt == nil else { return }
         rescanAt = max(now, (lastRescan ?? now) + Self.orphanRescanGap)
     }
