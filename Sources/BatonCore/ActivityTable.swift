@@ -3,20 +3,25 @@
 // (DESIGN.md "Data flow"). The rules are written for users in docs/table.md; this file cites it.
 //
 // Storage is fixed at init (DESIGN.md "Memory model"): `capacity` entries in one allocation,
-// an open-addressing index over them, and two lists in order of last heard (current,
-// invalidated), so expiry, `nextExpiry` and the eviction victim are each found at a list's
-// head without a scan. `hear` and `expire` allocate nothing. Time is injected: `now` is the
-// caller's `ContinuousClock` instant, never read here.
+// an open-addressing index over them, two lists in order of last heard (current,
+// invalidated), so expiry and `nextExpiry` are found at a list's head without a scan, and
+// the entries this room may give up sorted into buckets by their smoothed RSSI, so a full
+// table finds its weakest entry without a scan (docs/table.md "A full table"). `hear` and
+// `expire` allocate nothing. Time is injected: `now` is the caller's `ContinuousClock`
+// instant, never read here.
 import BatonLibc
 public import BatonWire
 
 
 public struct ActivityTableConfig: Sendable, Equatable {
     /// Devices tracked at once; storage for this many is allocated at init and never grows.
+    /// The default holds every device a room hears in a 10-room building of 1,000 devices
+    /// (docs/config.md "What a capacity costs").
     public var capacity: Int
     /// Silence after which an activity expires (cleared from the broker).
     public var expiry: Duration
-    public init(capacity: Int = 256, expiry: Duration = .seconds(60)) {
+    public static let defaultCapacity = 1536
+    public init(capacity: Int = ActivityTableConfig.defaultCapacity, expiry: Duration = .seconds(60)) {
         self.capacity = capacity
         self.expiry = expiry
     }
@@ -59,7 +64,8 @@ public enum ActivityChangeKind: Sendable, Equatable {
     case invalidated
     /// Silent for `expiry`: the entry left the table.
     case expired
-    /// Pushed out of a full table by a new device (docs/table.md "A full table").
+    /// Given up by a full table for a newcomer heard `ActivityTable.admitMargin` dB louder
+    /// than it (docs/table.md "A full table"); never an entry this room owns.
     case evicted
 }
 
@@ -81,6 +87,13 @@ public struct ActivityTableCounters: Sendable, Equatable {
     /// Relayed copies (flag bit 3): another gateway re-advertising an activity current in
     /// another room. They say nothing about who is in this room: ignored (docs/table.md).
     public var relayed = 0
+    /// Beacons of devices a full table did not take in (docs/table.md "A full table"), by
+    /// reason: not `admitMargin` louder than the weakest entry it may give up; every entry is
+    /// one this room owns; an already invalidated newcomer with no invalidated entry to replace.
+    public var refusedWeaker = 0
+    public var refusedOwned = 0
+    public var refusedEnded = 0
+    public var refused: Int { refusedWeaker + refusedOwned + refusedEnded }
     public init() {}
 }
 
@@ -103,7 +116,17 @@ public struct ActivityTable: ~Copyable {
 
     private var entries: SlotPool<Entry>
     private var index: SlotIndex
+    /// The entries a full table may give up, by strength; the ones this room owns are not in it.
+    private var strength: StrengthBuckets
     private var clock = MonotonicClamp()
+
+    /// How much louder than the weakest entry a full table may give up a newcomer's first
+    /// report must be to take its place (docs/table.md "A full table"). The newcomer's level
+    /// is one report, the entry's a smoothed average: 6 dB is two standard deviations of a
+    /// report's noise (3 dB, docs/simulator.md) and `rooms.margin`'s halving of the distance,
+    /// so devices at the edge of what a room holds do not push each other out in turn, while
+    /// a person walking into the room (20–30 dB above the edge) is taken in at once.
+    public static let admitMargin = 6
 
     /// Allocates storage for `config.capacity` entries, once. A capacity outside
     /// 1...`TableLimits.maxCapacity` is the caller's bug (a precondition): the config loader
@@ -112,16 +135,49 @@ public struct ActivityTable: ~Copyable {
         self.config = config
         entries = SlotPool(capacity: config.capacity)
         index = SlotIndex(maxKeys: config.capacity)
+        strength = StrengthBuckets(capacity: config.capacity)
     }
 
     public var count: Int { entries.count }
     public var capacity: Int { entries.capacity }
+    /// Entries this room owns, which a full table never gives up.
+    public var ownedCount: Int { strength.protectedCount }
+    /// The smoothed RSSI of the weakest current entry a full table would give up (nil: none):
+    /// the level a newcomer must beat by `admitMargin` (stats `table.weakest_dbm`).
+    public var weakestGivable: Int8? {
+        guard let slot = strength.peekWeakest(from: 1) else { return nil }
+        return Self.level(entries[slot].activity.rssi)
+    }
+
+    /// This room owns the device (docs/rooms.md §3), or no longer does: an owned entry is
+    /// never given up for a newcomer (docs/table.md "A full table"). Change-rate; allocates
+    /// nothing. A device not in the table is ignored.
+    public mutating func setOwned(_ deviceID: UInt64, _ owned: Bool) {
+        guard let slot = index.find(deviceID & 0xFFFF_FFFF_FFFF) else { return }
+        if owned { strength.protect(slot) } else if strength.isProtected(slot) { strength.place(slot, bucket(slot)) }
+    }
+
+    /// The strength bucket of an entry: invalidated ones lowest (they have no retained topic to
+    /// lose), then current ones by whole dBm; an RSSI "not available" (127) at the floor.
+    private func bucket(_ slot: Int32) -> Int {
+        let a = entries[slot].activity
+        return a.state == .invalidated ? 0 : 1 + Int(Self.level(a.rssi)) + 127
+    }
+
+    /// A smoothed or raw RSSI as a level to compare: 127 ("not available", Core 5.4, Vol 4,
+    /// Part E, §7.7.65.2) is the floor, −127, as a sighting says it (docs/rooms.md §2).
+    static func level(_ rssi: Int8) -> Int8 {
+        rssi == 127 ? -127 : min(max(rssi, -127), 20)
+    }
 
     /// Takes one beacon heard at `now`. Calls `onChange` for each change it makes (none for
     /// an identical repeat, the common case; an eviction and then `becameCurrent` for a new
-    /// device in a full table). Allocates nothing. `onChange` records; it must not re-enter.
+    /// device in a full table that takes it). Allocates nothing. `onChange` records; it must
+    /// not re-enter. `owned` says whether this room owns a device (docs/rooms.md): asked only
+    /// of an entry a full table is about to give up, which it then keeps.
     public mutating func hear(_ beacon: ActivityBeacon, rssi: Int8, address: UInt64, addressType: UInt8,
-                              now: Instant, _ onChange: (ActivityChange) -> Void) {
+                              now: Instant, owned: (UInt64) -> Bool = { _ in false },
+                              _ onChange: (ActivityChange) -> Void) {
         counters.beaconsHeard &+= 1
         guard !beacon.flags.contains(.relayed) else { return ignoreRelayed() }
         let now = clock.clamp(now)
@@ -129,7 +185,7 @@ public struct ActivityTable: ~Copyable {
         var beacon = beacon
         beacon.deviceID &= 0xFFFF_FFFF_FFFF
         guard let slot = index.find(beacon.deviceID) else {
-            return insert(beacon, rssi: rssi, address: address, addressType: addressType, now: now, onChange)
+            return insert(beacon, rssi: rssi, address: address, addressType: addressType, now: now, owned: owned, onChange)
         }
         let order = SerialOrder(beacon.sequence, comparedTo: entries[slot].activity.beacon.sequence)
         // A replayed or reordered old beacon changes nothing, not even lastSeen: a device that
@@ -147,6 +203,7 @@ public struct ActivityTable: ~Copyable {
         if entries[slot].activity.reports < .max { entries[slot].activity.reports &+= 1 }
         let old = entries[slot].activity
         entries.moveToTail(slot, list: Self.list(old.state))
+        defer { strength.move(slot, bucket(slot)) }
 
         let ends = beacon.flags.contains(.invalidated)
         let kind: ActivityChangeKind?
@@ -208,14 +265,10 @@ public struct ActivityTable: ~Copyable {
     }
 
     private mutating func insert(_ beacon: ActivityBeacon, rssi: Int8, address: UInt64, addressType: UInt8,
-                                 now: Instant, _ onChange: (ActivityChange) -> Void) {
+                                 now: Instant, owned: (UInt64) -> Bool, _ onChange: (ActivityChange) -> Void) {
         let ends = beacon.flags.contains(.invalidated)
         if entries.isFull {
-            // docs/table.md "A full table": the least recently heard invalidated entry goes
-            // first (it has no retained topic to lose), else the least recently heard. A device
-            // whose first beacon is already invalidated has nothing to show, and never pushes
-            // out a current activity to get in.
-            guard let victim = entries.head(Self.invalidatedList) ?? (ends ? nil : entries.head(Self.currentList)) else { return }
+            guard let victim = victim(for: rssi, ends: ends, owned: owned) else { return }
             let last = remove(victim)
             counters.evicted &+= 1
             onChange(ActivityChange(kind: .evicted, activity: last))
@@ -229,6 +282,7 @@ public struct ActivityTable: ~Copyable {
                                        reports: 1)
         let slot = entries.append(Entry(activity: activity, smoothed: smoothed), to: Self.list(activity.state))
         index.insert(beacon.deviceID, slot: slot)
+        strength.place(slot, bucket(slot))
         // An invalidated first beacon has nothing to clear and nothing to show: kept (so an older
         // replay cannot make it current) but not announced.
         guard !ends else { return }
@@ -236,7 +290,36 @@ public struct ActivityTable: ~Copyable {
         onChange(ActivityChange(kind: .becameCurrent, activity: activity))
     }
 
+    /// docs/table.md "A full table", in the order the rules apply: an invalidated entry this
+    /// room does not own goes first (it has no retained topic to lose); an already invalidated
+    /// newcomer takes nothing else; otherwise the weakest entry this room does not own, if the
+    /// newcomer's report is `admitMargin` dB louder. An entry found to be owned on the way is
+    /// kept from then on. nil: the newcomer is not taken in, and counted by reason. A full
+    /// table is a steady state (DESIGN.md "Memory model"): it holds what this room owns, then
+    /// the strongest it hears, and a newcomer weaker than those changes nothing.
+    private mutating func victim(for rssi: Int8, ends: Bool, owned: (UInt64) -> Bool) -> Int32? {
+        while true {
+            guard let slot = strength.weakest(from: 0) else {
+                if ends { counters.refusedEnded &+= 1 } else { counters.refusedOwned &+= 1 }
+                return nil
+            }
+            let invalidated = entries[slot].activity.state == .invalidated
+            if !invalidated {
+                if ends { counters.refusedEnded &+= 1; return nil }
+                // Int: level + margin can pass Int8's range.
+                guard Int(Self.level(rssi)) >= Int(Self.level(entries[slot].activity.rssi)) + Self.admitMargin else {
+                    counters.refusedWeaker &+= 1
+                    return nil
+                }
+            }
+            // Checked last, as it asks the rule: the weakest entry is rarely one this room owns.
+            guard owned(entries[slot].activity.deviceID) else { return slot }
+            strength.protect(slot)
+        }
+    }
+
     private mutating func remove(_ slot: Int32) -> TrackedActivity {
+        strength.remove(slot)
         let last = entries.remove(slot).activity
         index.remove(last.deviceID)
         return last
@@ -457,6 +540,117 @@ struct SlotPool<Element>: ~Copyable {
         let list = Int(l.list)
         if l.prev >= 0 { links[Int(l.prev)].next = l.next } else { heads[list] = l.next }
         if l.next >= 0 { links[Int(l.next)].prev = l.prev } else { tails[list] = l.prev }
+    }
+}
+
+/// The entries a full table may give up, each on the list of its strength bucket, so the weakest
+/// is found by looking at the bucket heads from the bottom (at most 149) rather than at every
+/// entry; and the entries it keeps whatever their strength (protected: this room owns them),
+/// on no list. Moving an entry between buckets is O(1): a report that changes its smoothed
+/// RSSI by a whole dBm relinks it. Fixed storage, allocated once: 9 bytes an entry.
+@usableFromInline  // Embedded Swift destroys it in the modules that hold a table.
+struct StrengthBuckets: ~Copyable {
+    /// Bucket 0: invalidated; 1…148: current, by level −127…+20 dBm.
+    static let count = 149
+    private static let protected: UInt8 = 0xFE
+    private static let none: UInt8 = 0xFF
+
+    private let capacity: Int
+    private let prev: UnsafeMutablePointer<Int32>
+    private let next: UnsafeMutablePointer<Int32>
+    private let bucketOf: UnsafeMutablePointer<UInt8>
+    private var heads: InlineArray<149, Int32> = .init(repeating: -1)
+    private var tails: InlineArray<149, Int32> = .init(repeating: -1)
+    /// No bucket below this one holds an entry (a lower bound, raised by `weakest`).
+    private var lowest = StrengthBuckets.count
+    private(set) var protectedCount = 0
+
+    init(capacity: Int) {
+        self.capacity = capacity
+        prev = .allocate(capacity: capacity)
+        next = .allocate(capacity: capacity)
+        bucketOf = .allocate(capacity: capacity)
+        prev.initialize(repeating: -1, count: capacity)
+        next.initialize(repeating: -1, count: capacity)
+        bucketOf.initialize(repeating: Self.none, count: capacity)
+    }
+
+    deinit {
+        prev.deallocate()
+        next.deallocate()
+        bucketOf.deallocate()
+    }
+
+    func isProtected(_ slot: Int32) -> Bool { bucketOf[Int(slot)] == Self.protected }
+
+    /// A new entry, or a protected one given back, on `bucket`'s list.
+    mutating func place(_ slot: Int32, _ bucket: Int) {
+        remove(slot)
+        link(slot, bucket)
+    }
+
+    /// A report moved an entry: relinked only when its bucket changed; a protected entry stays.
+    @inline(__always)
+    mutating func move(_ slot: Int32, _ bucket: Int) {
+        let b = bucketOf[Int(slot)]
+        guard b != Self.protected, Int(b) != bucket else { return }
+        unlink(slot)
+        link(slot, bucket)
+    }
+
+    /// Kept from now on, whatever its strength.
+    mutating func protect(_ slot: Int32) {
+        guard !isProtected(slot) else { return }
+        unlink(slot)
+        bucketOf[Int(slot)] = Self.protected
+        protectedCount &+= 1
+    }
+
+    /// The slot left the table.
+    mutating func remove(_ slot: Int32) {
+        if isProtected(slot) { protectedCount &-= 1; bucketOf[Int(slot)] = Self.none; return }
+        unlink(slot)
+    }
+
+    /// The head of the lowest non-empty bucket at or above `from`: the least recently placed
+    /// of the weakest entries. O(buckets), and O(1) while the lowest stays where it was.
+    mutating func weakest(from: Int) -> Int32? {
+        var b = max(from, lowest)
+        while b < Self.count && heads[b] < 0 { b &+= 1 }
+        if from <= lowest { lowest = b }
+        return b < Self.count ? heads[b] : nil
+    }
+
+    /// `weakest` without moving the lower bound (for a borrowed table).
+    func peekWeakest(from: Int) -> Int32? {
+        var b = max(from, lowest)
+        while b < Self.count && heads[b] < 0 { b &+= 1 }
+        return b < Self.count ? heads[b] : nil
+    }
+
+    private mutating func link(_ slot: Int32, _ bucket: Int) {
+        precondition(bucket >= 0 && bucket < Self.count, "a strength bucket is 0...148")
+        let s = Int(slot)
+        let tail = tails[bucket]
+        prev[s] = tail
+        next[s] = -1
+        if tail >= 0 { next[Int(tail)] = slot } else { heads[bucket] = slot }
+        tails[bucket] = slot
+        bucketOf[s] = UInt8(bucket)
+        if bucket < lowest { lowest = bucket }
+    }
+
+    /// Off its list, if on one.
+    private mutating func unlink(_ slot: Int32) {
+        let s = Int(slot)
+        let b = bucketOf[s]
+        guard b != Self.none, b != Self.protected else { return }
+        let bucket = Int(b)
+        if prev[s] >= 0 { next[Int(prev[s])] = next[s] } else { heads[bucket] = next[s] }
+        if next[s] >= 0 { prev[Int(next[s])] = prev[s] } else { tails[bucket] = prev[s] }
+        prev[s] = -1
+        next[s] = -1
+        bucketOf[s] = Self.none
     }
 }
 

@@ -225,32 +225,88 @@ private func deviceIDs(_ table: borrowing ActivityTable) -> Set<UInt64> {
         #expect(table.nextExpiry == at(85))
     }
 
-    @Test func capacityPlusOneEvictsTheLeastRecentlyHeard() {
-        var table = ActivityTable(config: .init(capacity: 3))
-        hear(&table, beacon(0xA, seq: 1), at: at(0))
-        hear(&table, beacon(0xB, seq: 1), at: at(1))
-        hear(&table, beacon(0xC, seq: 1), at: at(2))
-        hear(&table, beacon(0xA, seq: 1), at: at(3))
-        #expect(table.count == 3 && table.capacity == 3)
+    // MARK: A full table (docs/table.md "A full table")
 
+    @Test func capacityPlusOneTakesANewcomerOnlyWhenClearlyLouderThanTheWeakest() {
+        var table = ActivityTable(config: .init(capacity: 3))
+        hear(&table, beacon(0xA, seq: 1), rssi: -60, at: at(0))
+        hear(&table, beacon(0xB, seq: 1), rssi: -70, at: at(1))
+        hear(&table, beacon(0xC, seq: 1), rssi: -80, at: at(2))
+        #expect(table.count == 3 && table.capacity == 3 && table.weakestGivable == -80)
+
+        // −75 is 5 dB above the weakest (−80): not the 6 of `admitMargin`. Nothing changes, and
+        // the beacon is counted.
+        #expect(hear(&table, beacon(0xD, seq: 1), rssi: -75, at: at(3)).isEmpty)
+        #expect(deviceIDs(table) == [0xA, 0xB, 0xC])
+        #expect(table.counters.refusedWeaker == 1 && table.counters.evicted == 0)
+
+        // −74 is 6 dB above it: the weakest goes, the newcomer comes.
         var changes: [ActivityChange] = []
-        table.hear(beacon(0xD, seq: 1), rssi: -60, address: 0xD, addressType: 1, now: at(4)) { changes.append($0) }
+        table.hear(beacon(0xD, seq: 1), rssi: -74, address: 0xD, addressType: 1, now: at(4)) { changes.append($0) }
         #expect(changes.map(\.kind) == [.evicted, .becameCurrent])
-        #expect(changes.map(\.activity.deviceID) == [0xB, 0xD])
-        #expect(table.count == 3)
-        #expect(deviceIDs(table) == [0xA, 0xC, 0xD])
-        #expect(table.counters.evicted == 1)
+        #expect(changes.map(\.activity.deviceID) == [0xC, 0xD])
+        #expect(deviceIDs(table) == [0xA, 0xB, 0xD])
+        #expect(table.counters.evicted == 1 && table.weakestGivable == -74)
+    }
+
+    @Test func theWeakestIsTheWeakestBySmoothedRSSINotTheLeastRecentlyHeard() {
+        var table = ActivityTable(config: .init(capacity: 2))
+        hear(&table, beacon(0xA, seq: 1), rssi: -60, at: at(0))
+        hear(&table, beacon(0xB, seq: 1), rssi: -90, at: at(1))
+        // A walks away: its average follows it down, past B's.
+        for s in 2...20 { hear(&table, beacon(0xA, seq: 1), rssi: -95, at: at(s)) }
+        #expect(table.activity(deviceID: 0xA)?.rssi == -95 && table.weakestGivable == -95)
+        var changes: [ActivityChange] = []
+        table.hear(beacon(0xC, seq: 1), rssi: -89, address: 0xC, addressType: 1, now: at(21)) { changes.append($0) }
+        #expect(changes.map(\.activity.deviceID) == [0xA, 0xC], "A, heard last, is now the weakest")
+    }
+
+    @Test func anOwnedEntryIsNeverGivenUp() {
+        var table = ActivityTable(config: .init(capacity: 2))
+        hear(&table, beacon(0xA, seq: 1), rssi: -90, at: at(0))
+        hear(&table, beacon(0xB, seq: 1), rssi: -60, at: at(1))
+        table.setOwned(0xA, true)
+        #expect(table.ownedCount == 1 && table.weakestGivable == -60)
+        // A is the weakest, but this room owns it: B goes for a newcomer 6 dB louder than B.
+        var changes: [ActivityChange] = []
+        table.hear(beacon(0xC, seq: 1), rssi: -54, address: 0xC, addressType: 1, now: at(2)) { changes.append($0) }
+        #expect(changes.map(\.activity.deviceID) == [0xB, 0xC])
+        table.setOwned(0xC, true)
+        // Every entry owned: however loud the newcomer, nothing is given up.
+        #expect(hear(&table, beacon(0xD, seq: 1), rssi: -30, at: at(3)).isEmpty)
+        #expect(table.counters.refusedOwned == 1 && deviceIDs(table) == [0xA, 0xC])
+        // A is given back: it is the weakest again.
+        table.setOwned(0xA, false)
+        #expect(table.weakestGivable == -90 && table.ownedCount == 1)
+        #expect(hear(&table, beacon(0xD, seq: 1), rssi: -30, at: at(4)) == [.evicted, .becameCurrent])
+        #expect(deviceIDs(table) == [0xC, 0xD])
+    }
+
+    @Test func anEntryTheRuleOwnsIsKeptEvenIfTheTableWasNotToldYet() {
+        // The room's rule is asked only about the entry about to be given up (a device that
+        // came back to a room still owning it is not marked until then).
+        var table = ActivityTable(config: .init(capacity: 2))
+        hear(&table, beacon(0xA, seq: 1), rssi: -90, at: at(0))
+        hear(&table, beacon(0xB, seq: 1), rssi: -80, at: at(1))
+        var asked: [UInt64] = []
+        var changes: [ActivityChange] = []
+        table.hear(beacon(0xC, seq: 1), rssi: -50, address: 0xC, addressType: 1, now: at(2),
+                   owned: { asked.append($0); return $0 == 0xA }) { changes.append($0) }
+        #expect(asked == [0xA, 0xB])
+        #expect(changes.map(\.activity.deviceID) == [0xB, 0xC])
+        #expect(table.ownedCount == 1, "A is kept from then on")
     }
 
     @Test func anInvalidatedEntryIsEvictedFirst() {
         var table = ActivityTable(config: .init(capacity: 3))
-        hear(&table, beacon(0xA, seq: 1), at: at(0))
+        hear(&table, beacon(0xA, seq: 1), rssi: -80, at: at(0))
         hear(&table, beacon(0xB, seq: 1), at: at(1))
         hear(&table, beacon(0xC, seq: 1), at: at(2))
         hear(&table, beacon(0xC, seq: 2, flags: [.invalidated]), at: at(3))
-        // C is the most recently heard, but has no retained topic to lose.
+        // C is the most recently heard and louder than A, but has no retained topic to lose; it
+        // goes for any newcomer, loud or not.
         var changes: [ActivityChange] = []
-        table.hear(beacon(0xD, seq: 1), rssi: -60, address: 0xD, addressType: 1, now: at(4)) { changes.append($0) }
+        table.hear(beacon(0xD, seq: 1), rssi: -95, address: 0xD, addressType: 1, now: at(4)) { changes.append($0) }
         #expect(changes.map(\.kind) == [.evicted, .becameCurrent])
         #expect(changes.first?.activity.deviceID == 0xC && changes.first?.activity.state == .invalidated)
         #expect(deviceIDs(table) == [0xA, 0xB, 0xD])
@@ -260,8 +316,48 @@ private func deviceIDs(_ table: borrowing ActivityTable) -> Set<UInt64> {
         var table = ActivityTable(config: .init(capacity: 2))
         hear(&table, beacon(0xA, seq: 1), at: at(0))
         hear(&table, beacon(0xB, seq: 1), at: at(1))
-        #expect(hear(&table, beacon(0xC, seq: 1, flags: [.invalidated]), at: at(2)).isEmpty)
+        #expect(hear(&table, beacon(0xC, seq: 1, flags: [.invalidated]), rssi: -20, at: at(2)).isEmpty)
         #expect(deviceIDs(table) == [0xA, 0xB] && table.counters.evicted == 0)
+        #expect(table.counters.refusedEnded == 1)
+    }
+
+    @Test func twentyDevicesOverATableOfEightHoldAStableSet() {
+        // Issue 30: a room that hears more devices than it holds. Twenty still devices, 2 dB
+        // apart (−50 … −88), each report ±3 dB of noise; the room owns two of the weakest. After
+        // the first round the table holds what it owns and then the strongest, and a thousand
+        // more rounds change nothing: no eviction, no change a subscriber would see.
+        var rng = SplitMix(state: 30)
+        var table = ActivityTable(config: .init(capacity: 8))
+        let devices = (0..<20).map { UInt64(0x5B00_0000_0000 + $0) }
+        let level = { (i: Int) -> Int in -50 - 2 * i }
+        let owned: Set<UInt64> = [devices[17], devices[19]]
+        var order = Array(devices.indices)
+        func round(_ t: Int) -> [ActivityChangeKind] {
+            order.shuffle(using: &rng)
+            var kinds: [ActivityChangeKind] = []
+            for i in order {
+                let rssi = Int8(level(i) + Int.random(in: -3...3, using: &rng))
+                table.hear(beacon(devices[i], seq: 1), rssi: rssi, address: devices[i], addressType: 1,
+                           now: at(ms: t * 1000 + i), owned: { owned.contains($0) }) { kinds.append($0.kind) }
+            }
+            return kinds
+        }
+        // The room's rule settles on its two while the table fills.
+        for i in [17, 19] { hear(&table, beacon(devices[i], seq: 1), rssi: Int8(level(i)), at: at(0)); table.setOwned(devices[i], true) }
+        for t in 1...5 { _ = round(t) }
+        let held = deviceIDs(table)
+        #expect(held.count == 8 && owned.isSubset(of: held))
+        // Stable: nobody outside is `admitMargin` louder than the weakest held that may go.
+        let weakest = Int(table.weakestGivable ?? 0)
+        for (i, d) in devices.enumerated() where !held.contains(d) {
+            #expect(level(i) + 3 < weakest + ActivityTable.admitMargin, "\(d) at \(level(i)) dBm outside, weakest \(weakest)")
+        }
+        let evicted = table.counters.evicted
+        var seen: [ActivityChangeKind] = []
+        for t in 6...1005 { seen += round(t) }
+        #expect(seen.isEmpty, "changes without a walk: \(seen.count)")
+        #expect(table.counters.evicted == evicted && deviceIDs(table) == held)
+        #expect(table.counters.refusedWeaker >= 1000 * 12, "every beacon of the twelve left out is counted")
     }
 
     @Test func rssi127IsNotASample() {
@@ -320,12 +416,17 @@ private func deviceIDs(_ table: borrowing ActivityTable) -> Set<UInt64> {
             let n = Int.random(in: 0..<population.count, using: &rng)
             sequence[n] &+= UInt16.random(in: 0...1, using: &rng)
             let flags: BeaconFlags = Int.random(in: 0..<10, using: &rng) == 0 ? [.invalidated] : []
-            table.hear(beacon(population[n], seq: sequence[n], flags: flags), rssi: -60, address: 1, addressType: 1,
+            let rssi = Int8.random(in: -100 ... -40, using: &rng)
+            table.hear(beacon(population[n], seq: sequence[n], flags: flags), rssi: rssi, address: 1, addressType: 1,
                        now: at(ms: step * 10)) { if $0.kind == .evicted { evictedOrExpired += 1 } }
             if step % 97 == 0 { evictedOrExpired += expire(&table, at: at(ms: step * 10)).count }
 
             let listed = deviceIDs(table)
             #expect(listed.count == table.count && table.count <= 64)
+            // The strength buckets agree with the entries: the weakest current one is found.
+            var weakest: Int8?
+            table.forEach { if $0.state == .current { weakest = min(weakest ?? $0.rssi, $0.rssi) } }
+            #expect(table.weakestGivable == weakest)
             if step % 499 == 0 {
                 for id in population {
                     #expect((table.activity(deviceID: id) != nil) == listed.contains(id))
