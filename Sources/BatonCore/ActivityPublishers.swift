@@ -37,6 +37,10 @@ public struct ActivityPublishers: ~Copyable {
         index.insert(device, slot: Int32(truncatingIfNeeded: gateway.index))
     }
 
+    /// Everything forgotten: this gateway (re)connected, and the broker may have restarted
+    /// with nothing retained; the retained scan that follows tells it all again.
+    public mutating func removeAll() { index.removeAll() }
+
     /// The gateway whose activity message `device` shows now, if any.
     public func publisher(of device: UInt64) -> GatewaySlot? {
         index.find(device).map { GatewaySlot(index: Int($0)) }

@@ -712,6 +712,12 @@ struct SlotIndex: ~Copyable {
         buckets[i] = Bucket(key: key, slot: slot)
     }
 
+    /// Every key forgotten: O(buckets), for a change-rate reset (a reconnect).
+    mutating func removeAll() {
+        buckets.update(repeating: Bucket(key: 0, slot: -1), count: mask + 1)
+        count = 0
+    }
+
     mutating func remove(_ key: UInt64) {
         var hole = home(key)
         while true {

@@ -179,6 +179,9 @@ public struct OwnershipCounters: Sendable, Equatable {
     /// Device entries freed because nobody sighted the device for `forgetAfter`. An entry
     /// that never had an owner is freed without a change; it is counted here, not in `changes`.
     public var forgotten = 0
+    /// Entries of devices this gateway neither hears nor owns, freed by a full table for one it
+    /// needs (`RoomOwnership.batch`'s `ignoreNew`); no change is reported.
+    public var unfollowed = 0
     public init() {}
 }
 
@@ -388,8 +391,9 @@ public struct RoomOwnership: ~Copyable {
     /// `buildingWide`: it came on the building-wide channel, whose order is checked apart.
     /// `ignoreNew`: a device the rule does not follow yet and for which it returns true is not
     /// taken up (the record is accepted, its place in the sender's order kept, and counted in
-    /// `ignored`): the gateway passes "neither heard nor owned here" for building-wide batches
-    /// (docs/rooms.md §8.2: it needs nothing about those).
+    /// `ignored`): the gateway passes "neither heard nor owned here" with neighbourhoods
+    /// (docs/rooms.md §8.2: it needs nothing about those). A full table frees the entry of
+    /// such a device, one this gateway does not own, to follow one it needs (`unfollowed`).
     public mutating func batch(_ b: SightingBatch, gateway: Substring, now: Instant, buildingWide: Bool = false,
                                ignoreNew: (UInt64) -> Bool = { _ in false },
                                _ onChange: (OwnershipChange) -> Void) -> BatchOutcome {
@@ -427,7 +431,9 @@ public struct RoomOwnership: ~Copyable {
         guard sequence.admits(s) else { return .dropped(drop(.replayed)) }
         var entry = index.find(device).map { Int($0) }
         let ignore = entry == nil && ignoreNew(device)
-        if entry == nil && s.rssi != nil && free.isEmpty && !ignore { return .dropped(drop(.devicesFull)) }
+        if entry == nil && s.rssi != nil && free.isEmpty && !ignore && !reclaim(unneeded: ignoreNew) {
+            return .dropped(drop(.devicesFull))
+        }
 
         let taken = Sequence(accepted: true, since: s.since, n: s.n)
         if buildingWide { gateways[g].buildingSequence = taken } else { gateways[g].sequence = taken }
@@ -458,6 +464,30 @@ public struct RoomOwnership: ~Copyable {
         if let next = evaluate(d, now: now, onChange) { deadlines.lower(d, next) } else { deadlines.remove(d) }
         return .accepted
     }
+
+    /// A full device table makes room for a device the caller needs (docs/rooms.md §3
+    /// "Accepting a sighting", §8.2): it frees the entry of a device this gateway does not own
+    /// and `unneeded` says it neither hears nor owns, looking at most `reclaimLook` entries on
+    /// from where the last look stopped (a clock hand: bounded work per sighting, every entry
+    /// looked at in turn). Such a device's evidence is what the rule needs nothing of here; the
+    /// gateways that hear it keep following it. Counted in `unfollowed`. Allocates nothing.
+    private mutating func reclaim(unneeded: (UInt64) -> Bool) -> Bool {
+        for _ in 0 ..< min(Self.reclaimLook, config.capacity) {
+            let d = reclaimHand
+            reclaimHand = reclaimHand + 1 == config.capacity ? 0 : reclaimHand + 1
+            guard devices[d].inUse, devices[d].owner != 0, unneeded(devices[d].device) else { continue }
+            remove(d)
+            counters.unfollowed &+= 1
+            return true
+        }
+        return false
+    }
+
+    /// Entries a full table looks at for one to free: enough that a table mostly of devices
+    /// this gateway needs still finds the others within a few sightings, few enough that a
+    /// table wholly of needed devices costs little per sighting it must drop.
+    static let reclaimLook = 32
+    private var reclaimHand = 0
 
     /// Whether a sighting of entry `d` by room `g`, just taken in, cannot change what `evaluate`
     /// would decide now (docs/rooms.md §3 "Evaluating a device"): the device has an owner whose

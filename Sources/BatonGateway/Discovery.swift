@@ -1,9 +1,10 @@
 // Home Assistant MQTT discovery (docs/mqtt.md §4). Home Assistant reads
 // `<discovery prefix>/<component>/<node id>/<object id>/config`; node and object ids are
 // [a-zA-Z0-9_-]. Each payload names its state topic, a unique_id, the device block that
-// groups entities into one device, and availability tied to this gateway's status topic,
-// so an entity shows "unavailable" when its gateway goes offline. An empty retained
-// message on a config topic removes the entity: that is how an expired device leaves.
+// groups entities into one device. A tracked device's configs are the same whichever room
+// publishes it, so they are sent once (docs/mqtt.md §4 "Once"); a named Apple device's Room
+// entity is available while its publishing gateway's status is `online`. An empty retained
+// message on a config topic removes the entity.
 public import BatonRelay
 public import BatonWire
 
@@ -62,14 +63,15 @@ public enum Discovery {
             try w.string("{{ (value_json.title or value_json.type or value_json.type_hash)[:255] if value_json is defined else None }}")
             try w.key("json_attributes_topic"); try w.string(topics.activity(deviceID))
         }
+        // No availability and no `via_device`: both would name the room that publishes, and
+        // the configs would change (be sent again) at every move. A device nobody publishes has
+        // an empty activity topic, which the templates read as "unknown" (docs/mqtt.md §4).
         try w.key("state_topic"); try w.string(topics.activity(deviceID))
-        try availability(topics, into: &w)
         try w.key("device"); try w.beginObject()
         try w.key("identifiers"); try w.beginArray(); try w.string(node); try w.endArray()
         try w.key("name"); try w.string("Baton device \(text)")
         try w.key("manufacturer"); try w.string(manufacturer)
         try w.key("model"); try w.string("Activity beacon")
-        try w.key("via_device"); try w.string(topics.gatewayNode)
         try w.endObject()
         try origin(version: version, into: &w)
         try w.endObject()
@@ -105,7 +107,6 @@ public enum Discovery {
             try w.key("model"); try w.string("Phone or watch, by its IRK")
         }
         try w.key("manufacturer"); try w.string(manufacturer)
-        try w.key("via_device"); try w.string(topics.gatewayNode)
         try w.endObject()
         try origin(version: version, into: &w)
         try w.endObject()

@@ -66,6 +66,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     let startedAt: Instant
     let clock: WallClock
     var nextStats: Instant
+    var capacityWarnings: CapacityWarnings
     let statsScratch: UnsafeMutableRawBufferPointer
 
     /// How long after a radio error the source is started again.
@@ -122,6 +123,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         self.log = log
         self.startedAt = now
         self.nextStats = now + config.statusInterval
+        self.capacityWarnings = CapacityWarnings(now: now)
         self.statsScratch = .allocate(byteCount: 8192, alignment: 8)
     }
 
@@ -232,6 +234,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         var next = Instant.earliest(table.nextExpiry, apple.nextExpiry)
         next = Instant.earliest(next, rooms.tickDue)
         next = Instant.earliest(next, nextStats)
+        next = Instant.earliest(next, capacityWarnings.next)
         if broker.mqtt.isConnected {
             next = Instant.earliest(next, publisher.nextOrphanDeadline)
             next = Instant.earliest(next, publisher.nextCorrection)
@@ -261,6 +264,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         if connected, let due = publisher.nextCorrection, due <= now { correct(now: now) }
         if let due = rooms.tickDue, due <= now { roomsTick(now: now) }
         if connected, rooms.nextSightingCheck <= now { sendSightings(now: now) }
+        if capacityWarnings.next <= now { capacityWarnings.check(now: now, table: table, rooms: rooms, log: log) }
         if nextStats <= now {
             publishStats(now: now)
             nextStats = now + config.statusInterval

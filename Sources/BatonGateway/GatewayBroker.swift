@@ -93,6 +93,10 @@ extension Gateway where Radio: ~Copyable {
                 rooms.ownership.rejoin(now: now)
                 // The session is clean: no neighbour is subscribed any more (docs/rooms.md §8.3).
                 rooms.neighbourhood?.reset()
+                // The broker may have restarted empty: who published what is read again from
+                // its retained scan (and a device's discovery configs are owed by its owner until
+                // an activity of it is seen retained, docs/mqtt.md §4).
+                rooms.publishers.removeAll()
                 rooms.standInsDue = now + config.rooms.sightingInterval
                 publisher.connected(&broker.mqtt, table: table, apple: apple, ownership: rooms.ownership, now: now)
                 publishStats(now: now)

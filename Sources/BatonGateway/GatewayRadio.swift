@@ -183,7 +183,9 @@ struct GatewayRadio<Radio: RadioSource & ~Copyable>: ~Copyable {
                     let value = heard.content.beaconValue ?? UnsafeRawBufferPointer(start: nil, count: 0)
                     if case .dropped = verifier.check(&beacon, beaconValue: value) { return }
                 }
-                table.hear(beacon, rssi: r.rssi, address: r.address, addressType: r.addressType, now: now) { change in
+                // A full table keeps what this room owns (docs/table.md "A full table").
+                table.hear(beacon, rssi: r.rssi, address: r.address, addressType: r.addressType, now: now,
+                           owned: { ownership.owns($0) }) { change in
                     publisher.activityChanged(&mqtt, change, owned: ownership.owns(change.activity.deviceID))
                 }
             } else {

@@ -94,6 +94,7 @@ struct GatewayRooms: ~Copyable {
         try w.key("ownership_changes"); try w.int(Int64(oc.changes))
         try w.key("takeovers"); try w.int(Int64(oc.takeovers))
         try w.key("forgotten"); try w.int(Int64(oc.forgotten))
+        try w.key("unfollowed"); try w.int(Int64(oc.unfollowed))
         try w.key("sightings_sent"); try w.int(Int64(batcher.recordsSent))
         try w.key("batches_sent"); try w.int(Int64(batcher.batchesSent))
         try w.key("sightings_received"); try w.int(Int64(sightingsReceived))
@@ -208,14 +209,18 @@ extension Gateway where Radio: ~Copyable {
                 // Before the rule takes a building batch in: whether we held its sender's
                 // sightings fresh is what tells a newcomer (docs/rooms.md §8.3).
                 if rooms.neighbourhood != nil { learnNeighbours(batch, topic: topic, from: gateway, now: now) }
-                // A building-wide record of a device this gateway neither hears nor owns (nor
-                // follows already) is not taken up: it needs nothing about such devices
-                // (docs/rooms.md §8.2), and each one followed went stale 5 s later and was
-                // evaluated over and over until forgotten.
+                // With neighbourhoods, a record of a device this gateway neither hears nor owns
+                // (nor follows already) is not taken up: it needs nothing about such devices
+                // (docs/rooms.md §8.2). Building-wide, each one followed went stale 5 s later and
+                // was evaluated over and over until forgotten; from the neighbours, a building of
+                // 3,000 devices filled `rooms.capacity` with devices heard only next door, and
+                // the ones this room holds were dropped (issue 30). A full rule frees such an
+                // entry for one this room needs.
                 let lostAfter = rooms.lostAfter
+                let needsHeard = rooms.neighbourhood != nil
                 return .success(rooms.ownership.batch(batch, gateway: gateway, now: now, buildingWide: buildingWide,
                                                       ignoreNew: { device in
-                    buildingWide && !Self.heard(device, table: table, apple: apple, lostAfter: lostAfter, now: now)
+                    needsHeard && !Self.heard(device, table: table, apple: apple, lostAfter: lostAfter, now: now)
                 }) {
                     rooms.changes.append($0)
                 })
@@ -322,13 +327,15 @@ extension Gateway where Radio: ~Copyable {
         let me = rooms.ownership.selfSlot
         for change in rooms.changes {
             let device = Topics.deviceText(change.device)
+            // A full table never gives up what this room owns (docs/table.md "A full table").
+            if change.to == me { table.setOwned(change.device, true) } else if change.from == me { table.setOwned(change.device, false) }
             if change.to == me {
                 // A first owner is every new device's arrival: debug; a move is news.
                 let level: Logger.Level = change.reason == .settled ? .debug : .info
                 let from = change.from.map { " from \(rooms.ownership.id(of: $0))" } ?? ""
                 if let a = table.activity(deviceID: change.device) {
                     log.log(level: level, "device \(device): now in \(config.room) (\(change.reason))\(from)")
-                    publisher.tookOver(&broker.mqtt, a)
+                    publisher.tookOver(&broker.mqtt, a, announced: rooms.publishers.publisher(of: change.device) != nil)
                 } else if let d = namedApple(change.device) {
                     log.log(level: level, "\(publisher.appleName(d) ?? device): now in \(config.room) (\(change.reason))\(from)")
                     publisher.tookOver(&broker.mqtt, d)
@@ -376,7 +383,7 @@ extension Gateway where Radio: ~Copyable {
         rooms.standInsDue = nil
         table.forEach { a in
             guard rooms.ownership.owns(a.deviceID), rooms.ownership.standsIn(for: a.deviceID) else { return }
-            publisher.tookOver(&broker.mqtt, a)
+            publisher.tookOver(&broker.mqtt, a, announced: rooms.publishers.publisher(of: a.deviceID) != nil)
         }
         apple.forEach { d in
             let id = AppleDevice.roomsID(d.id)

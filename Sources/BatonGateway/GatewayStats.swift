@@ -65,11 +65,47 @@ extension Gateway where Radio: ~Copyable {
     }
 }
 
+/// A capacity that is short says so in the log once a minute, naming its knob, with what it
+/// refused since the last line (issue 30): a full capacity is a steady state, counted on the
+/// stats topic, not a line per beacon.
+struct CapacityWarnings {
+    static let every: Duration = .seconds(60)
+    var next: Instant
+    private var tableRefused = 0, tableEvicted = 0, roomsFull = 0, ownersFull = 0
+
+    init(now: Instant) { next = now + Self.every }
+
+    mutating func check(now: Instant, table: borrowing ActivityTable, rooms: borrowing GatewayRooms, log: Logger) {
+        next = now + Self.every
+        let c = table.counters
+        let refused = c.refused - tableRefused, evicted = c.evicted - tableEvicted
+        if refused > 0 {
+            log.warning("table.capacity \(table.capacity) is full: \(refused) beacons of devices not taken in and \(evicted) entries given up in the last minute (\(table.ownedCount) kept as this room's own, the weakest held at \(table.weakestGivable.map { "\($0) dBm" } ?? "none")); raise table.capacity to hold more (docs/config.md)")
+        }
+        tableRefused = c.refused
+        tableEvicted = c.evicted
+        let full = rooms.ownership.counters.devicesFull - roomsFull
+        if full > 0 {
+            log.warning("rooms.capacity \(rooms.ownership.capacity) is full: \(full) sightings of devices not followed in the last minute; raise rooms.capacity (docs/config.md)")
+        }
+        roomsFull = rooms.ownership.counters.devicesFull
+        let owners = rooms.publishers.full - ownersFull
+        if owners > 0 {
+            log.warning("rooms.capacity \(rooms.publishers.capacity) cannot remember more devices' owners: \(owners) activity messages not remembered in the last minute; raise rooms.capacity (docs/config.md)")
+        }
+        ownersFull = rooms.publishers.full
+    }
+}
+
 extension ActivityTable {
     /// The table's drops beside the radio's (stats `drops`), only when there are any.
     func writeDrops(into w: inout JSONWriter) throws(WireError) {
         if counters.staleSequence > 0 { try w.key("stale-sequence"); try w.int(Int64(counters.staleSequence)) }
         if counters.relayed > 0 { try w.key("beacon-relayed"); try w.int(Int64(counters.relayed)) }
+        // A full table's refusals, by reason (docs/table.md "A full table").
+        if counters.refusedWeaker > 0 { try w.key("table-full-weaker"); try w.int(Int64(counters.refusedWeaker)) }
+        if counters.refusedOwned > 0 { try w.key("table-full-owned"); try w.int(Int64(counters.refusedOwned)) }
+        if counters.refusedEnded > 0 { try w.key("table-full-ended"); try w.int(Int64(counters.refusedEnded)) }
     }
 
     func writeStats(into w: inout JSONWriter) throws(WireError) {
@@ -78,6 +114,12 @@ extension ActivityTable {
         try w.key("capacity"); try w.int(Int64(capacity))
         try w.key("evicted"); try w.int(Int64(counters.evicted))
         try w.key("expired"); try w.int(Int64(counters.expired))
+        // A full table (docs/table.md): beacons of devices it did not take in, the entries it
+        // keeps as this room's own, and the level a newcomer must beat by `admitMargin`.
+        try w.key("refused"); try w.int(Int64(counters.refused))
+        try w.key("kept_owned"); try w.int(Int64(ownedCount))
+        try w.key("weakest_dbm")
+        if count == capacity, let weakest = weakestGivable { try w.int(Int64(weakest)) } else { try w.null() }
         try w.endObject()
     }
 }

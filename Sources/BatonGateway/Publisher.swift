@@ -28,6 +28,8 @@ public struct PublisherCounters: Sendable, Equatable {
     /// Times the broker was asked again for retained entries because more orphans were left
     /// than the orphan list holds (docs/mqtt.md §5).
     public var orphanRescans = 0
+    /// Devices whose Home Assistant configs this gateway published (three messages each).
+    public var discoveryPublished = 0
     public init() {}
 }
 
@@ -73,7 +75,7 @@ public struct Publisher: ~Copyable {
     /// of control characters, each escaped to 6 bytes, and a 1,024-byte URL).
     private let scratch: UnsafeMutableRawBufferPointer
     /// Clears owed to the broker since it went away. Capacity reserved once.
-    private var pending: [(topic: OwnedTopic, removeDiscovery: Bool)]
+    private var pending: [(topic: OwnedTopic, departed: Bool)]
     private let pendingCapacity: Int
     /// Retained entries naming this gateway that it does not hold, or naming an offline
     /// gateway, with the instant they are cleared unless heard again first.
@@ -151,13 +153,15 @@ public struct Publisher: ~Copyable {
             names.changed(a, kind: change.kind, readable: readable(a))
             guard mqtt.isConnected else { counters.changesWhileAway &+= 1; return }
             publishActivity(&mqtt, a)
-            if change.kind == .becameCurrent { publishDeviceDiscovery(&mqtt, a.deviceID) }
+            // Its configs went out when this room took it (`tookOver`); a device back after it
+            // expired here reads its room again on its tracker (docs/mqtt.md §4).
+            if change.kind == .becameCurrent { publish(&mqtt, topics.tracker(a.deviceID), text: origin.room) }
         case .invalidated:
             // The device is still here; its activity ended. Its Home Assistant entities stay
             // and read "unknown" until it becomes current again or expires.
-            clear(&mqtt, .activity(a.deviceID), removeDiscovery: false)
+            clear(&mqtt, .activity(a.deviceID), departed: false)
         case .expired, .evicted:
-            clear(&mqtt, .activity(a.deviceID), removeDiscovery: true)
+            clear(&mqtt, .activity(a.deviceID), departed: true)
         }
     }
 
@@ -171,18 +175,20 @@ public struct Publisher: ~Copyable {
             if change.kind == .appeared { publishPersonDiscovery(&mqtt, change.device) }
         case .expired, .evicted:
             // A named device's Home Assistant entity goes with it (an unnamed one has none).
-            clear(&mqtt, .apple(change.device.id), removeDiscovery: change.device.identity != nil)
+            clear(&mqtt, .apple(change.device.id), departed: change.device.identity != nil)
         }
     }
 
     // MARK: rooms
 
-    /// This gateway became the device's owner: what it holds goes out now, with discovery
-    /// configs whose availability follows this gateway's status.
-    public mutating func tookOver(_ mqtt: inout MQTTClient, _ a: TrackedActivity) {
+    /// This gateway became the device's owner: what it holds goes out now, its room on the
+    /// tracker, and its discovery configs unless `announced`: the building retains an activity
+    /// of it, so the room that published that one sent them (docs/mqtt.md §4 "Once").
+    public mutating func tookOver(_ mqtt: inout MQTTClient, _ a: TrackedActivity, announced: Bool) {
         if a.state == .current { names.tookOver(a, readable: readable(a), now: clock.unixMicroseconds(Instant.now)) }
         guard mqtt.isConnected else { counters.changesWhileAway &+= 1; return }
-        publishDeviceDiscovery(&mqtt, a.deviceID)
+        if !announced { publishDeviceConfigs(&mqtt, a.deviceID) }
+        publish(&mqtt, topics.tracker(a.deviceID), text: origin.room)
         if a.state == .current { publishActivity(&mqtt, a) }
     }
 
@@ -242,7 +248,7 @@ public struct Publisher: ~Copyable {
     /// Clears a named Apple device's entry: it left this room's table, or nobody hears it and
     /// its owner is offline.
     public mutating func clearApple(_ mqtt: inout MQTTClient, _ id: UInt32, forOthers: Bool) {
-        clear(&mqtt, .apple(id), removeDiscovery: true)
+        clear(&mqtt, .apple(id), departed: true)
         if forOthers { counters.clearedForOthers &+= 1 }
     }
 
@@ -251,10 +257,11 @@ public struct Publisher: ~Copyable {
         d.identity.flatMap { appleNames.indices.contains($0) ? appleNames[$0] : nil }
     }
 
-    /// Clears a device's activity and its Home Assistant configs: it ended while owned here,
-    /// or nobody hears it and its owner is gone (docs/rooms.md §4).
+    /// Clears a device's activity, and its tracker reads `not_home`: it ended while owned
+    /// here, or nobody hears it and its owner is gone (docs/rooms.md §4). Its Home Assistant
+    /// entities stay (docs/mqtt.md §4).
     public mutating func clearActivity(_ mqtt: inout MQTTClient, _ deviceID: UInt64, forOthers: Bool) {
-        clear(&mqtt, .activity(deviceID), removeDiscovery: true)
+        clear(&mqtt, .activity(deviceID), departed: true)
         if forOthers { counters.clearedForOthers &+= 1 }
     }
 
@@ -291,25 +298,23 @@ public struct Publisher: ~Copyable {
         }
     }
 
-    /// `qos` 0 only for orphans (clearOrphans says why).
-    private mutating func clear(_ mqtt: inout MQTTClient, _ topic: OwnedTopic, removeDiscovery: Bool, qos: Int32 = 1) {
+    /// `qos` 0 only for orphans (clearOrphans says why). `departed`: the device left, not
+    /// only its activity.
+    private mutating func clear(_ mqtt: inout MQTTClient, _ topic: OwnedTopic, departed: Bool, qos: Int32 = 1) {
         if case .activity(let id) = topic { stoppedOwning(id) }
         var sent = mqtt.isConnected
         if sent {
-            // The device left: its tracker says `not_home` and stays, so a person attached to
-            // it reads away rather than unknown (docs/mqtt.md §4); the sensors go.
+            // The device left: its tracker says `not_home`, so a person attached to it reads
+            // away rather than unknown, and its entities stay, reading "unknown" until it is
+            // back: Home Assistant's entities of a device do not vanish and return each time
+            // it leaves the building (docs/mqtt.md §4). A named Apple device's Room entity goes,
+            // as its availability is the publishing room's.
             switch topic {
             case .activity(let id):
-                if removeDiscovery {
-                    if discovery {
-                        sent = publish(&mqtt, topics.deviceRoomConfig(id), empty: true, qos: qos) && sent
-                        sent = publish(&mqtt, topics.deviceActivityConfig(id), empty: true, qos: qos) && sent
-                    }
-                    sent = publish(&mqtt, topics.tracker(id), text: "not_home", qos: qos) && sent
-                }
+                if departed { sent = publish(&mqtt, topics.tracker(id), text: "not_home", qos: qos) && sent }
                 sent = publish(&mqtt, topics.activity(id), empty: true, qos: qos) && sent
             case .apple(let id):
-                if removeDiscovery {
+                if departed {
                     if discovery { sent = publish(&mqtt, topics.personRoomConfig(id), empty: true, qos: qos) && sent }
                     sent = publish(&mqtt, topics.tracker(apple: id), text: "not_home", qos: qos) && sent
                 }
@@ -324,9 +329,9 @@ public struct Publisher: ~Copyable {
         // the disconnect event arrives): owed, and sent on the next connect.
         counters.changesWhileAway &+= 1
         if let i = pending.firstIndex(where: { $0.topic == topic }) {
-            pending[i].removeDiscovery = pending[i].removeDiscovery || removeDiscovery
+            pending[i].departed = pending[i].departed || departed
         } else if pending.count < pendingCapacity {
-            pending.append((topic, removeDiscovery))
+            pending.append((topic, departed))
         } else {
             // Not lost for good: on reconnect the leftover is found as an orphan and cleared
             // after the grace period.
@@ -365,6 +370,13 @@ public struct Publisher: ~Copyable {
 
     /// The device's Home Assistant entities, and its room on the tracker's topic.
     private mutating func publishDeviceDiscovery(_ mqtt: inout MQTTClient, _ deviceID: UInt64) {
+        publishDeviceConfigs(&mqtt, deviceID)
+        publish(&mqtt, topics.tracker(deviceID), text: origin.room)
+    }
+
+    /// The device's Home Assistant configs: the same from every room (Discovery.deviceEntity),
+    /// so they are sent once, not at every move (docs/mqtt.md §4 "Once").
+    private mutating func publishDeviceConfigs(_ mqtt: inout MQTTClient, _ deviceID: UInt64) {
         if discovery {
             for entity in [Discovery.DeviceEntity.room, .activity] {
                 var w = JSONWriter(scratch)
@@ -383,8 +395,8 @@ public struct Publisher: ~Copyable {
                 return log.error("discovery JSON did not fit 8 KiB (our bug): \(error)")
             }
             _ = publish(&mqtt, topics.deviceTrackerConfig(deviceID), w.written)
+            counters.discoveryPublished &+= 1
         }
-        publish(&mqtt, topics.tracker(deviceID), text: origin.room)
     }
 
     /// Retained, QoS 1: a subscriber that comes later must see it, and the broker must have it.
@@ -480,7 +492,7 @@ public struct Publisher: ~Copyable {
         }
         let owed = pending
         pending.removeAll(keepingCapacity: true)
-        for owedClear in owed { clear(&mqtt, owedClear.topic, removeDiscovery: owedClear.removeDiscovery) }
+        for owedClear in owed { clear(&mqtt, owedClear.topic, departed: owedClear.departed) }
         table.forEach { a in
             // A device this gateway only stands in for waits for the rejoin window: its room
             // may come back in it (the wills a broker sends as it shuts down make every
@@ -687,7 +699,7 @@ public struct Publisher: ~Copyable {
             // maximum, so the next pass's SUBSCRIBE would overtake a batch of clears and bring
             // the same entries back. QoS 0 goes out in order, before it. One that is lost is
             // found again by the next pass or the next connect's scan.
-            clear(&mqtt, o.topic, removeDiscovery: true, qos: 0)
+            clear(&mqtt, o.topic, departed: true, qos: 0)
             if o.mine { counters.orphansCleared &+= 1 } else { counters.clearedForOthers &+= 1 }
         }
         if cleared > 8 { log.info("cleared \(cleared) retained entries left by an earlier run or offline gateways") }
