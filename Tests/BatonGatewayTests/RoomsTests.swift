@@ -86,8 +86,9 @@ final class ActivityWatcher {
 
 /// One room's gateway at 4× speed: every room duration divided by 4 (docs/rooms.md §3).
 func roomGatewayYAML(port: Int, id: String, room: String, socket: String, speed: Int = 4,
-                     keepalive: String = "5s") -> String {
+                     keepalive: String = "5s", tableCapacity: Int? = nil) -> String {
     func ms(_ base: Int) -> String { "\(base / speed)ms" }
+    let capacity = tableCapacity.map { "\n  capacity: \($0)" } ?? ""
     return """
     gateway:
       id: \(id)
@@ -101,7 +102,7 @@ func roomGatewayYAML(port: Int, id: String, room: String, socket: String, speed:
       source: sim:\(socket)
       silence: 30s
     table:
-      expiry: \(ms(60_000))
+      expiry: \(ms(60_000))\(capacity)
     rooms:
       sighting-interval: \(ms(2000))
       sighting-min-interval: \(ms(500))
