@@ -272,8 +272,10 @@ public struct RoomOwnership: ~Copyable {
     private var deadlines: DeadlineQueue
     /// Until then, an owner not heard from since the last `rejoin` is unknown, not gone.
     private var rejoinUntil: Instant?
-    /// The last `rejoin`: a status `offline` from before it is old news too.
+    /// The last `rejoin` (or `leave`): a status `offline` from before it is old news too.
     private var rejoinedAt: Instant?
+    /// Between `leave` and `rejoin`: this gateway has no broker, so it hears nothing new.
+    private var away = false
 
     /// `selfID` is this gateway's id, `selfSince` its run's start (unix ms, the `since` of its
     /// own sightings). Allocates every table once. Capacities outside 1…2²⁴ (devices) and
@@ -515,13 +517,8 @@ public struct RoomOwnership: ~Copyable {
     /// owner still silent is gone, and the best gateway hearing its devices takes them.
     public mutating func rejoin(now: Instant) {
         let now = clock.clamp(now)
-        for d in 0 ..< config.capacity where devices[d].inUse {
-            let row = d * config.gateways
-            for g in 0 ..< config.gateways { cells[row + g] = Cell(arrived: nil, rssi: 0, unknown: true) }
-            for w in 0 ..< words { live[d * words + w] = 0 }
-            devices[d].challenger = -1
-            devices[d].leadSince = nil
-        }
+        forgetEvidence()
+        away = false
         rejoinedAt = now
         let until = now + config.sightingInterval
         rejoinUntil = until
@@ -529,8 +526,38 @@ public struct RoomOwnership: ~Copyable {
         for d in 0 ..< config.capacity where devices[d].inUse { deadlines.lower(d, until) }
     }
 
-    /// True while `rejoin`'s window is open.
-    public func isRejoining(now: Instant) -> Bool { rejoinUntil.map { now < $0 } ?? false }
+    /// This gateway lost the broker (docs/rooms.md §7 rule 1). Until it rejoins no sighting
+    /// reaches it, its own included, so every sighting it holds going stale says nothing of
+    /// the devices: it is the outage's. Left to the clock, the owner's last heartbeat lapsing
+    /// before another's handed the device over in this view only, while a gateway that had
+    /// rejoined already kept the owner (issue 36: two views naming each other as the owner, and
+    /// neither publishing). So the evidence is unknown from now on, as at `rejoin`, and the
+    /// window stays open until then: nothing is taken over, settled or moved by a dwell while
+    /// away. Forgetting still runs. Idempotent: every failed reconnect says it again.
+    public mutating func leave(now: Instant) {
+        guard !away else { return }
+        let now = clock.clamp(now)
+        forgetEvidence()
+        away = true
+        rejoinedAt = now
+        rejoinUntil = nil
+    }
+
+    /// Every sighting held becomes unknown, not weaker (docs/rooms.md §7 rule 1), and no
+    /// challenge stands.
+    private mutating func forgetEvidence() {
+        for d in 0 ..< config.capacity where devices[d].inUse {
+            let row = d * config.gateways
+            for g in 0 ..< config.gateways { cells[row + g] = Cell(arrived: nil, rssi: 0, unknown: true) }
+            for w in 0 ..< words { live[d * words + w] = 0 }
+            devices[d].challenger = -1
+            devices[d].leadSince = nil
+        }
+    }
+
+    /// True while this gateway is away from the broker (`leave`), and then while `rejoin`'s
+    /// window is open.
+    public func isRejoining(now: Instant) -> Bool { away || (rejoinUntil.map { now < $0 } ?? false) }
 
     /// This gateway owns `device`, and so does `gateway` by its own view (its retained message
     /// says so): views that parted in a fault. The one that ranks higher on the sightings both

@@ -114,6 +114,9 @@ extension Gateway where Radio: ~Copyable {
                 log.error("\(reason)")
             case .disconnected(let reason):
                 broker.lost(reason, now: now, log: log)
+                // Until the next connect nothing arrives, this gateway's own sightings
+                // included: their going stale is the outage's, not the devices' (docs/rooms.md §7).
+                rooms.ownership.leave(now: now)
             case .message(let message):
                 broker.messagesReceived &+= 1
                 received(message, now: now)

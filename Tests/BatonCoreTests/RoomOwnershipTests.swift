@@ -644,6 +644,86 @@ struct RoomOwnershipTests {
         #expect(c.owner() == "b")
     }
 
+    /// Issue 36: a device on the hall/kitchen border (hall owns it, kitchen 1 dB below, office
+    /// far below), the broker killed at 5.2 s (no will reaches anyone) and back at 8.2 s; the
+    /// gateways reconnect at their own instants. Hall's last sighting (4 s) goes stale at 9 s.
+    /// Before the fix, the hall's view, still away then, handed the device to the kitchen
+    /// (`takeover`: the hall's own silence was the outage's, not the device's), while the
+    /// kitchen, back at 8.5 s, held the hall unknown in its window and then heard it again:
+    /// each named the other as owner, neither published, and no retained message was left for
+    /// rule 3 to correct. Or, with both still away at 9 s, both made the kitchen a stand-in,
+    /// which publishes only when its window closes: 2.3 s after the broker's return. A
+    /// gateway away from the broker knows nothing new (`leave`): nothing is taken over then.
+    @Test(arguments: [(kitchen: 8.5, hall: 9.5), (kitchen: 9.3, hall: 9.6)])
+    func aBorderDeviceKeepsOneOwnerInEveryViewThroughABrokerRestart(back: (kitchen: Double, hall: Double)) {
+        var hall = Building(me: "hall", online: ["hall", "kitchen", "office"], onlineAt: at(-10))
+        var kitchen = Building(me: "kitchen", online: ["hall", "kitchen", "office"], onlineAt: at(-10))
+        /// Whether `gateway` is connected at `t` (the office is back at 8.3 s).
+        func connected(_ gateway: String, _ t: Double) -> Bool {
+            t < 5.2 || t >= ["hall": back.hall, "kitchen": back.kitchen, "office": 8.3][gateway]!
+        }
+        /// A sighting `gateway` sends at `t`, delivered to each view that is connected then.
+        func see(_ gateway: String, _ rssi: Int8, at t: Double) {
+            guard connected(gateway, t) else { return }
+            if connected("hall", t) { hall.see(gateway, rssi, at: at(t)) }
+            if connected("kitchen", t) { kitchen.see(gateway, rssi, at: at(t)) }
+        }
+        func tick(to t: Double) {
+            hall.tick(from: t - 0.1, to: t)
+            kitchen.tick(from: t - 0.1, to: t)
+        }
+        // Heartbeats every 2 s, each gateway at its own phase, until the broker dies at 5.2 s.
+        for s in stride(from: 0.0, through: 4.0, by: 2.0) {
+            see("hall", -62, at: s)
+            tick(to: s + 0.5); see("kitchen", -63, at: s + 0.5)
+            tick(to: s + 1); see("office", -77, at: s + 1)
+            tick(to: s + 2)
+        }
+        #expect(hall.owner() == "hall" && kitchen.owner() == "hall")
+        hall.rule.leave(now: at(5.2))
+        kitchen.rule.leave(now: at(5.2))
+        var s = 5.3
+        while s < 14 {
+            if abs(s - back.kitchen) < 0.05 { kitchen.rule.rejoin(now: at(s)) }
+            if abs(s - back.hall) < 0.05 { hall.rule.rejoin(now: at(s)) }
+            // Each gateway's sightings go out at its connect; every gateway's again at another's
+            // live `online` (docs/rooms.md §2).
+            if abs(s - (back.kitchen + 0.1)) < 0.05 || abs(s - (back.hall + 0.1)) < 0.05 {
+                see("kitchen", -63, at: s)
+                see("office", -77, at: s)
+                see("hall", -62, at: s)
+            }
+            tick(to: s)
+            s += 0.1
+        }
+        #expect(hall.owner() == "hall", "the hall's view: \(hall.story)")
+        #expect(kitchen.owner() == "hall", "the kitchen's view: \(kitchen.story)")
+        #expect(hall.story == ["-→hall settled"] && kitchen.story == ["-→hall settled"])
+    }
+
+    /// While away, nothing is taken over, settled or moved by a dwell ending; forgetting still
+    /// runs. The window of `rejoin` starts at the connect, as before.
+    @Test func awayFromTheBrokerNothingIsTakenOver() {
+        var b = Building(online: ["a", "b"], onlineAt: at(-10))
+        b.see("b", -60, at: at(0))
+        b.see("a", -70, at: at(0.5))
+        b.tick(from: 0, to: 1.5)
+        b.rule.leave(now: at(2))
+        let open = b.rule.isRejoining(now: at(30))
+        #expect(open, "away: the window stays open until the rejoin")
+        b.tick(from: 2, to: 30, step: 0.5)
+        #expect(b.owner() == "b", "b's silence is the outage's: \(b.story)")
+        b.rule.rejoin(now: at(30))
+        let (before, after) = (b.rule.isRejoining(now: at(31.9)), b.rule.isRejoining(now: at(32)))
+        #expect(before && !after)
+        b.see("a", -70, at: at(30.1))
+        b.tick(from: 30.1, to: 32.5)
+        #expect(b.story == ["-→b settled", "b→a takeover"], "b still silent when the window closed")
+        b.rule.leave(now: at(33))
+        b.tick(from: 33, to: 100, step: 1)
+        #expect(b.owner() == nil && b.story.last == "a→- forgotten", "forgetting runs while away: \(b.story)")
+    }
+
     /// `returned` needs the `offline` before it: a gateway registered by its first `online`
     /// (every gateway, at this one's start) has not returned, in this view as in the others'.
     @Test func aFirstOnlineIsNotAReturn() {
