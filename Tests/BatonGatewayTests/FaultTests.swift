@@ -85,17 +85,16 @@ import Testing
     }
 
     /// Issue 36: a device on each border of four rooms in a line (FaultBuilding.borders), the
-    /// broker killed (-9) and back 3 to 5 s later, eight times in one run, then the kitchen's
-    /// gateway (on two borders) frozen for 16 s and thawed. After every return each device,
+    /// broker killed (-9) and back 3 to 5 s later, eight times in one run. After every return each device,
     /// the border ones included, must be published by exactly one gateway within 2 s. Before
     /// the fix about one round in four left a border device with no publisher (the owner's view
     /// handed it over while still away from the broker, a room already back kept the owner)
     /// or published only when a stand-in's rejoin window closed, over 2 s after the return.
     /// The outages of 5 s outlast every heartbeat held (`sighting-fresh`), those of 3 s are
     /// the issue's probe.
-    @Test func everyBorderDeviceHasOnePublisherAfterEachOfEightBrokerRestartsAndAThaw() throws {
+    @Test func everyBorderDeviceHasOnePublisherAfterEachOfEightBrokerRestarts() throws {
         let outages = [3.0, 5.0, 3.5, 5.0, 4.0, 3.0, 5.0, 4.5]
-        let rig = try FaultRig("borders", duration: 150, layout: .borders)
+        let rig = try FaultRig("borders", duration: 120, layout: .borders)
         let everyone = rig.layout.rooms.map(\.id)
         try #require(try rig.settled(), "the building never held the truth before the fault")
         for (i, outage) in outages.enumerated() {
@@ -110,22 +109,6 @@ import Testing
                                     watcher: watcher)
             rig.report("broker-restart \(round): online again after the broker's return: \(statuses.report(since: returned, gateways: everyone))")
         }
-        let kitchen = rig.gateways["kitchen"]!
-        let frozen = Date()
-        kitchen.signal(SIGSTOP)
-        // Its devices move as its sightings lapse (5 s); its will comes after 1.5 × keepalive.
-        let (movedAt, willAt) = try rig.watchHandOver(of: "kitchen", since: frozen, bound: 15.5)
-        #expect(movedAt != nil, "the frozen kitchen's devices were never handed over")
-        #expect(willAt != nil, "the frozen kitchen's will never came")
-        let rest = 16 - Date().timeIntervalSince(frozen)
-        if rest > 0 { usleep(UInt32(rest * 1_000_000)) }
-        let statuses = try StatusWatcher(port: rig.broker.port, in: rig.dir, name: "status-thaw")
-        let watcher = try ActivityWatcher(port: rig.broker.port, in: rig.dir, name: "watch-thaw")
-        kitchen.signal(SIGCONT)
-        let thawed = Date()
-        try rig.expectConverges("thaw", since: thawed, watcher: watcher)
-        rig.report("thaw: online again after the thaw: \(statuses.report(since: thawed, gateways: ["kitchen"]))")
-        #expect(kitchen.isRunning, "the kitchen's gateway died after the thaw:\n\(kitchen.log)")
         rig.report(String(format: "test took %.1f s", Date().timeIntervalSince(rig.started)))
     }
 
