@@ -19,11 +19,16 @@ subscriber a user's Home Assistant would be. Two parts:
            same run on the same scenario: `json` is the layout before issue 21 (one JSON
            sighting per device, `rooms.batches: false`), `batches` one batch per gateway per
            tick with every gateway subscribed to all (`rooms.neighbourhoods: false`),
-           `neighbourhoods` the default (docs/rooms.md §8).
+           `neighbourhoods` the default (docs/rooms.md §8). Then once more on the default
+           layout with --over devices (3,000): more than a gateway's table holds. Every
+           gateway runs the shipped capacities (no `table.capacity` or `rooms.capacity` in
+           its config: issue 30). Also counted at the broker: activity messages, the devices'
+           Home Assistant configs, and at the end which devices are in the room they last
+           walked to.
 
   scripts/bench-rooms.py BATON [--json FILE] [--parts latency,load] [--keep DIR]
                          [--walkers N] [--crowd N] [--wander S] [--walk W] [--rate N] [--grid CxR]
-                         [--layouts json,batches] [--warmup S] [--window S] [--budget S]
+                         [--layouts json,batches] [--over N] [--warmup S] [--window S] [--budget S]
 
 Prints a table on stdout and progress on stderr; --json FILE also writes every figure as
 JSON. Everything it starts is killed when it ends, on error too, and the whole run is bounded
@@ -336,16 +341,18 @@ def run_load(procs, baton, work, crowd, wander, rate, warmup, window, layout="ba
     broker, port = start_broker(procs, work)
     stats_sub, stats_reader = subscribe(procs, port, "baton/gateways/+/stats")
     activity_sub, activity_reader = subscribe(procs, port, "baton/activities/+")
+    discovery_sub, discovery_reader = subscribe(procs, port, "homeassistant/#")
     sys_sub, sys_reader = subscribe(procs, port, "$SYS/broker/publish/messages/sent")
     rooms = grid_rooms(*grid)
-    # The table must hold every device a gateway hears (most of the building, at −95 dBm),
-    # and the rule every device and gateway of the building; stats every 5 s so the window is
-    # bracketed closely. The room rule runs on its defaults.
-    capacity = max(1024, crowd + 64)
-    extra = ["table:", f"  capacity: {capacity}", "status:", "  interval: 5s"]
+    # The shipped capacities (issue 30: a table sized to the crowd hid a takeover storm at the
+    # default capacity): what a user who writes no capacity gets. Stats every 5 s so the window
+    # is bracketed closely (telemetry only); more gateways than the default 32 only for a
+    # building that has more rooms, as its installer must write.
+    extra = ["status:", "  interval: 5s"]
     layout_lines = LAYOUTS[layout][1]
-    rooms_lines = [f"  capacity: {capacity}", f"  gateways: {max(32, len(rooms) + 8)}"]
-    extra += ["rooms:"] + [l for l in layout_lines if l != "rooms:"] + rooms_lines
+    rooms_lines = [f"  gateways: {len(rooms) + 8}"] if len(rooms) > 32 else []
+    if layout_lines or rooms_lines:
+        extra += ["rooms:"] + [l for l in layout_lines if l != "rooms:"] + rooms_lines
     b = Building(procs, baton, work, load_scenario(crowd, wander, rate, warmup + window + 30, grid, walk),
                  [(g, n) for g, n, _, _ in rooms], port, extra)
     say(f"load ({layout}): {crowd} devices in {len(rooms)} rooms at {rate:g} report/s each; "
@@ -379,6 +386,7 @@ def run_load(procs, baton, work, crowd, wander, rate, warmup, window, layout="ba
     # never moved).
     walks = [e for e in b.parsed() if e.get("event") == "walk" and w0 <= e["unix_us"] <= w1 - 20_000_000]
     lat, never = compute_latencies(walks, messages(activity_reader, "baton/activities/"))
+    all_walks = sum(1 for e in b.parsed() if e.get("event") == "walk" and w0 <= e["unix_us"] <= w1)
     lat = sorted(v / 1000 for v in lat)
     # The broker's PUBLISH packets sent, from the first $SYS value in the window to the last.
     sent = [(s, float(line.partition(" ")[2])) for s, line in sys_reader.snapshot()
@@ -386,6 +394,26 @@ def run_load(procs, baton, work, crowd, wander, rate, warmup, window, layout="ba
     inside = [(s, v) for s, v in sent if w0 <= s <= w1]
     deliveries = ((inside[-1][1] - inside[0][1]) / ((inside[-1][0] - inside[0][0]) / 1e6)
                   if len(inside) >= 2 and inside[-1][0] > inside[0][0] else None)
+    activity = messages(activity_reader, "baton/activities/")
+    # Every device's room at the window's end, against where the simulator last sent it: the
+    # devices whose last walk ended 20 s before it or more.
+    last_walk = {}
+    for e in b.parsed():
+        if e.get("event") == "walk" and e.get("room") and e["unix_us"] <= w1:
+            last_walk[e["device"]] = e
+    last_seen = {}
+    for stamp, device, value in activity:
+        if stamp <= w1:
+            last_seen[device] = value
+    settled = [(d, e["room"]) for d, e in last_walk.items() if e["unix_us"] <= w1 - 20_000_000]
+    right = sum(1 for d, room in settled if (last_seen.get(d) or {}).get("gateway") == room)
+    wrong_room = [f"{d} in {(last_seen.get(d) or {}).get('gateway') or '(nothing)'}, walked to {room}"
+                  for d, room in settled if (last_seen.get(d) or {}).get("gateway") != room]
+    in_window = [(s_, d) for s_, d, _ in activity if w0 <= s_ <= w1]
+    # Home Assistant's configs of the tracked devices (not the gateways' own) in the window.
+    configs = [line.partition(" ")[0] for stamp, line in discovery_reader.snapshot()
+               if w0 <= stamp <= w1 and line.partition(" ")[0].endswith("/config") and "/baton_5b" in line.partition(" ")[0]]
+    procs.stop(discovery_sub)
     procs.stop(sys_sub)
     procs.stop(activity_sub)
     procs.stop(stats_sub)
@@ -418,6 +446,11 @@ def run_load(procs, baton, work, crowd, wander, rate, warmup, window, layout="ba
                 "messages_received_per_s": rate_of("broker", "messages_received"),
                 "changes_published_per_s": rate_of("changes_published"),
                 "ownership_changes_per_s": rate_of("rooms", "ownership_changes"),
+                "ownership_changes": counter(z, "rooms", "ownership_changes") - counter(a, "rooms", "ownership_changes"),
+                "takeovers": counter(z, "rooms", "takeovers") - counter(a, "rooms", "takeovers"),
+                "evicted": counter(z, "table", "evicted") - counter(a, "table", "evicted"),
+                "refused_per_s": rate_of("table", "refused"),
+                "table_capacity": counter(z, "table", "capacity"),
                 "table_fill": counter(z, "table", "fill"), "rooms_devices": counter(z, "rooms", "devices"),
                 "owned": counter(z, "rooms", "owned"),
                 "neighbours": len((z.get("rooms") or {}).get("neighbours") or []) if "neighbours" in (z.get("rooms") or {}) else None,
@@ -436,7 +469,8 @@ def run_load(procs, baton, work, crowd, wander, rate, warmup, window, layout="ba
             "sightings_sent_per_s", "sightings_received_per_s", "batches_sent_per_s", "messages_received_per_s",
             "building_sightings_received_per_s", "building_batches_received_per_s",
             "changes_published_per_s",
-            "ownership_changes_per_s", "table_fill", "owned", "neighbours", "drops", "room_drops"]
+            "ownership_changes_per_s", "ownership_changes", "takeovers", "evicted", "refused_per_s",
+            "table_fill", "owned", "neighbours", "drops", "room_drops"]
     sim_rooms = (end or {}).get("rooms") or {}
     return {
         "crowd": crowd, "rooms": len(rooms), "layout": f"{grid[0]} x {grid[1]} grid", "rate_per_device": rate,
@@ -452,6 +486,11 @@ def run_load(procs, baton, work, crowd, wander, rate, warmup, window, layout="ba
         "sim_dropped": sum(r.get("dropped", 0) for r in sim_rooms.values()),
         "sim_not_scanning": sum(r.get("not_scanning", 0) for r in sim_rooms.values()),
         "walks": len(walks), "walks_never_moved": len(never), "walks_never_moved_devices": never[:50],
+        "walks_in_window": all_walks,
+        "activity_publishes_per_s": len(in_window) / elapsed,
+        "discovery_configs_per_s": len(configs) / elapsed,
+        "discovery_per_device_per_hour": len(configs) / max(1, crowd) / (elapsed / 3600),
+        "right_room": right, "right_room_of": len(settled), "wrong_room_devices": wrong_room[:20],
         "walk_p50_ms": percentile(lat, 50), "walk_p99_ms": percentile(lat, 99),
         "walk_max_ms": lat[-1] if lat else None,
         "sim_elapsed_s": ((end or {}).get("unix_us", 0) - b.start_us) / 1e6 if end else None,
@@ -491,6 +530,11 @@ def table(result):
                 ("  building-wide batches /s", "building_batches_received_per_s", "{:,.0f}"),
                 ("activities published /s", "changes_published_per_s", "{:,.1f}"),
                 ("owner changes /s (all rooms)", "ownership_changes_per_s", "{:,.1f}"),
+                ("owner changes in the window", "ownership_changes", "{:,.0f}"),
+                ("  of them takeovers", "takeovers", "{:,.0f}"),
+                ("table capacity", "table_capacity", "{:,.0f}"),
+                ("table evictions in the window", "evicted", "{:,.0f}"),
+                ("beacons not taken in /s", "refused_per_s", "{:,.0f}"),
                 ("table fill (end)", "table_fill", "{:,.0f}"), ("devices owned (end)", "owned", "{:,.0f}"),
                 ("neighbours (end)", "neighbours", "{:,.0f}"),
                 ("drops (advertisements)", "drops", "{:,.0f}"), ("drops (sightings)", "room_drops", "{:,.0f}")]
@@ -498,10 +542,17 @@ def table(result):
             v = s.get(key)
             if v:
                 # Every gateway follows every device's owner: its count is the building's, not a share.
-                total = "–" if key == "ownership_changes_per_s" else f.format(v["total"])
+                total = "–" if key in ("ownership_changes_per_s", "ownership_changes", "takeovers", "table_capacity") else f.format(v["total"])
                 out.append(f"  {title:<28}{f.format(v['mean']):>12}{f.format(v['max']):>12}{total:>12}")
         d = load.get("broker_deliveries_per_s")
         out += [f"  broker deliveries (PUBLISH packets sent): {'–' if d is None else f'{d:,.0f}'} /s",
+                f"  at the broker: {load['activity_publishes_per_s']:,.1f} activity messages /s, "
+                f"{load['discovery_configs_per_s']:,.2f} device discovery configs /s "
+                f"({load['discovery_per_device_per_hour']:.3f} per device per hour); "
+                f"{load['walks_in_window']} walks in the window",
+                f"  in its room at the end: {load['right_room']} of {load['right_room_of']} devices whose last walk "
+                f"ended 20 s before it or more" + (f" (not: {', '.join(load['wrong_room_devices'][:5])})"
+                                                  if load['wrong_room_devices'] else ""),
                 f"  simulator CPU {load['sim_cpu_percent']:.1f} % (VmHWM {load['sim_vm_hwm_kib']:,} KiB), "
                 f"mosquitto CPU {load['mosquitto_cpu_percent']:.1f} % (VmHWM {load['mosquitto_vm_hwm_kib']:,} KiB)",
                 f"  simulator: {load['sim_delivered']:,} reports delivered to the rooms, "
@@ -511,6 +562,13 @@ def table(result):
                 f"{load['walks'] - load['walks_never_moved']} of {load['walks']} moved,",
                 f"    p50 {fmt_s(load['walk_p50_ms'])}   p99 {fmt_s(load['walk_p99_ms'])}"
                 f"   max {fmt_s(load['walk_max_ms'])}"]
+        reasons = {}
+        for e in load["gateways"].values():
+            for k, v in (e.get("drop_reasons") or {}).items():
+                reasons[k] = reasons.get(k, 0) + v
+        if reasons:
+            out.append("  drops by reason (all gateways, totals at the end): "
+                       + ", ".join(f"{k} {v:,}" for k, v in sorted(reasons.items())))
         if load.get("walks_never_moved_devices"):
             out.append(f"    never moved (device@t): {', '.join(load['walks_never_moved_devices'][:10])}")
     return "\n".join(out)
@@ -528,6 +586,9 @@ def main():
     parser.add_argument("--keep", help="keep every process's files (scenarios, configs, logs) in DIR")
     parser.add_argument("--walkers", type=int, default=40)
     parser.add_argument("--crowd", type=int, default=1000)
+    parser.add_argument("--over", type=int, default=3000,
+                        help="after the layouts, one more run on the default layout with this many devices: more than "
+                             "a gateway's default table holds (issue 30); 0: none")
     parser.add_argument("--wander", type=float, default=30)
     parser.add_argument("--walk", choices=("anywhere", "next-door"), default="anywhere",
                         help="where the crowd wanders to (the scenario's crowd.walk): any other room, or next door")
@@ -537,7 +598,7 @@ def main():
                         help="the load part's sighting layouts, each run on the same scenario: json, batches, neighbourhoods")
     parser.add_argument("--warmup", type=float, default=20)
     parser.add_argument("--window", type=float, default=60)
-    parser.add_argument("--budget", type=float, default=900, help="seconds for the whole run")
+    parser.add_argument("--budget", type=float, default=1200, help="seconds for the whole run")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     if not parts <= {"latency", "load"}:
@@ -576,6 +637,10 @@ def main():
                 result["load"].append(run_load(procs, args.baton, os.path.join(work, f"load-{layout}"), args.crowd,
                                                args.wander, args.rate, args.warmup, args.window, layout, grid,
                                                args.walk))
+            if args.over:
+                result["load"].append(run_load(procs, args.baton, os.path.join(work, f"load-over-{args.over}"), args.over,
+                                               args.wander, args.rate, args.warmup, args.window, "neighbourhoods",
+                                               grid, args.walk))
     except Budget:
         say(f"the run took longer than --budget {args.budget:g} s; stopped (files in {work})")
         args.keep = work

@@ -35,7 +35,9 @@ public struct RoomsConfig: Sendable, Equatable {
     /// A device nobody sights any more is forgotten after this long (the gateway sets it to
     /// `table.expiry`).
     public var forgetAfter: Duration
-    /// Devices tracked building-wide (fixed; allocated once).
+    /// Devices tracked (fixed; allocated once): with neighbourhoods, the ones this gateway
+    /// hears or owns, and how many devices' owners it remembers building-wide
+    /// (`ActivityPublishers`). The default holds a 10-room building of 1,000 devices twice.
     public var capacity: Int
     /// Gateways known building-wide (fixed; allocated once). Includes this one.
     public var gateways: Int
@@ -48,7 +50,7 @@ public struct RoomsConfig: Sendable, Equatable {
                 sightingMinInterval: Duration = .milliseconds(500), sightingFresh: Duration = .seconds(5),
                 lostAfter: Duration = .seconds(10), settle: Duration = .seconds(1), margin: Int = 6,
                 dwell: Duration = .seconds(3), forgetAfter: Duration = .seconds(60),
-                capacity: Int = 1024, gateways: Int = 32, reach: Int = 20) {
+                capacity: Int = 2048, gateways: Int = 32, reach: Int = 20) {
         self.sightingInterval = sightingInterval
         self.sightingStep = sightingStep
         self.sightingMinInterval = sightingMinInterval

@@ -158,7 +158,7 @@ extension GatewayConfig {
             pacedCapture: true,
             radioSilence: .seconds(60),
             companyID: ActivityBeacon.defaultCompanyID,
-            table: ActivityTableConfig(capacity: 256, expiry: .seconds(60)),
+            table: ActivityTableConfig(capacity: ActivityTableConfig.defaultCapacity, expiry: .seconds(60)),
             // The id key is never configured: a fresh one per run keeps Apple pseudonyms from
             // linking one run's devices to the next's (docs/config.md "apple").
             apple: AppleDeviceTableConfig(tracking: .handoff, capacity: 64, expiry: .seconds(60),
