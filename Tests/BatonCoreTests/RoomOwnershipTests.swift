@@ -741,6 +741,51 @@ struct RoomOwnershipTests {
 
     // MARK: capacities
 
+    /// One batch of `records` from `gateway`, through `RoomOwnership.batch` as the gateway
+    /// takes a neighbour's batch, with `needed` as its "heard or owned here".
+    private func batch(_ b: inout Building, _ gateway: String, _ records: [(UInt64, Int8?)], at t: Instant,
+                       needed: Set<UInt64>) -> BatchOutcome {
+        let n = b.counter[gateway, default: 0] + 1
+        b.counter[gateway] = n + UInt64(records.count) - 1
+        var bytes = [UInt8](repeating: 0, count: SightingBatch.encodedCount(records: records.count))
+        bytes.withUnsafeMutableBytes { raw in
+            var w = try! SightingBatchWriter(raw, since: run, n: n)
+            for (d, r) in records { try! w.append(device: d, rssi: r) }
+            _ = w.finish()
+        }
+        var seen: [OwnershipChange] = []
+        let outcome = bytes.withUnsafeBytes { raw in
+            b.rule.batch(try! SightingBatch.decode(raw), gateway: Substring(gateway), now: t,
+                         ignoreNew: { !needed.contains($0) }) { seen.append($0) }
+        }
+        b.changes += seen.map { ($0, t) }
+        return outcome
+    }
+
+    @Test func capacityPlusOneNeededDeviceFreesOneThisRoomNeitherHearsNorOwns() {
+        // docs/rooms.md §3 "Accepting a sighting" 4, with neighbourhoods: a rule of 3 entries
+        // follows devices 1–3, which b owns; this room (a) stops hearing 1 and 2. Device 4, which
+        // a hears, needs an entry: one of 1 and 2 is freed for it, and no change is reported.
+        var b = Building(RoomsConfig(capacity: 3), online: ["a", "b"])
+        #expect(batch(&b, "b", [(1, -50), (2, -50), (3, -50)], at: at(0), needed: [1, 2, 3]).accepted == 3)
+        #expect(batch(&b, "a", [(1, -70), (2, -70), (3, -70)], at: at(0.1), needed: [1, 2, 3]).accepted == 3)
+        b.tick(from: 0.2, to: 1.5)
+        #expect(b.owner(1) == "b" && b.owner(3) == "b")
+        let changes = b.changes.count
+        // b's record of device 5, which a does not hear: not taken up, and nothing freed for it.
+        let ignored = batch(&b, "b", [(5, -50)], at: at(2), needed: [3])
+        #expect(ignored.ignored == 1 && b.rule.count == 3 && b.rule.counters.unfollowed == 0)
+        // a hears device 4: an entry of 1 or 2 (neither heard nor owned here) is freed for it.
+        let taken = batch(&b, "a", [(4, -60)], at: at(2.1), needed: [3, 4])
+        #expect(taken.accepted == 1 && taken.devicesFull == 0)
+        #expect(b.rule.count == 3 && b.rule.follows(4) && b.rule.follows(3))
+        #expect(b.rule.follows(1) != b.rule.follows(2), "exactly one of 1 and 2 freed")
+        #expect(b.rule.counters.unfollowed == 1 && b.changes.count == changes)
+        // Every entry now one this room needs: the next is dropped, and counted.
+        let full = batch(&b, "a", [(6, -60)], at: at(2.2), needed: [1, 2, 3, 4, 6])
+        #expect(full.devicesFull == 1 && b.rule.counters.devicesFull == 1 && !b.rule.follows(6))
+    }
+
     @Test func capacityPlusOneDevices() {
         let config = RoomsConfig(capacity: 3)
         var b = Building(config, online: ["a", "b"])

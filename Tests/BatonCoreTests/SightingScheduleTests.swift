@@ -156,12 +156,15 @@ struct SightingScheduleTests {
     }
 
     @Test func capacityPlusOneDevices() {
-        // A table of 2 evicts the least recently heard for a third device; the schedule says
-        // the evicted one is no longer heard and sights the newcomer.
+        // A full table of 2 gives up its weakest for a third device 6 dB louder (docs/table.md
+        // "A full table"); the schedule says the one given up is no longer heard and sights the
+        // newcomer. A newcomer not that loud is not in the table, so it is not sighted.
         var g = Gateway(capacity: 2)
-        g.hear(1, rssi: -60, at: at(0))
+        g.hear(1, rssi: -70, at: at(0))
         g.hear(2, rssi: -61, at: at(0.1))
         #expect(g.due(at: at(0.1)).count == 2)
+        g.hear(3, rssi: -66, at: at(0.15))
+        #expect(g.due(at: at(0.15)).isEmpty)
         g.hear(3, rssi: -62, at: at(0.2))
         #expect(g.due(at: at(0.2)) == [DueSighting(device: 1, rssi: nil), DueSighting(device: 3, rssi: -62)])
         #expect(g.schedule.count == 2)
