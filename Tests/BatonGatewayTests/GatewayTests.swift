@@ -80,9 +80,9 @@ private func replayedHall(_ name: String, seed: UInt64) throws
         #expect(try broker.retained("homeassistant/sensor/#").count == 2 * capture.lastBeacons.count)
     }
 
-    /// docs/mqtt.md §2 and §4: silence for `table.expiry` clears the activity and removes the
-    /// Home Assistant device.
-    @Test func expiryClearsActivitiesAndTheirDiscovery() throws {
+    /// docs/mqtt.md §2 and §4: silence for `table.expiry` clears the activity; the Home
+    /// Assistant device stays, its tracker reading `not_home`, so it does not vanish and return.
+    @Test func expiryClearsActivitiesAndKeepsTheirEntities() throws {
         let dir = try scratchDirectory("expiry")
         let broker = try MosquittoBroker()
         let capture = try GeneratedCapture(in: dir, devices: 9, reports: 500, seed: 13)
@@ -93,9 +93,12 @@ private func replayedHall(_ name: String, seed: UInt64) throws
         #expect(appeared == true, "activities never appeared: \(gateway.log)")
         #expect(try broker.retained("homeassistant/sensor/#").count == 6)
         let cleared = try eventually(within: 15) {
-            try broker.retained("baton/activities/+").isEmpty && broker.retained("homeassistant/sensor/#").isEmpty ? true : nil
+            try broker.retained("baton/activities/+").isEmpty ? true : nil
         }
         #expect(cleared == true, "still retained after expiry: \(gateway.log)")
+        #expect(try broker.retained("homeassistant/sensor/#").count == 6, "the entities stay")
+        let trackers = try broker.retained("baton/trackers/+")
+        #expect(trackers.count == 3 && trackers.values.allSatisfy { text($0) == "not_home" }, "\(trackers.mapValues { text($0) ?? "" })")
         #expect(gateway.isRunning)
     }
 
