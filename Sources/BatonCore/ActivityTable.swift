@@ -145,7 +145,7 @@ public struct ActivityTable: ~Copyable {
     /// The smoothed RSSI of the weakest current entry a full table would give up (nil: none):
     /// the level a newcomer must beat by `admitMargin` (stats `table.weakest_dbm`).
     public var weakestGivable: Int8? {
-        guard let slot = strength.peekWeakest(from: 1) else { return nil }
+        guard let slot = strength.weakest(from: 1) else { return nil }
         return Self.level(entries[slot].activity.rssi)
     }
 
@@ -299,7 +299,7 @@ public struct ActivityTable: ~Copyable {
     /// the strongest it hears, and a newcomer weaker than those changes nothing.
     private mutating func victim(for rssi: Int8, ends: Bool, owned: (UInt64) -> Bool) -> Int32? {
         while true {
-            guard let slot = strength.weakest(from: 0) else {
+            guard let slot = strength.takeWeakest() else {
                 if ends { counters.refusedEnded &+= 1 } else { counters.refusedOwned &+= 1 }
                 return nil
             }
@@ -555,7 +555,6 @@ struct StrengthBuckets: ~Copyable {
     private static let protected: UInt8 = 0xFE
     private static let none: UInt8 = 0xFF
 
-    private let capacity: Int
     private let prev: UnsafeMutablePointer<Int32>
     private let next: UnsafeMutablePointer<Int32>
     private let bucketOf: UnsafeMutablePointer<UInt8>
@@ -566,7 +565,6 @@ struct StrengthBuckets: ~Copyable {
     private(set) var protectedCount = 0
 
     init(capacity: Int) {
-        self.capacity = capacity
         prev = .allocate(capacity: capacity)
         next = .allocate(capacity: capacity)
         bucketOf = .allocate(capacity: capacity)
@@ -614,18 +612,21 @@ struct StrengthBuckets: ~Copyable {
 
     /// The head of the lowest non-empty bucket at or above `from`: the least recently placed
     /// of the weakest entries. O(buckets), and O(1) while the lowest stays where it was.
-    mutating func weakest(from: Int) -> Int32? {
-        var b = max(from, lowest)
-        while b < Self.count && heads[b] < 0 { b &+= 1 }
-        if from <= lowest { lowest = b }
+    func weakest(from: Int = 0) -> Int32? {
+        let b = firstFilled(from: from)
         return b < Self.count ? heads[b] : nil
     }
 
-    /// `weakest` without moving the lower bound (for a borrowed table).
-    func peekWeakest(from: Int) -> Int32? {
+    /// `weakest` of all, raising the lower bound to where it was found.
+    mutating func takeWeakest() -> Int32? {
+        lowest = firstFilled(from: 0)
+        return lowest < Self.count ? heads[lowest] : nil
+    }
+
+    private func firstFilled(from: Int) -> Int {
         var b = max(from, lowest)
         while b < Self.count && heads[b] < 0 { b &+= 1 }
-        return b < Self.count ? heads[b] : nil
+        return b
     }
 
     private mutating func link(_ slot: Int32, _ bucket: Int) {

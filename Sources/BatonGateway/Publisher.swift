@@ -28,8 +28,6 @@ public struct PublisherCounters: Sendable, Equatable {
     /// Times the broker was asked again for retained entries because more orphans were left
     /// than the orphan list holds (docs/mqtt.md §5).
     public var orphanRescans = 0
-    /// Devices whose Home Assistant configs this gateway published (three messages each).
-    public var discoveryPublished = 0
     public init() {}
 }
 
@@ -395,7 +393,6 @@ public struct Publisher: ~Copyable {
                 return log.error("discovery JSON did not fit 8 KiB (our bug): \(error)")
             }
             _ = publish(&mqtt, topics.deviceTrackerConfig(deviceID), w.written)
-            counters.discoveryPublished &+= 1
         }
     }
 
