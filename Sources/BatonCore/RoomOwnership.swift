@@ -229,7 +229,9 @@ public struct RoomOwnership: ~Copyable {
         /// Gateway indices; -1: none.
         var owner: Int32 = -1
         var challenger: Int32 = -1
-        /// The gateway whose device the owner took over (reason `takeover`); -1 otherwise.
+        /// The gateway whose device the owner took over (reason `takeover`); -1 otherwise. 0
+        /// (this gateway) on a device this gateway owns: held back since the broker gave it up
+        /// (`dropped`, `announced`), published when the rejoin window closes if still its own.
         var standInFor: Int32 = -1
         /// When the challenger's lead began; nil without a challenger.
         var leadSince: Instant?
@@ -278,6 +280,9 @@ public struct RoomOwnership: ~Copyable {
     private var rejoinedAt: Instant?
     /// Between `leave` and `rejoin`: this gateway has no broker, so it hears nothing new.
     private var away = false
+    /// Set by `dropped`: the broker gave this gateway up while it was away, so at the next
+    /// `rejoin` what it owns is held back until the broker says who holds it (§7 rule 4).
+    private var givenUp = false
 
     /// `selfID` is this gateway's id, `selfSince` its run's start (unix ms, the `since` of its
     /// own sightings). Allocates every table once. Capacities outside 1…2²⁴ (devices) and
@@ -526,6 +531,47 @@ public struct RoomOwnership: ~Copyable {
         rejoinUntil = until
         // When the window closes, an owner still silent is gone: every device is due then.
         for d in 0 ..< config.capacity where devices[d].inUse { deadlines.lower(d, until) }
+        // Given up by the broker (`dropped`): every other gateway saw this one's will and the
+        // best of them stand in for what it owned. It holds each back as a stand-in holds a
+        // device (not republished at connect, published when the window closes if still its
+        // own) until the broker's retained activity names the gateway holding it (`announced`).
+        if givenUp {
+            givenUp = false
+            for d in 0 ..< config.capacity where devices[d].inUse && devices[d].owner == 0 { devices[d].standInFor = 0 }
+        }
+    }
+
+    /// The broker gave this gateway up (docs/rooms.md §7 rule 4): its loop stood still longer
+    /// than the broker waits for a keepalive (1.5 × keepalive, MQTT 5.0 §3.1.2.10), a frozen
+    /// or starved machine, so its will `offline` has gone out and the building has moved its
+    /// devices to the rooms standing in for it. It `leave`s at once, before taking in the
+    /// backlog the stall left (old sightings and reports, all stamped now), and at the next
+    /// `rejoin` it does not claim what it owned before the broker has said who holds it.
+    public mutating func dropped(now: Instant) {
+        leave(now: now)
+        givenUp = true
+    }
+
+    /// The broker holds `device`'s activity as published by `gateway` (its retained message,
+    /// or a live one). For a device this gateway holds back after being given up (`dropped`),
+    /// that is the building's decision while it was away: `gateway` took the device over from
+    /// this one, so it owns it now in this view too (reason `yielded`), standing in for this
+    /// gateway, and the rule goes on from there: this room takes it back at once if it hears
+    /// it `margin` better (`returned`), as every other view decides. Returns true on a change.
+    @discardableResult
+    public mutating func announced(_ device: UInt64, by gateway: GatewaySlot, now: Instant,
+                                   _ onChange: (OwnershipChange) -> Void) -> Bool {
+        let now = clock.clamp(now)
+        guard gateway.index != 0, gateway.index < gateways.count, gateways[gateway.index].online,
+              let found = index.find(device) else { return false }
+        let d = Int(found)
+        guard devices[d].owner == 0, devices[d].standInFor == 0 else { return false }
+        devices[d].owner = Int32(gateway.index)
+        devices[d].challenger = -1
+        devices[d].leadSince = nil
+        report(OwnershipChange(device: device, from: selfSlot, to: gateway, reason: .yielded), onChange)
+        if let next = evaluate(d, now: now, onChange) { deadlines.lower(d, next) }
+        return true
     }
 
     /// This gateway lost the broker (docs/rooms.md §7 rule 1). Until it rejoins no sighting
@@ -643,6 +689,15 @@ public struct RoomOwnership: ~Copyable {
     public func standsIn(for device: UInt64) -> Bool {
         guard let d = index.find(device) else { return false }
         return devices[Int(d)].owner == 0 && devices[Int(d)].standInFor >= 0
+    }
+
+    /// True while this gateway holds `device` back after the broker gave it up (`dropped`):
+    /// it owns the device in its view but does not speak for it, not even for a change its
+    /// radio hears, until the broker names who holds it (`announced`) or the rejoin window
+    /// closes (docs/rooms.md §7 rule 4).
+    public func holdsBack(_ device: UInt64, now: Instant) -> Bool {
+        guard let d = index.find(device) else { return false }
+        return devices[Int(d)].owner == 0 && devices[Int(d)].standInFor == 0 && isRejoining(now: now)
     }
 
     public func id(of slot: GatewaySlot) -> String { ids[slot.index] }

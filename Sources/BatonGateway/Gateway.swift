@@ -189,6 +189,8 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         let heldUntil = radio.lastRead.map { $0 + config.radioGather }
         let held = heldUntil.map { loop.holdBack(radioPart, until: $0) } ?? false
         let now = loop.wait()
+        // Before anything the stall left queued is read (docs/rooms.md §7 rule 4).
+        if let gap = broker.stoodStill(now: now) { brokerGaveUp(after: gap, now: now) }
 
         // A held-back descriptor is read when its hold ends, ready or not (EAGAIN costs one read).
         let gathered = held && heldUntil.map { $0 <= now } ?? false

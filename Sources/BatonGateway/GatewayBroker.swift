@@ -23,12 +23,29 @@ struct GatewayBroker: ~Copyable {
     /// Messages the broker delivered to this gateway (stats `broker.messages_received`): what
     /// the building's layout costs each gateway (docs/rooms.md §8).
     var messagesReceived = 0
+    /// How long the broker waits for a packet before it gives a client up: 1.5 × keepalive
+    /// (MQTT 5.0 §3.1.2.10, mosquitto the same); nil with keepalive 0 (off).
+    let givesUpAfter: Duration?
+    /// When the loop last woke: while connected it wakes about once a second (libmosquitto's
+    /// keepalive check), so a longer gap is a loop that stood still.
+    var lastWake: Instant?
 
     init(mqtt: consuming MQTTClient, config: GatewayConfig) {
         self.mqtt = mqtt
         self.events = []
         self.events.reserveCapacity(64)
         self.name = "\(config.broker.host):\(config.broker.port)"
+        self.givesUpAfter = config.broker.keepalive > 0 ? .milliseconds(config.broker.keepalive * 1500) : nil
+    }
+
+    /// The gap since the loop last woke, if the connection was up and the gap is as long as
+    /// the broker waits before it gives a silent client up: it has then closed the connection
+    /// and sent this gateway's will, whatever the socket still holds (a frozen or starved
+    /// machine, SIGSTOP, a suspended VM).
+    mutating func stoodStill(now: Instant) -> Duration? {
+        defer { lastWake = now }
+        guard let last = lastWake, let limit = givesUpAfter, mqtt.isConnected, now - last >= limit else { return nil }
+        return now - last
     }
 
     /// Reads and writes what is ready, and keeps libmosquitto's timers.
@@ -82,6 +99,21 @@ extension GatewayBroker: LoopPart {
 }
 
 extension Gateway where Radio: ~Copyable {
+    /// The loop stood still past the broker's patience (`GatewayBroker.stoodStill`): the broker
+    /// has given this gateway up, and the building has moved its devices to the rooms standing
+    /// in for it (docs/rooms.md §7 rule 4). It leaves the rooms before it reads anything the
+    /// stall left queued (old sightings and reports, all stamped now), drops the dead connection
+    /// unread and connects again at once; at the rejoin it holds back what it owned until the
+    /// broker's retained activities say who holds it.
+    mutating func brokerGaveUp(after gap: Duration, now: Instant) {
+        log.warning("this gateway stood still for \(gap.components.seconds) s, past the broker's keepalive (1.5 × \(config.broker.keepalive) s): the broker gives it up and sends its will; reconnecting")
+        rooms.ownership.dropped(now: now)
+        // If the broker has not given it up yet, it sends the will now (MQTT v5): the building
+        // sees this gateway leave and come back, as it would have a moment later.
+        broker.mqtt.disconnect(sendWill: true)
+        broker.mqtt.start(now: now)
+    }
+
     mutating func handleBrokerEvents(now: Instant) {
         for event in broker.events {
             switch event {
@@ -168,6 +200,11 @@ extension Gateway where Radio: ~Copyable {
             let by = message.payload.isEmpty ? nil
                 : message.payload.withUnsafeBytes { RetainedEntry.gateway($0) }.flatMap { rooms.ownership.slot(of: Substring($0)) }
             rooms.publishers.published(device, by: by)
+            // Given up by the broker, this gateway holds back what it owned until the broker
+            // says who holds it now (docs/rooms.md §7 rule 4).
+            if let by, rooms.ownership.announced(device, by: by, now: now, { rooms.changes.append($0) }) {
+                handleOwnershipChanges(now: now)
+            }
             if readvertiser != nil,
                let change = readvertising?.readvertiser?.activity(device: device, payload: message.payload,
                                                                  isOnline: { rooms.ownership.isOnline(gateway: Substring($0)) }) {

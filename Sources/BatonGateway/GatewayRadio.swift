@@ -186,7 +186,9 @@ struct GatewayRadio<Radio: RadioSource & ~Copyable>: ~Copyable {
                 // A full table keeps what this room owns (docs/table.md "A full table").
                 table.hear(beacon, rssi: r.rssi, address: r.address, addressType: r.addressType, now: now,
                            owned: { ownership.owns($0) }) { change in
-                    publisher.activityChanged(&mqtt, change, owned: ownership.owns(change.activity.deviceID))
+                    // Held back after the broker gave this gateway up (docs/rooms.md §7 rule 4).
+                    let id = change.activity.deviceID
+                    publisher.activityChanged(&mqtt, change, owned: ownership.owns(id) && !ownership.holdsBack(id, now: now))
                 }
             } else {
                 // A device the user named by its IRK is followed from any advertisement it

@@ -458,7 +458,10 @@ extension Gateway where Radio: ~Copyable {
     /// Entries that were not heard for their expiry leave the tables; the owner clears them.
     mutating func expire(now: Instant) {
         if let due = table.nextExpiry, due <= now {
-            table.expire(now: now) { publisher.activityChanged(&broker.mqtt, $0, owned: rooms.ownership.owns($0.activity.deviceID)) }
+            table.expire(now: now) {
+                let id = $0.activity.deviceID
+                publisher.activityChanged(&broker.mqtt, $0, owned: rooms.ownership.owns(id) && !rooms.ownership.holdsBack(id, now: now))
+            }
         }
         if let due = apple.nextExpiry, due <= now {
             apple.expire(now: now) { publisher.appleChanged(&broker.mqtt, $0, owned: Self.owns($0.device, rooms.ownership)) }

@@ -701,6 +701,80 @@ struct RoomOwnershipTests {
         #expect(hall.story == ["-→hall settled"] && kitchen.story == ["-→hall settled"])
     }
 
+    /// Issue 36, thawed (docs/rooms.md §7 rule 4): the kitchen owns a border device (`phone`,
+    /// heard alike by the hall) and one of its own room (`desk`, the hall 15 dB down) and one
+    /// nobody else hears (`safe`). It stands still past the broker's keepalive, so the broker
+    /// gives it up and the hall stands in for the first two. At the rejoin it holds all three
+    /// back (stands in: not republished at connect); the broker's retained activities by the
+    /// hall hand `phone` and `desk` to the hall in its view too, the desk comes back to the
+    /// kitchen at its first sightings (`returned`, as in the hall's view), and `safe`, which no
+    /// one else holds, stays the kitchen's, to be published when the window closes.
+    @Test func aGatewayTheBrokerGaveUpHoldsBackWhatItOwnedUntilTheBrokerSaysWhoHoldsIt() {
+        let desk: UInt64 = 0x5a00_0000_0d35, safe: UInt64 = 0x5a00_0000_05af
+        var k = Building(me: "kitchen", online: ["hall", "kitchen"], onlineAt: at(-10))
+        for s in stride(from: 0.0, through: 4.0, by: 2.0) {
+            k.see("kitchen", -63, at: at(s)); k.see("kitchen", -55, device: desk, at: at(s))
+            k.see("kitchen", -60, device: safe, at: at(s))
+            k.see("hall", -62, at: at(s + 0.5)); k.see("hall", -70, device: desk, at: at(s + 0.5))
+            k.tick(from: s, to: s + 2)
+        }
+        #expect(k.owner() == "hall" && k.owner(desk) == "kitchen" && k.owner(safe) == "kitchen")
+        // The border device goes to the kitchen for this test's sake: as if it had settled there.
+        for s in [6.1, 8.1] {
+            k.see("kitchen", -55, at: at(s)); k.see("hall", -70, at: at(s))
+            k.see("kitchen", -55, device: desk, at: at(s)); k.see("hall", -70, device: desk, at: at(s))
+            k.see("kitchen", -60, device: safe, at: at(s))
+        }
+        k.tick(from: 6.1, to: 9.5)
+        #expect(k.owner() == "kitchen", "\(k.story)")
+        k.changes.removeAll()
+        k.rule.dropped(now: at(10))
+        k.tick(from: 10, to: 20, step: 0.5)
+        #expect(k.changes.isEmpty, "nothing moves while away: \(k.story)")
+        k.rule.rejoin(now: at(20))
+        let heldBack = k.rule.standsIn(for: phone) && k.rule.standsIn(for: desk) && k.rule.standsIn(for: safe)
+        #expect(heldBack, "held back: none is republished at the connect")
+        // The retained scan: the hall published the phone and the desk, the kitchen's own
+        // message of `safe` is still there (its own word changes nothing).
+        var seen: [OwnershipChange] = []
+        let hall = k.rule.slot(of: "hall")!
+        let me = k.rule.selfSlot
+        let phoneMoved = k.rule.announced(phone, by: hall, now: at(20.01)) { seen.append($0) }
+        let deskMoved = k.rule.announced(desk, by: hall, now: at(20.01)) { seen.append($0) }
+        let safeMoved = k.rule.announced(safe, by: me, now: at(20.01)) { seen.append($0) }
+        #expect(phoneMoved && deskMoved && !safeMoved)
+        k.changes += seen.map { ($0, at(20.01)) }
+        #expect(k.story == ["kitchen→hall yielded", "kitchen→hall yielded"])
+        #expect(k.owner() == "hall" && k.owner(desk) == "hall" && k.owner(safe) == "kitchen")
+        // The first sightings after the rejoin: the desk is the kitchen's again at once.
+        k.see("kitchen", -63, at: at(20.1)); k.see("kitchen", -55, device: desk, at: at(20.1))
+        k.see("kitchen", -60, device: safe, at: at(20.1))
+        k.see("hall", -62, at: at(20.2)); k.see("hall", -70, device: desk, at: at(20.2))
+        k.tick(from: 20.2, to: 23)
+        #expect(k.owner() == "hall", "the border device stays with the room standing in: \(k.story)")
+        #expect(k.owner(desk) == "kitchen" && k.story.last == "hall→kitchen returned", "\(k.story)")
+        let safeHeld = k.rule.standsIn(for: safe)
+        #expect(k.owner(safe) == "kitchen" && safeHeld, "published when the window closes")
+    }
+
+    /// A plain reconnect (the broker restarted, or the link came back before the keepalive ran
+    /// out) holds nothing back: the broker may be empty, and every view kept the owners
+    /// (rule 1). Another gateway's retained message of a device this one owns is rule 3's.
+    @Test func aPlainReconnectHoldsNothingBack() {
+        var k = Building(me: "kitchen", online: ["hall", "kitchen"], onlineAt: at(-10))
+        for s in stride(from: 0.0, through: 2.0, by: 2.0) {
+            k.see("kitchen", -55, at: at(s)); k.see("hall", -70, at: at(s + 0.5))
+            k.tick(from: s, to: s + 2)
+        }
+        #expect(k.owner() == "kitchen")
+        k.rule.leave(now: at(5))
+        k.rule.rejoin(now: at(8))
+        let held = k.rule.standsIn(for: phone)
+        #expect(!held)
+        let moved = k.rule.announced(phone, by: k.rule.slot(of: "hall")!, now: at(8.01)) { _ in }
+        #expect(!moved && k.owner() == "kitchen")
+    }
+
     /// While away, nothing is taken over, settled or moved by a dwell ending; forgetting still
     /// runs. The window of `rejoin` starts at the connect, as before.
     @Test func awayFromTheBrokerNothingIsTakenOver() {
