@@ -184,9 +184,10 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         let proxyPart = proxy == nil ? nil : loop.add(&proxy!)
         loop.add(deadline: timersDeadline)
         loop.add(deadline: notifier.nextDeadline)
-        // The radio's reports are gathered for `radio.gather`, and read together: one wake-up
-        // each was most of a busy room's cost (docs/architecture.md §2 "Gathering").
-        let heldUntil = radio.lastRead.map { $0 + config.radioGather }
+        // A busy radio's reports are gathered for `radio.gather`, and read together: one
+        // wake-up each was most of a busy room's cost; a quiet room's are read as they come
+        // (docs/architecture.md §2 "Gathering").
+        let heldUntil = radio.gathering ? radio.lastRead.map { $0 + config.radioGather } : nil
         let held = heldUntil.map { loop.holdBack(radioPart, until: $0) } ?? false
         let now = loop.wait()
         // Before anything the stall left queued is read (docs/rooms.md §7 rule 4).

@@ -43,6 +43,13 @@ struct GatewayRadio<Radio: RadioSource & ~Copyable>: ~Copyable {
     /// When the source was last read: the loop holds its descriptor back until `radio.gather`
     /// after that (docs/architecture.md §2 "Gathering").
     var lastRead: Instant?
+    /// Whether the last read of the descriptor found two reports or more waiting: the radio is
+    /// busy and the next read is held back for `radio.gather`. A read that finds one report
+    /// (a quiet room: nothing came meanwhile) ends it, and the next report is read as it
+    /// arrives; a read that finds two starts it again (docs/architecture.md §2 "Gathering").
+    var gathering = false
+    /// Advertising reports the last read found.
+    var lastReadReports = 0
     var announcedFinish = false
     /// An error no retry can fix: the loop ends with it.
     var fatalError: String?
@@ -107,6 +114,7 @@ struct GatewayRadio<Radio: RadioSource & ~Copyable>: ~Copyable {
             if ready || due || source.fd < 0 && source.state != .stopped {
                 if ready { lastRead = now }
                 poll(now: now, &table, &apple, &publisher, &mqtt, ownership, &proxy, clock: clock)
+                if ready { gathering = lastReadReports >= 2 }
             }
         }
         if let retry = retryAt, retry <= now {
@@ -133,6 +141,7 @@ struct GatewayRadio<Radio: RadioSource & ~Copyable>: ~Copyable {
         } catch {
             failed(error, now: now)
         }
+        lastReadReports = decoder.tally.reports &- reportsBefore
         if decoder.tally.reports != reportsBefore {
             lastReportAt = now
             watchdogFrom = now
