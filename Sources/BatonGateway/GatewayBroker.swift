@@ -102,16 +102,25 @@ extension Gateway where Radio: ~Copyable {
     /// The loop stood still past the broker's patience (`GatewayBroker.stoodStill`): the broker
     /// has given this gateway up, and the building has moved its devices to the rooms standing
     /// in for it (docs/rooms.md §7 rule 4). It leaves the rooms before it reads anything the
-    /// stall left queued (old sightings and reports, all stamped now), drops the dead connection
-    /// unread and connects again at once; at the rejoin it holds back what it owned until the
-    /// broker's retained activities say who holds it.
+    /// stall left queued (old sightings and reports, all stamped now) and connects again at
+    /// once with a new client: the old one is dropped unread and without a DISCONNECT, so the
+    /// broker sends the will now if it had not yet, and nothing of the old session is resent
+    /// (libmosquitto resends the QoS 1 publishes the broker had not acknowledged after the
+    /// next CONNACK, even on a clean session: a gateway frozen just after its start resent the
+    /// first activities of its room over the rooms standing in for it). At the rejoin it holds
+    /// back what it owned until the broker's retained activities say who holds it.
     mutating func brokerGaveUp(after gap: Duration, now: Instant) {
-        log.warning("this gateway stood still for \(gap.components.seconds) s, past the broker's keepalive (1.5 × \(config.broker.keepalive) s): the broker gives it up and sends its will; reconnecting")
+        log.warning("this gateway stood still for \(gap.components.seconds) s, past the broker's keepalive (1.5 × \(config.broker.keepalive) s): the broker has given it up and sent its will; connecting again")
         rooms.ownership.dropped(now: now)
-        // If the broker has not given it up yet, it sends the will now (MQTT v5): the building
-        // sees this gateway leave and come back, as it would have a moment later.
-        broker.mqtt.disconnect(sendWill: true)
-        broker.mqtt.start(now: now)
+        do throws(MQTTError) {
+            var fresh = try MQTTClient(config: GatewayLauncher.mqttConfig(config))
+            fresh.start(now: now)
+            broker.mqtt = fresh
+        } catch {
+            // The config made a client at start; should it fail now, the old one goes on and
+            // finds the dead connection itself.
+            log.error("a new broker client could not be made (\(error)); the old connection is left to fail")
+        }
     }
 
     mutating func handleBrokerEvents(now: Instant) {

@@ -218,8 +218,6 @@ public struct MQTTClient: ~Copyable {
     private var connectWritable = false
     /// `disconnect()` sent DISCONNECT: the close that follows is ours, reported once.
     private var cleanCloseExpected = false
-    /// The DISCONNECT of `disconnect(sendWill: true)` asked the broker for the will (v5 only).
-    private var willAsked = false
     private var nextMisc: Instant
     private var lastNow: Instant
     private var stats = MQTTCounters()
@@ -472,12 +470,7 @@ public struct MQTTClient: ~Copyable {
     /// (publishes made just before, then the DISCONNECT). What is still queued after that is
     /// dropped with the socket when the client is destroyed. No reconnect follows; `start`
     /// connects again. The next `poll` reports `.disconnected`.
-    ///
-    /// `sendWill`: on MQTT v5 the DISCONNECT carries reason 0x04, "Disconnect with Will
-    /// Message" (MQTT 5.0 §3.14.2.1), so the broker sends the will as for a lost client: for a
-    /// gateway that knows it was gone (its loop stood still past the keepalive) and must be
-    /// seen to have left. MQTT 3.1.1 has no such DISCONNECT: there it is a plain one.
-    public mutating func disconnect(sendWill: Bool = false) {
+    public mutating func disconnect() {
         phase = .stopped
         let fd = mosquitto_socket(handle)
         guard fd >= 0 else { return }
@@ -485,9 +478,7 @@ public struct MQTTClient: ~Copyable {
         // Queues DISCONNECT and, in the library's unthreaded mode, writes it at once when it
         // can (lib/packet_mosq.c, packet__queue); writing it closes the socket
         // (do_client_disconnect), which records the close.
-        willAsked = sendWill && attemptVersion == .v5
-        let reason: Int32 = willAsked ? 0x04 : 0
-        call { mosquitto_disconnect_v5($0, reason, nil) }
+        call { mosquitto_disconnect($0) }
         let deadline = Instant.now + .seconds(1)
         while mosquitto_socket(handle) >= 0, mosquitto_want_write(handle) {
             let left = deadline - Instant.now
@@ -599,8 +590,7 @@ public struct MQTTClient: ~Copyable {
                 // The end of an earlier connection: only ours, after `disconnect()`, is news.
                 guard cleanCloseExpected else { return nil }
                 cleanCloseExpected = false
-                return .disconnected(reason: "disconnected from \(brokerName) "
-                                     + (willAsked ? "(DISCONNECT with the will)" : "(clean DISCONNECT: no will)"))
+                return .disconnected(reason: "disconnected from \(brokerName) (clean DISCONNECT: no will)")
             }
             switch phase {
             case .connected:
