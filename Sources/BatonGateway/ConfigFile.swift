@@ -531,11 +531,10 @@ struct ConfigFileReader {
         var urlText = "the default, mqtt://127.0.0.1:1883"
         var urlValid = true
         if let e = s["url"] {
-            if let url = value(e, expected: "a broker URL like mqtt://host:1883", ConfigValue.brokerURL) {
-                c.broker.host = url.host
-                c.broker.port = url.port
-                urlTLS = url.tls
-                urlText = quoted(written(e))
+            if let urls = brokerURLs(e) {
+                c.broker.nodes = urls.map { MQTTNode(host: $0.host, port: $0.port) }
+                urlTLS = urls[0].tls
+                urlText = e.value.scalar != nil ? quoted(written(e)) : "the list \(urls[0]), …"
             } else {
                 urlValid = false
             }
@@ -618,6 +617,37 @@ struct ConfigFileReader {
             report(line: e.keyLine, e.key, "TLS settings need an mqtts:// broker.url, and it is \(urlText)")
         }
         c.broker.tls = urlTLS ? tls : nil
+    }
+
+    /// `broker.url`: one URL; the nodes of one broker as a YAML list (docs/config.md
+    /// "broker"), each item's problem at its own line; or a comma-separated line, as `--broker`
+    /// takes it.
+    mutating func brokerURLs(_ e: ConfigEntry) -> [MQTTURL]? {
+        guard case .sequence(let items) = e.value.kind else {
+            return value(e, expected: "a broker URL like mqtt://host:1883, or a list of them", ConfigValue.brokerURLs)
+        }
+        guard !items.isEmpty else {
+            report(e.value, e.key, "expected at least one broker URL, like mqtt://host:1883; an empty list names no broker")
+            return nil
+        }
+        var urls: [MQTTURL] = []
+        var valid = true
+        for item in items {
+            guard case .scalar(let scalar) = item.kind else {
+                report(item, e.key, "expected a broker URL like mqtt://host:1883, got \(yaml.describe(item))")
+                valid = false
+                continue
+            }
+            do throws(ConfigValueError) {
+                let url = try ConfigValue.brokerURL(scalar.string)
+                try ConfigValue.brokerNodes(urls + [url])
+                urls.append(url)
+            } catch {
+                report(item, e.key, error.message)
+                valid = false
+            }
+        }
+        return valid ? urls : nil
     }
 
     mutating func readTopics(_ s: Section, into c: inout GatewayConfig) {

@@ -14,7 +14,6 @@ struct GatewayBroker: ~Copyable {
     var mqtt: MQTTClient
     /// What one poll delivered, handled after it (the handlers publish on `mqtt`).
     var events: [MQTTEvent]
-    let name: String
     /// While the broker refuses connections the gateway retries every second (docs/broker.md
     /// "Reconnect"): the same failure is said once a minute, with the count of those not said.
     var lastFailure: String?
@@ -28,7 +27,6 @@ struct GatewayBroker: ~Copyable {
         self.mqtt = mqtt
         self.events = []
         self.events.reserveCapacity(64)
-        self.name = "\(config.broker.host):\(config.broker.port)"
     }
 
     /// Reads and writes what is ready, and keeps libmosquitto's timers.
@@ -87,7 +85,7 @@ extension Gateway where Radio: ~Copyable {
             switch event {
             case .connected(let version, _):
                 broker.connected(log: log)
-                log.info("connected to the broker \(broker.name) (MQTT \(version.rawValue)); publishing status and \(table.count) activities")
+                log.info("connected to the broker \(broker.mqtt.brokerName) (MQTT \(version.rawValue)); publishing status and \(table.count) activities")
                 // What this gateway knew of the building's sightings is from before the
                 // outage (docs/rooms.md §7).
                 rooms.ownership.rejoin(now: now)
