@@ -6,7 +6,8 @@ By hand, not in scripts/test. Real processes only, everything on 127.0.0.1: `bat
 scripts/bench-rooms.py's load part), and
 
   rate   the same load once on one mosquitto and once on the cluster (scripts/nats-cluster;
-         gateway i given the nodes starting at node i mod 3, MQTT 3.1.1). Over a --window s
+         gateway i given the nodes starting at node i mod 3, MQTT 3.1.1, broker.max-qos
+         --max-qos, 0 by default as board/nats-building.conf says). Over a --window s
          window after --warmup s: the messages a subscriber to `baton/#` is sent per second,
          and the broker's CPU (mosquitto, or the three nats-server processes added up).
   kill   on the cluster, after the warm-up, the node leading `$MQTT_sess` (the stream every
@@ -17,7 +18,7 @@ scripts/bench-rooms.py's load part), and
          sent an activity for every device the building had before the kill.
 
   scripts/bench-cluster.py BATON [--parts rate,kill] [--crowd N] [--rate R] [--warmup S]
-                           [--window S] [--keep DIR] [--budget S]
+                           [--window S] [--max-qos 0|1] [--keep DIR] [--budget S]
 
 Prints one line per figure on stdout and progress on stderr. Everything it starts is killed
 when it ends, on error too, and the whole run is bounded by --budget seconds. Needs
@@ -156,7 +157,7 @@ def run_building(procs, baton, work, kind, args, cluster=None, broker_port=None)
         if cluster is None:
             return text
         urls = ", ".join(f"mqtt://127.0.0.1:{cluster.mqtt[(order[gid] + k) % 3]}" for k in range(3))
-        return text.replace(f"  url: mqtt://127.0.0.1:{port}", f"  url: [{urls}]\n  protocol: 3.1.1")
+        return text.replace(f"  url: mqtt://127.0.0.1:{port}", f"  url: [{urls}]\n  protocol: 3.1.1\n  max-qos: {args.max_qos}")
     rooms.gateway_yaml = yaml
     try:
         os.makedirs(work, exist_ok=True)
@@ -230,6 +231,8 @@ def main():
     parser.add_argument("--rate", type=float, default=1)
     parser.add_argument("--warmup", type=float, default=20)
     parser.add_argument("--window", type=float, default=30)
+    parser.add_argument("--max-qos", type=int, choices=(0, 1), default=0,
+                        help="the cluster's gateways' broker.max-qos (board/nats-building.conf says 0)")
     parser.add_argument("--keep", help="keep every process's files in DIR")
     parser.add_argument("--budget", type=float, default=600)
     args = parser.parse_args()

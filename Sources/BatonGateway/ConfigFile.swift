@@ -25,7 +25,7 @@ enum ConfigSchema {
               "activity-types", "esphome"]),
         ("gateway", ["id", "room"]),
         ("broker", ["url", "client-id", "username", "password", "password-file", "keepalive", "protocol",
-                    "reconnect-min", "reconnect-max", "tls"]),
+                    "max-qos", "reconnect-min", "reconnect-max", "tls"]),
         ("broker.tls", ["ca-file", "cert-file", "key-file", "insecure", "psk-identity", "psk", "psk-file"]),
         ("topics", ["prefix", "discovery", "discovery-prefix"]),
         ("radio", ["source", "paced", "silence", "company-id", "reassembly", "gather"]),
@@ -568,6 +568,8 @@ struct ConfigFileReader {
         if let e = s["protocol"], let p = choice(e, [MQTTProtocol.automatic, .v5, .v311].map { ($0.rawValue, $0) }) {
             c.broker.protocolVersion = p
         }
+        // Baton asks for QoS 0 and 1 only, so 1 changes nothing and 2 would mean nothing.
+        if let e = s["max-qos"], let n = integer(e, 0...1) { c.broker.maxQoS = Int32(n) }
         // Backoff doubles from min to max; a floor keeps a refused connection from spinning.
         let minEntry = s["reconnect-min"], maxEntry = s["reconnect-max"]
         var backoffValid = true

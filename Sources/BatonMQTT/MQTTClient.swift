@@ -109,6 +109,12 @@ public struct MQTTConfig: Sendable, Equatable {
     /// Reconnect backoff: doubles from `reconnectMin` to `reconnectMax`, with full jitter.
     public var reconnectMin: Duration
     public var reconnectMax: Duration
+    /// The highest QoS this client publishes, subscribes and sets its will at: a publish or
+    /// subscription asked at more goes at this. 1 (the default) changes nothing Baton asks;
+    /// 0 is for a broker whose QoS 1 waits on a replicated store (a NATS cluster, whose
+    /// QoS 1 messages and subscriptions are JetStream requests that stall while a dead node's
+    /// leaderships are elected anew: docs/broker.md "A broker that can die").
+    public var maxQoS: Int32 = 1
 
     public init(host: String = "127.0.0.1", port: Int = 1883, tls: MQTTTLS? = nil, clientID: String,
                 username: String? = nil, password: String? = nil, keepalive: Int = 30, will: MQTTWill? = nil,
@@ -313,7 +319,8 @@ public struct MQTTClient: ~Copyable {
         if let will = config.will {
             let rc = will.topic.withCString { topic in
                 will.payload.withUnsafeBytes { payload in
-                    mosquitto_will_set_v5(handle, topic, Int32(payload.count), payload.baseAddress, will.qos, will.retain, nil)
+                    mosquitto_will_set_v5(handle, topic, Int32(payload.count), payload.baseAddress, Swift.min(will.qos, config.maxQoS),
+                                          will.retain, nil)
                 }
             }
             try require(rc, "setting the will on \(will.topic)")
@@ -461,7 +468,7 @@ public struct MQTTClient: ~Copyable {
         }
         let closesBefore = inbox.closes
         let rc = topic.withCString { t in
-            mosquitto_publish_v5(handle, nil, t, Int32(payload.count), payload.baseAddress, qos, retain, list)
+            mosquitto_publish_v5(handle, nil, t, Int32(payload.count), payload.baseAddress, Swift.min(qos, config.maxQoS), retain, list)
         }
         let saved = errno
         guard rc == MOSQ_ERR_SUCCESS.rawValue else {
@@ -488,7 +495,7 @@ public struct MQTTClient: ~Copyable {
         let closesBefore = inbox.closes
         var options: Int32 = retainAsPublished && attemptVersion == .v5 ? Int32(MQTT_SUB_OPT_RETAIN_AS_PUBLISHED.rawValue) : 0
         if !sendRetained && attemptVersion == .v5 { options |= Int32(MQTT_SUB_OPT_SEND_RETAIN_NEVER.rawValue) }
-        let rc = pattern.withCString { mosquitto_subscribe_v5(handle, nil, $0, qos, options, nil) }
+        let rc = pattern.withCString { mosquitto_subscribe_v5(handle, nil, $0, Swift.min(qos, config.maxQoS), options, nil) }
         let saved = errno
         guard rc == MOSQ_ERR_SUCCESS.rawValue else {
             noteClose(rc, saved, closesBefore)
@@ -724,6 +731,7 @@ public struct MQTTClient: ~Copyable {
         if c.keepalive != 0 && !(5...65535).contains(c.keepalive) {
             throw bad("keepalive \(c.keepalive) s: use 0 (off) or 5 to 65535 seconds")
         }
+        if !(0...2).contains(c.maxQoS) { throw bad("maxQoS \(c.maxQoS) is not 0, 1 or 2") }
         if c.reconnectMin <= .zero { throw bad("reconnectMin must be more than zero, got \(c.reconnectMin)") }
         if c.reconnectMax < c.reconnectMin {
             throw bad("reconnectMax (\(c.reconnectMax)) is less than reconnectMin (\(c.reconnectMin))")

@@ -130,7 +130,7 @@ private func urlReason(_ text: String) -> String {
         let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../..")
         let board = try String(contentsOf: root.appendingPathComponent("board/baton.yaml"), encoding: .utf8)
         let docs = try String(contentsOf: root.appendingPathComponent("docs/config.md"), encoding: .utf8)
-        #expect(ConfigSchema.valueKeys.count == 76)  // 61, then relay.fetch-titles (issue 18), radio.reassembly (issue 19), esphome's 9 (issue 22), rooms.batches, rooms.neighbourhoods, rooms.reach and radio.gather (issue 21)
+        #expect(ConfigSchema.valueKeys.count == 77)  // 61, then relay.fetch-titles (issue 18), radio.reassembly (issue 19), esphome's 9 (issue 22), rooms.batches, rooms.neighbourhoods, rooms.reach and radio.gather (issue 21), broker.max-qos (issue 35)
         for key in ConfigSchema.valueKeys {
             let leaf = key.split(separator: ".").last!
             let inBoard = board.contains(" \(leaf): "), inDocs = docs.contains("`\(key)`")
@@ -159,6 +159,7 @@ private func urlReason(_ text: String) -> String {
               password: "s3cret: yes"
               keepalive: 45s
               protocol: 3.1.1
+              max-qos: 0
               reconnect-min: 1s
               reconnect-max: 2m
               tls:
@@ -198,6 +199,7 @@ private func urlReason(_ text: String) -> String {
         #expect(c.broker.tls == MQTTTLS(caFile: dir.path + "/ca.crt", certFile: dir.path + "/certs/kitchen.crt",
                                         keyFile: key, insecure: true))
         #expect(c.broker.clientID == "baton-kitchen-1")
+        #expect(c.broker.maxQoS == 0)
         #expect(c.broker.username == "baton")
         #expect(c.broker.password == "s3cret: yes")
         #expect(c.broker.keepalive == 45)
@@ -424,6 +426,11 @@ private func urlReason(_ text: String) -> String {
         #expect(problems("broker:\n  url:\n    - url: mqtt://node-a\n")?.hasPrefix("/etc/baton/baton.yaml:3: broker.url: expected a broker URL like mqtt://host:1883, got ") == true)
         #expect(problems("broker:\n  url: [mqtt://a, mqtt://b]\n  tls:\n    insecure: true\n")
                 == "/etc/baton/baton.yaml:3: broker.tls: TLS settings need an mqtts:// broker.url, and it is the list mqtt://a:1883, …")
+    }
+
+    @Test func maxQoSIsZeroOrOne() {
+        #expect(problems("broker:\n  max-qos: 2\n") == "/etc/baton/baton.yaml:2: broker.max-qos: must be between 0 and 1, got 2")
+        #expect(problems("broker:\n  max-qos: none\n") == #"/etc/baton/baton.yaml:2: broker.max-qos: expected a whole number, got "none""#)
     }
 
     @Test func theBrokerFlagTakesTheNodesOfACluster() throws {

@@ -3,6 +3,7 @@
 // node within about a second of losing one. Two real mosquittos stand for two nodes here (the
 // NATS cluster itself is in BatonGatewayTests/NATSClusterTests.swift).
 import BatonLibc
+import Foundation
 import Glibc
 import Testing
 @testable import BatonMQTT
@@ -67,6 +68,30 @@ private func nodesConfig(_ ports: [Int], id: String) -> MQTTConfig {
         #expect(client.brokerName == "mqtt://127.0.0.1:\(c.port)")
     }
 
+    /// docs/config.md `broker.max-qos`: at 0, a publish asked at QoS 1 goes at QoS 0, and the
+    /// broker delivers it so to a QoS 1 subscriber (mosquitto_sub prints the QoS it got, %q).
+    @Test func maxQoSZeroSendsAQoSOnePublishAtZero() throws {
+        let broker = try MosquittoBroker()
+        let out = broker.directory.appendingPathComponent("qos.txt").path
+        let sub = try ChildProcess("/usr/bin/mosquitto_sub", ["-h", "127.0.0.1", "-p", "\(broker.port)", "-q", "1",
+                                                              "-t", "baton/qos/+", "-F", "%q %t"], stdout: out)
+        defer { sub.signal(SIGKILL); sub.wait(timeout: .seconds(5)) }
+        usleep(300_000)
+        for (maxQoS, topic) in [(Int32(1), "baton/qos/one"), (0, "baton/qos/zero")] {
+            var config = MQTTConfig(host: "127.0.0.1", port: broker.port, clientID: "qos-\(maxQoS)")
+            config.maxQoS = maxQoS
+            var client = try MQTTClient(config: config)
+            let log = EventLog()
+            try connect(&client, log)
+            let payload: [UInt8] = Array("x".utf8)
+            try payload.withUnsafeBytes { try client.publish(topic: topic, payload: $0, qos: 1) }
+            runLoop(&client, log, limit: .milliseconds(300)) { false }
+        }
+        let lines = runLoopUntilFile(out, contains: "baton/qos/zero")
+        #expect(lines.contains("1 baton/qos/one"), "\(lines)")
+        #expect(lines.contains("0 baton/qos/zero"), "\(lines)")
+    }
+
     @Test func aListOfURLsOnOneLine() throws {
         let urls = try MQTTURL.nodes(parsing: "mqtt://node-a:1883, mqtt://node-b,tcp://[fd00::3]:1884")
         #expect(urls.map(\.description) == ["mqtt://node-a:1883", "mqtt://node-b:1883", "mqtt://[fd00::3]:1884"])
@@ -91,4 +116,16 @@ private func nodesConfig(_ ports: [Int], id: String) -> MQTTConfig {
         config.nodes = []
         #expect(throws: MQTTError.invalidConfiguration("broker configuration: no broker node")) { _ = try MQTTClient(config: config) }
     }
+}
+
+/// The file's text once it holds `text`, waited for up to 5 s.
+private func runLoopUntilFile(_ path: String, contains text: String) -> String {
+    let deadline = Instant.now + .seconds(5)
+    var content = ""
+    while Instant.now < deadline {
+        content = (try? String(contentsOfFile: path, encoding: .utf8)) ?? ""
+        if content.contains(text) { break }
+        usleep(50_000)
+    }
+    return content
 }
