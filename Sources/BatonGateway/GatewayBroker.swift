@@ -16,8 +16,9 @@ struct GatewayBroker: ~Copyable {
     var events: [MQTTEvent]
     /// While the broker refuses connections the gateway retries every second (docs/broker.md
     /// "Reconnect"): the same failure is said once a minute, with the count of those not said.
-    var lastFailure: String?
-    var failureSaid: Instant?
+    /// A broker of several nodes is tried round its list, and each reason names its node, so
+    /// the failures said are remembered one per node at most (`MQTTConfig.maxNodes`).
+    var failuresSaid: [(reason: String, at: Instant)]
     var failuresUnsaid = 0
     /// Messages the broker delivered to this gateway (stats `broker.messages_received`): what
     /// the building's layout costs each gateway (docs/rooms.md §8).
@@ -27,6 +28,8 @@ struct GatewayBroker: ~Copyable {
         self.mqtt = mqtt
         self.events = []
         self.events.reserveCapacity(64)
+        self.failuresSaid = []
+        self.failuresSaid.reserveCapacity(MQTTConfig.maxNodes)
     }
 
     /// Reads and writes what is ready, and keeps libmosquitto's timers.
@@ -36,21 +39,26 @@ struct GatewayBroker: ~Copyable {
 
     mutating func connected(log: Logger) {
         if failuresUnsaid > 0 { log.info("\(failuresUnsaid) more failed attempts before this connect") }
-        lastFailure = nil
-        failureSaid = nil
+        failuresSaid.removeAll(keepingCapacity: true)
         failuresUnsaid = 0
     }
 
     mutating func lost(_ reason: String, now: Instant, log: Logger) {
-        if reason == lastFailure, let said = failureSaid, now - said < .seconds(60) {
+        let known = failuresSaid.firstIndex { $0.reason == reason }
+        if let i = known, now - failuresSaid[i].at < .seconds(60) {
             failuresUnsaid &+= 1
             log.debug("broker connection lost: \(reason)")
-        } else {
-            let unsaid = failuresUnsaid > 0 ? " (and \(failuresUnsaid) attempts since the last line)" : ""
-            log.warning("broker connection lost: \(reason); reconnecting with backoff\(unsaid)")
-            lastFailure = reason
-            failureSaid = now
-            failuresUnsaid = 0
+            return
+        }
+        let unsaid = failuresUnsaid > 0 ? " (and \(failuresUnsaid) attempts since the last line)" : ""
+        log.warning("broker connection lost: \(reason); reconnecting with backoff\(unsaid)")
+        failuresUnsaid = 0
+        if let i = known {
+            failuresSaid[i].at = now
+        } else if failuresSaid.count < MQTTConfig.maxNodes {
+            failuresSaid.append((reason, now))
+        } else if let oldest = failuresSaid.indices.min(by: { failuresSaid[$0].at < failuresSaid[$1].at }) {
+            failuresSaid[oldest] = (reason, now)
         }
     }
 
