@@ -25,7 +25,7 @@ enum ConfigSchema {
               "activity-types", "esphome"]),
         ("gateway", ["id", "room"]),
         ("broker", ["url", "client-id", "username", "password", "password-file", "keepalive", "protocol",
-                    "reconnect-min", "reconnect-max", "tls"]),
+                    "max-qos", "reconnect-min", "reconnect-max", "tls"]),
         ("broker.tls", ["ca-file", "cert-file", "key-file", "insecure", "psk-identity", "psk", "psk-file"]),
         ("topics", ["prefix", "discovery", "discovery-prefix"]),
         ("radio", ["source", "paced", "silence", "company-id", "reassembly", "gather"]),
@@ -531,11 +531,10 @@ struct ConfigFileReader {
         var urlText = "the default, mqtt://127.0.0.1:1883"
         var urlValid = true
         if let e = s["url"] {
-            if let url = value(e, expected: "a broker URL like mqtt://host:1883", ConfigValue.brokerURL) {
-                c.broker.host = url.host
-                c.broker.port = url.port
-                urlTLS = url.tls
-                urlText = quoted(written(e))
+            if let urls = brokerURLs(e) {
+                c.broker.nodes = urls.map { MQTTNode(host: $0.host, port: $0.port) }
+                urlTLS = urls[0].tls
+                urlText = e.value.scalar != nil ? quoted(written(e)) : "the list \(urls[0]), …"
             } else {
                 urlValid = false
             }
@@ -569,6 +568,8 @@ struct ConfigFileReader {
         if let e = s["protocol"], let p = choice(e, [MQTTProtocol.automatic, .v5, .v311].map { ($0.rawValue, $0) }) {
             c.broker.protocolVersion = p
         }
+        // Baton asks for QoS 0 and 1 only, so 1 changes nothing and 2 would mean nothing.
+        if let e = s["max-qos"], let n = integer(e, 0...1) { c.broker.maxQoS = Int32(n) }
         // Backoff doubles from min to max; a floor keeps a refused connection from spinning.
         let minEntry = s["reconnect-min"], maxEntry = s["reconnect-max"]
         var backoffValid = true
@@ -618,6 +619,37 @@ struct ConfigFileReader {
             report(line: e.keyLine, e.key, "TLS settings need an mqtts:// broker.url, and it is \(urlText)")
         }
         c.broker.tls = urlTLS ? tls : nil
+    }
+
+    /// `broker.url`: one URL; the nodes of one broker as a YAML list (docs/config.md
+    /// "broker"), each item's problem at its own line; or a comma-separated line, as `--broker`
+    /// takes it.
+    mutating func brokerURLs(_ e: ConfigEntry) -> [MQTTURL]? {
+        guard case .sequence(let items) = e.value.kind else {
+            return value(e, expected: "a broker URL like mqtt://host:1883, or a list of them", ConfigValue.brokerURLs)
+        }
+        guard !items.isEmpty else {
+            report(e.value, e.key, "expected at least one broker URL, like mqtt://host:1883; an empty list names no broker")
+            return nil
+        }
+        var urls: [MQTTURL] = []
+        var valid = true
+        for item in items {
+            guard case .scalar(let scalar) = item.kind else {
+                report(item, e.key, "expected a broker URL like mqtt://host:1883, got \(yaml.describe(item))")
+                valid = false
+                continue
+            }
+            do throws(ConfigValueError) {
+                let url = try ConfigValue.brokerURL(scalar.string)
+                try ConfigValue.brokerNodes(urls + [url])
+                urls.append(url)
+            } catch {
+                report(item, e.key, error.message)
+                valid = false
+            }
+        }
+        return valid ? urls : nil
     }
 
     mutating func readTopics(_ s: Section, into c: inout GatewayConfig) {

@@ -155,7 +155,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         let now = Instant.now
         broker.mqtt.start(now: now)
         radio.start(now: now)
-        notifier.send("READY=1\nSTATUS=scanning on \(config.radio), broker \(config.broker.host):\(config.broker.port)")
+        notifier.send("READY=1\nSTATUS=scanning on \(config.radio), broker \(config.broker.nodeList)")
         while true {
             if let failure = radio.fatalError {
                 shutdown()

@@ -14,11 +14,11 @@ struct GatewayBroker: ~Copyable {
     var mqtt: MQTTClient
     /// What one poll delivered, handled after it (the handlers publish on `mqtt`).
     var events: [MQTTEvent]
-    let name: String
     /// While the broker refuses connections the gateway retries every second (docs/broker.md
     /// "Reconnect"): the same failure is said once a minute, with the count of those not said.
-    var lastFailure: String?
-    var failureSaid: Instant?
+    /// A broker of several nodes is tried round its list, and each reason names its node, so
+    /// the failures said are remembered one per node at most (`MQTTConfig.maxNodes`).
+    var failuresSaid: [(reason: String, at: Instant)]
     var failuresUnsaid = 0
     /// Messages the broker delivered to this gateway (stats `broker.messages_received`): what
     /// the building's layout costs each gateway (docs/rooms.md §8).
@@ -34,7 +34,8 @@ struct GatewayBroker: ~Copyable {
         self.mqtt = mqtt
         self.events = []
         self.events.reserveCapacity(64)
-        self.name = "\(config.broker.host):\(config.broker.port)"
+        self.failuresSaid = []
+        self.failuresSaid.reserveCapacity(MQTTConfig.maxNodes)
         self.givesUpAfter = config.broker.keepalive > 0 ? .milliseconds(config.broker.keepalive * 1500) : nil
     }
 
@@ -55,21 +56,26 @@ struct GatewayBroker: ~Copyable {
 
     mutating func connected(log: Logger) {
         if failuresUnsaid > 0 { log.info("\(failuresUnsaid) more failed attempts before this connect") }
-        lastFailure = nil
-        failureSaid = nil
+        failuresSaid.removeAll(keepingCapacity: true)
         failuresUnsaid = 0
     }
 
     mutating func lost(_ reason: String, now: Instant, log: Logger) {
-        if reason == lastFailure, let said = failureSaid, now - said < .seconds(60) {
+        let known = failuresSaid.firstIndex { $0.reason == reason }
+        if let i = known, now - failuresSaid[i].at < .seconds(60) {
             failuresUnsaid &+= 1
             log.debug("broker connection lost: \(reason)")
-        } else {
-            let unsaid = failuresUnsaid > 0 ? " (and \(failuresUnsaid) attempts since the last line)" : ""
-            log.warning("broker connection lost: \(reason); reconnecting with backoff\(unsaid)")
-            lastFailure = reason
-            failureSaid = now
-            failuresUnsaid = 0
+            return
+        }
+        let unsaid = failuresUnsaid > 0 ? " (and \(failuresUnsaid) attempts since the last line)" : ""
+        log.warning("broker connection lost: \(reason); reconnecting with backoff\(unsaid)")
+        failuresUnsaid = 0
+        if let i = known {
+            failuresSaid[i].at = now
+        } else if failuresSaid.count < MQTTConfig.maxNodes {
+            failuresSaid.append((reason, now))
+        } else if let oldest = failuresSaid.indices.min(by: { failuresSaid[$0].at < failuresSaid[$1].at }) {
+            failuresSaid[oldest] = (reason, now)
         }
     }
 
@@ -128,7 +134,7 @@ extension Gateway where Radio: ~Copyable {
             switch event {
             case .connected(let version, _):
                 broker.connected(log: log)
-                log.info("connected to the broker \(broker.name) (MQTT \(version.rawValue)); publishing status and \(table.count) activities")
+                log.info("connected to the broker \(broker.mqtt.brokerName) (MQTT \(version.rawValue)); publishing status and \(table.count) activities")
                 // What this gateway knew of the building's sightings is from before the
                 // outage (docs/rooms.md §7).
                 rooms.ownership.rejoin(now: now)

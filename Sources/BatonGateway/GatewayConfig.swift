@@ -276,6 +276,27 @@ enum ConfigValue {
         }
     }
 
+    /// `--broker` and `broker.url` written on one line: one URL, or a broker's nodes separated
+    /// by commas, through BatonMQTT's own list parser (`MQTTURL.nodes(parsing:)`).
+    static func brokerURLs(_ text: String) throws(ConfigValueError) -> [MQTTURL] {
+        do throws(MQTTError) {
+            return try MQTTURL.nodes(parsing: text)
+        } catch {
+            if case .invalidURL(let reason) = error { throw ConfigValueError(reason) }
+            throw ConfigValueError("expected a broker URL like mqtt://host:1883 or mqtts://host:8883, got \(quoted(text))")
+        }
+    }
+
+    /// The checks `brokerURLs` makes of a list, for one written as a YAML list.
+    static func brokerNodes(_ urls: [MQTTURL]) throws(ConfigValueError) {
+        do throws(MQTTError) {
+            try MQTTURL.checkNodes(urls)
+        } catch {
+            if case .invalidURL(let reason) = error { throw ConfigValueError(reason) }
+            throw ConfigValueError("\(error)")
+        }
+    }
+
     /// `relay.link`: `auto`, `none`, `bluez:hci0` (or `bluez` for hci0), `sim:SOCKET`.
     static func relayLink(_ text: String) throws(ConfigValueError) -> RelayLinkSpec {
         switch text {
@@ -366,7 +387,7 @@ extension RadioSourceSpec: CustomStringConvertible {
 /// The command-line flags that override the config file; nil leaves the file's value.
 /// The strings are the flags' text as typed: `apply` checks them by the file's rules.
 public struct GatewayOverrides: Sendable, Equatable {
-    /// `--broker URL`
+    /// `--broker URL[,URL…]`
     public var broker: String?
     /// `--radio SOURCE`
     public var radio: String?
@@ -414,11 +435,10 @@ extension GatewayConfig {
         if let room = check("--room", overrides.room, ConfigValue.room) {
             next.room = room
         }
-        if let url = check("--broker", overrides.broker, ConfigValue.brokerURL) {
-            next.broker.host = url.host
-            next.broker.port = url.port
+        if let urls = check("--broker", overrides.broker, ConfigValue.brokerURLs) {
+            next.broker.nodes = urls.map { MQTTNode(host: $0.host, port: $0.port) }
             // TLS settings from the file stay for an mqtts:// URL; mqtt:// is plain TCP.
-            next.broker.tls = url.tls ? (next.broker.tls ?? MQTTTLS()) : nil
+            next.broker.tls = urls[0].tls ? (next.broker.tls ?? MQTTTLS()) : nil
         }
         if let radio = check("--radio", overrides.radio, RadioSourceSpec.init(parsing:)) {
             next.radio = radio

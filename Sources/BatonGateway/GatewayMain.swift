@@ -29,7 +29,7 @@ public enum GatewayMain {
     /// The flags with their help, in the order `--help` lists them.
     public static let flags: [(name: String, value: String, help: String)] = [
         ("config", "FILE", "The YAML config file (docs/config.md); default /etc/baton/baton.yaml when it exists."),
-        ("broker", "URL", "Broker URL: mqtt://host[:port] or mqtts://host[:port]."),
+        ("broker", "URL", "Broker URL: mqtt://host[:port] or mqtts://host[:port]; a cluster's nodes as URL,URL,… (tried in order)."),
         ("radio", "SOURCE", "Radio source: hci0, h4:/dev/ttyACM0, capture:FILE or sim:SOCKET."),
         ("room", "NAME", "The room's name, as users see it."),
         ("id", "ID", "The gateway's id in topics and in Home Assistant."),

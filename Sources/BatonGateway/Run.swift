@@ -26,7 +26,7 @@ public enum GatewayLauncher {
             log.critical("broker: \(error)")
             return 1
         }
-        log.info("baton \(BatonVersion.current) gateway \(config.gatewayID) in room \(config.room): radio \(config.radio), broker \(config.broker.host):\(config.broker.port), prefix \(config.prefix)")
+        log.info("baton \(BatonVersion.current) gateway \(config.gatewayID) in room \(config.room): radio \(config.radio), broker \(config.broker.nodeList), prefix \(config.prefix)")
         let radioConfig = RadioConfig()
         do throws(RadioError) {
             switch config.radio {

@@ -31,7 +31,10 @@ struct Backoff: Sendable {
     /// `absent` (the broker is not there: MQTTError.isBrokerAbsent) draws from
     /// [min, min(ceiling, absentCeiling)] and leaves the ceiling as it is, so a long outage of
     /// refused connections does not push the wait after the broker's return past a second.
-    mutating func next(fatal: Bool = false, absent: Bool = false,
+    ///
+    /// `grow: false` draws from the same window without doubling it: the client's next attempt
+    /// goes to another node of the broker, which this failure says nothing about.
+    mutating func next(fatal: Bool = false, absent: Bool = false, grow: Bool = true,
                        using rng: inout some RandomNumberGenerator) -> Duration {
         if absent && !fatal {
             let cap = Swift.max(min, Swift.min(ceiling, Self.absentCeiling))
@@ -43,13 +46,13 @@ struct Backoff: Sendable {
         let wait = Duration.nanoseconds(Int64.random(in: lo...hi, using: &rng))
         // Doubling stops at `max`; `max` is at most a day (MQTTClient.init), so `* 2` cannot
         // overflow Duration's 128-bit attoseconds.
-        ceiling = ceiling * 2 > max ? max : ceiling * 2
+        if grow { ceiling = ceiling * 2 > max ? max : ceiling * 2 }
         return wait
     }
 
-    mutating func next(fatal: Bool = false, absent: Bool = false) -> Duration {
+    mutating func next(fatal: Bool = false, absent: Bool = false, grow: Bool = true) -> Duration {
         var rng = SystemRandomNumberGenerator()
-        return next(fatal: fatal, absent: absent, using: &rng)
+        return next(fatal: fatal, absent: absent, grow: grow, using: &rng)
     }
 
     /// The widest window while the broker is absent (unless `min` is larger).

@@ -23,8 +23,9 @@ enum MQTTRecord: Sendable {
     /// errno as it was when the library noticed.
     case closed(code: Int32, errno: Int32, attempt: Int)
     case message(MQTTMessage)
-    /// mosquitto_connect_async / mosquitto_reconnect_async failed before any socket existed.
-    case attemptFailed(code: Int32, errno: Int32)
+    /// mosquitto_connect_async / mosquitto_reconnect_async failed before any socket existed;
+    /// `text` says so, naming the node it was for (the client moves on before it is delivered).
+    case attemptFailed(code: Int32, errno: Int32, text: String)
 }
 
 /// Allocated once per client and handed to libmosquitto as its userdata pointer, unretained:

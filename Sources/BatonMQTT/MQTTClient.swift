@@ -60,10 +60,41 @@ public struct MQTTWill: Sendable, Equatable {
     }
 }
 
-/// Everything the client connects with. `MQTTClient.init` checks it and says what is wrong.
-public struct MQTTConfig: Sendable, Equatable {
+/// One node of the broker: a host and its port. A broker of several nodes (a cluster whose
+/// nodes hold the same retained messages and sessions) is a list of them: `MQTTConfig.nodes`.
+public struct MQTTNode: Sendable, Equatable {
     public var host: String
     public var port: Int
+    public init(host: String, port: Int) { self.host = host; self.port = port }
+}
+
+/// Everything the client connects with. `MQTTClient.init` checks it and says what is wrong.
+public struct MQTTConfig: Sendable, Equatable {
+    /// The broker's nodes, tried in this order (docs/broker.md "Several nodes"): the first at
+    /// start, the next after a failed attempt or a lost connection, wrapping round. Not empty;
+    /// at most `maxNodes`. Every node speaks the same TLS (or none) with the same credentials.
+    public var nodes: [MQTTNode]
+    /// The first node's host (a broker of one node: the broker's).
+    public var host: String {
+        get { nodes[0].host }
+        set { nodes[0].host = newValue }
+    }
+    public var port: Int {
+        get { nodes[0].port }
+        set { nodes[0].port = newValue }
+    }
+    /// The most nodes a client takes: a building's cluster has three or five.
+    public static let maxNodes = 16
+
+    /// The nodes as log lines name them: `host:port`, in list order, comma-separated.
+    public var nodeList: String {
+        var text = ""
+        for n in nodes {
+            if !text.isEmpty { text += ", " }
+            text += n.host.contains(":") ? "[\(n.host)]:\(n.port)" : "\(n.host):\(n.port)"
+        }
+        return text
+    }
     /// nil: plain TCP. `mqtts://` URLs set an empty `MQTTTLS()` (system CA store).
     public var tls: MQTTTLS?
     /// Unique per gateway: the broker disconnects the older of two clients with the same id.
@@ -78,12 +109,20 @@ public struct MQTTConfig: Sendable, Equatable {
     /// Reconnect backoff: doubles from `reconnectMin` to `reconnectMax`, with full jitter.
     public var reconnectMin: Duration
     public var reconnectMax: Duration
+    /// The highest QoS this client publishes, subscribes and sets its will at: a publish or
+    /// subscription asked at more goes at this. 1 (the default) changes nothing Baton asks;
+    /// 0 is for a broker whose QoS 1 waits on a replicated store (a NATS cluster, whose
+    /// QoS 1 messages and subscriptions are JetStream requests that stall while a dead node's
+    /// leaderships are elected anew: docs/broker.md "A broker that can die").
+    public var maxQoS: Int32 = 1
 
     public init(host: String = "127.0.0.1", port: Int = 1883, tls: MQTTTLS? = nil, clientID: String,
                 username: String? = nil, password: String? = nil, keepalive: Int = 30, will: MQTTWill? = nil,
                 protocolVersion: MQTTProtocol = .automatic,
-                reconnectMin: Duration = .milliseconds(250), reconnectMax: Duration = .seconds(30)) {
-        self.host = host; self.port = port; self.tls = tls; self.clientID = clientID
+                reconnectMin: Duration = .milliseconds(250), reconnectMax: Duration = .seconds(30),
+                otherNodes: [MQTTNode] = []) {
+        self.nodes = [MQTTNode(host: host, port: port)] + otherNodes
+        self.tls = tls; self.clientID = clientID
         self.username = username; self.password = password; self.keepalive = keepalive; self.will = will
         self.protocolVersion = protocolVersion; self.reconnectMin = reconnectMin; self.reconnectMax = reconnectMax
     }
@@ -200,8 +239,13 @@ public struct MQTTClient: ~Copyable {
     private let handle: OpaquePointer
     private let inbox: MQTTInbox
     private let config: MQTTConfig
-    /// "mqtt://host:port" for the texts.
-    private let brokerName: String
+    /// The node (an index into `config.nodes`) the current or next attempt goes to.
+    private var node = 0
+    /// Attempts failed (or connections lost) since the last CONNACK that accepted us, counted
+    /// up to the number of nodes: the backoff's ceiling doubles once every node has failed, not
+    /// at each node, so a dead node costs the next one no longer wait (docs/broker.md "Several
+    /// nodes").
+    private var failuresInRound = 0
     private var phase = Phase.idle
     /// The version the current or next attempt speaks: `.v5` or `.v311`, never `.automatic`.
     /// With `.automatic` it starts at `.v5`; see `versionSettled` and `absorb` for when it moves.
@@ -211,9 +255,9 @@ public struct MQTTClient: ~Copyable {
     /// closed before its CONNACK switches the next attempt to the other version.
     private var versionSettled: Bool
     private var backoff: Backoff
-    /// mosquitto_connect_async has stored host, port and keepalive; later attempts use
-    /// mosquitto_reconnect_async.
-    private var hostStored = false
+    /// The node whose host, port and keepalive mosquitto_connect_async has stored: attempts to
+    /// it use mosquitto_reconnect_async; an attempt to another node stores that one instead.
+    private var storedNode: Int?
     /// poll() has reported the socket of this attempt writable: its TCP connect finished.
     private var connectWritable = false
     /// `disconnect()` sent DISCONNECT: the close that follows is ours, reported once.
@@ -257,7 +301,6 @@ public struct MQTTClient: ~Copyable {
         self.handle = handle
         self.inbox = inbox
         self.config = config
-        self.brokerName = "\(config.tls == nil ? "mqtt" : "mqtts")://\(config.host.contains(":") ? "[\(config.host)]" : config.host):\(config.port)"
         self.attemptVersion = config.protocolVersion == .v311 ? .v311 : .v5
         self.versionSettled = config.protocolVersion != .automatic
         self.backoff = Backoff(min: config.reconnectMin, max: config.reconnectMax)
@@ -276,7 +319,8 @@ public struct MQTTClient: ~Copyable {
         if let will = config.will {
             let rc = will.topic.withCString { topic in
                 will.payload.withUnsafeBytes { payload in
-                    mosquitto_will_set_v5(handle, topic, Int32(payload.count), payload.baseAddress, will.qos, will.retain, nil)
+                    mosquitto_will_set_v5(handle, topic, Int32(payload.count), payload.baseAddress, Swift.min(will.qos, config.maxQoS),
+                                          will.retain, nil)
                 }
             }
             try require(rc, "setting the will on \(will.topic)")
@@ -329,6 +373,13 @@ public struct MQTTClient: ~Copyable {
 
     /// A CONNACK accepted this connection and it has not ended since.
     public var isConnected: Bool { phase == .connected }
+
+    /// The node the current connection (or the next attempt) goes to, as
+    /// `mqtt://host:port`: what the log lines name.
+    public var brokerName: String {
+        let n = config.nodes[node]
+        return "\(config.tls == nil ? "mqtt" : "mqtts")://\(n.host.contains(":") ? "[\(n.host)]" : n.host):\(n.port)"
+    }
 
     /// The version the current connection speaks; nil while not connected.
     public var protocolVersion: MQTTProtocol? { phase == .connected ? attemptVersion : nil }
@@ -417,7 +468,7 @@ public struct MQTTClient: ~Copyable {
         }
         let closesBefore = inbox.closes
         let rc = topic.withCString { t in
-            mosquitto_publish_v5(handle, nil, t, Int32(payload.count), payload.baseAddress, qos, retain, list)
+            mosquitto_publish_v5(handle, nil, t, Int32(payload.count), payload.baseAddress, Swift.min(qos, config.maxQoS), retain, list)
         }
         let saved = errno
         guard rc == MOSQ_ERR_SUCCESS.rawValue else {
@@ -444,7 +495,7 @@ public struct MQTTClient: ~Copyable {
         let closesBefore = inbox.closes
         var options: Int32 = retainAsPublished && attemptVersion == .v5 ? Int32(MQTT_SUB_OPT_RETAIN_AS_PUBLISHED.rawValue) : 0
         if !sendRetained && attemptVersion == .v5 { options |= Int32(MQTT_SUB_OPT_SEND_RETAIN_NEVER.rawValue) }
-        let rc = pattern.withCString { mosquitto_subscribe_v5(handle, nil, $0, qos, options, nil) }
+        let rc = pattern.withCString { mosquitto_subscribe_v5(handle, nil, $0, Swift.min(qos, config.maxQoS), options, nil) }
         let saved = errno
         guard rc == MOSQ_ERR_SUCCESS.rawValue else {
             noteClose(rc, saved, closesBefore)
@@ -518,23 +569,25 @@ public struct MQTTClient: ~Copyable {
         mosquitto_log_callback_set(handle, onLogRecord)
         connectWritable = false
         let rc: Int32
-        if hostStored {
+        if storedNode == node {
             rc = mosquitto_reconnect_async(handle)
         } else {
-            rc = config.host.withCString { mosquitto_connect_async(handle, $0, Int32(config.port), Int32(config.keepalive)) }
+            let target = config.nodes[node]
+            rc = target.host.withCString { mosquitto_connect_async(handle, $0, Int32(target.port), Int32(config.keepalive)) }
         }
         let saved = errno
         // mosquitto_connect_async stores host, port and keepalive before it opens the socket
         // (lib/connect.c, mosquitto__connect_init); only argument errors stop it earlier, and
         // init checked those.
-        hostStored = true
+        storedNode = node
         nextMisc = now + Self.miscInterval
         if rc == MOSQ_ERR_SUCCESS.rawValue {
             phase = .connecting
         } else {
-            phase = .waiting(until: now + backoff.next(fatal: MQTTError.isFatal(code: rc, errno: saved),
-                                                       absent: MQTTError.isBrokerAbsent(code: rc, errno: saved)))
-            inbox.records.append(.attemptFailed(code: rc, errno: saved))
+            // Said with the node that failed, before the wait moves on to the next one.
+            inbox.records.append(.attemptFailed(code: rc, errno: saved, text: attemptFailure(code: rc, errno: saved)))
+            phase = .waiting(until: now + nextWait(fatal: MQTTError.isFatal(code: rc, errno: saved),
+                                                   absent: MQTTError.isBrokerAbsent(code: rc, errno: saved)))
         }
     }
 
@@ -578,12 +631,14 @@ public struct MQTTClient: ~Copyable {
             if code == 0 {
                 phase = .connected
                 backoff.reset()
+                failuresInRound = 0
                 mosquitto_log_callback_set(handle, nil)
                 // Connect Acknowledge Flags bit 0: Session Present (MQTT 5.0 §3.2.2.1.1).
                 return .connected(protocolVersion: attemptVersion, sessionPresent: flags & 1 != 0)
             }
-            phase = .waiting(until: now + backoff.next())
-            return .refused(reason: refusalReason(code: code, version: attemptVersion))
+            let reason = refusalReason(code: code, version: attemptVersion)
+            phase = .waiting(until: now + nextWait())
+            return .refused(reason: reason)
 
         case .closed(let code, let savedErrno, let attempt):
             if attempt != inbox.attempt || phase == .stopped {
@@ -594,14 +649,12 @@ public struct MQTTClient: ~Copyable {
             }
             switch phase {
             case .connected:
-                phase = .waiting(until: now + backoff.next(fatal: code < 0x80 && MQTTError.isFatal(code: code, errno: savedErrno),
-                                                           absent: MQTTError.isBrokerAbsent(code: code, errno: savedErrno)))
-                return .disconnected(reason: "lost the connection to \(brokerName): "
-                                     + connectionReason(code: code, errno: savedErrno, keepalive: config.keepalive,
-                                                        clientID: config.clientID))
+                let reason = "lost the connection to \(brokerName): "
+                    + connectionReason(code: code, errno: savedErrno, keepalive: config.keepalive, clientID: config.clientID)
+                phase = .waiting(until: now + nextWait(fatal: code < 0x80 && MQTTError.isFatal(code: code, errno: savedErrno),
+                                                       absent: MQTTError.isBrokerAbsent(code: code, errno: savedErrno)))
+                return .disconnected(reason: reason + nextNodeNote)
             case .connecting:
-                phase = .waiting(until: now + backoff.next(fatal: code < 0x80 && MQTTError.isFatal(code: code, errno: savedErrno),
-                                                           absent: MQTTError.isBrokerAbsent(code: code, errno: savedErrno)))
                 var note = ""
                 // The broker took the connection and closed it without a CONNACK: what some
                 // v3.1.1-only brokers do with a v5 CONNECT (MQTT 3.1.1 §3.1.2.2 lets them), but
@@ -615,15 +668,35 @@ public struct MQTTClient: ~Copyable {
                         ? " before answering the MQTT v5 CONNECT; the next attempt tries MQTT v3.1.1"
                         : " before answering the MQTT v3.1.1 CONNECT either; the next attempt goes back to MQTT v5"
                 }
-                return .disconnected(reason: attemptFailure(code: code, errno: savedErrno, note: note))
+                let reason = attemptFailure(code: code, errno: savedErrno, note: note)
+                phase = .waiting(until: now + nextWait(fatal: code < 0x80 && MQTTError.isFatal(code: code, errno: savedErrno),
+                                                       absent: MQTTError.isBrokerAbsent(code: code, errno: savedErrno)))
+                return .disconnected(reason: reason + nextNodeNote)
             case .idle, .waiting, .stopped:
                 // Already accounted for: the close that follows a refused CONNACK.
                 return nil
             }
 
-        case .attemptFailed(let code, let savedErrno):
-            return .disconnected(reason: attemptFailure(code: code, errno: savedErrno))
+        case .attemptFailed(_, _, let text):
+            return .disconnected(reason: text + nextNodeNote)
         }
+    }
+
+    /// The wait before the next attempt, which goes to the next node when there are several
+    /// (in list order, wrapping round). The ceiling doubles only once every node has failed
+    /// since the last accepted connection: a node that dies costs the gateway one
+    /// `reconnectMin` before it tries the next, however long the list.
+    private mutating func nextWait(fatal: Bool = false, absent: Bool = false) -> Duration {
+        failuresInRound += 1
+        let grow = failuresInRound >= config.nodes.count
+        if grow { failuresInRound = 0 }
+        node = (node + 1) % config.nodes.count
+        return backoff.next(fatal: fatal, absent: absent, grow: grow)
+    }
+
+    /// Said after a failure when there is another node to try: where the next attempt goes.
+    private var nextNodeNote: String {
+        config.nodes.count > 1 ? "; next: \(brokerName)" : ""
     }
 
     private func attemptFailure(code: Int32, errno savedErrno: Int32, note: String = "") -> String {
@@ -642,8 +715,15 @@ public struct MQTTClient: ~Copyable {
     /// Says what is wrong before libmosquitto would answer only "Invalid function arguments".
     private static func check(_ c: MQTTConfig) throws(MQTTError) {
         func bad(_ why: String) -> MQTTError { .invalidConfiguration("broker configuration: \(why)") }
-        if c.host.isEmpty { throw bad("no broker host") }
-        if !(1...65535).contains(c.port) { throw bad("port \(c.port) is not from 1 to 65535") }
+        if c.nodes.isEmpty { throw bad("no broker node") }
+        if c.nodes.count > MQTTConfig.maxNodes {
+            throw bad("\(c.nodes.count) broker nodes; at most \(MQTTConfig.maxNodes)")
+        }
+        for n in c.nodes {
+            if n.host.isEmpty { throw bad("no broker host") }
+            if !(1...65535).contains(n.port) { throw bad("port \(n.port) is not from 1 to 65535") }
+            try rejectNUL(n.host, "the broker host")
+        }
         if c.clientID.isEmpty { throw bad("the client id is empty") }
         // MQTT strings are at most 65535 bytes (MQTT 5.0 §1.5.4).
         if c.clientID.utf8.count > 65535 { throw bad("the client id is longer than 65535 bytes") }
@@ -651,6 +731,7 @@ public struct MQTTClient: ~Copyable {
         if c.keepalive != 0 && !(5...65535).contains(c.keepalive) {
             throw bad("keepalive \(c.keepalive) s: use 0 (off) or 5 to 65535 seconds")
         }
+        if !(0...2).contains(c.maxQoS) { throw bad("maxQoS \(c.maxQoS) is not 0, 1 or 2") }
         if c.reconnectMin <= .zero { throw bad("reconnectMin must be more than zero, got \(c.reconnectMin)") }
         if c.reconnectMax < c.reconnectMin {
             throw bad("reconnectMax (\(c.reconnectMax)) is less than reconnectMin (\(c.reconnectMin))")

@@ -107,6 +107,46 @@ public struct MQTTURL: Sendable, Equatable, CustomStringConvertible {
 }
 
 extension MQTTURL {
+    /// A broker's nodes written on one line, separated by commas (`--broker`, docs/broker.md
+    /// "Several nodes"): `mqtt://node-a:1883,mqtt://node-b:1883`. No URL holds a comma, so the
+    /// split is exact; spaces around a comma are allowed. One URL is a list of one.
+    public static func nodes(parsing text: String) throws(MQTTError) -> [MQTTURL] {
+        let parts = text.split(separator: ",", omittingEmptySubsequences: false)
+        var urls: [MQTTURL] = []
+        for raw in parts {
+            var part = raw
+            while part.first == " " { part = part.dropFirst() }
+            while part.last == " " { part = part.dropLast() }
+            if part.isEmpty, parts.count > 1 {
+                throw .invalidURL("an empty entry in the list \"\(text)\": separate the nodes' URLs with one comma each, "
+                                  + "like mqtt://node-a:1883,mqtt://node-b:1883")
+            }
+            urls.append(try MQTTURL(parsing: String(part)))
+        }
+        try checkNodes(urls)
+        return urls
+    }
+
+    /// What a list of nodes must be: not empty, at most `MQTTConfig.maxNodes`, one scheme for
+    /// all (the client has one set of TLS settings, for every node), no node twice.
+    public static func checkNodes(_ urls: [MQTTURL]) throws(MQTTError) {
+        guard let first = urls.first else {
+            throw .invalidURL("expected at least one broker URL, like mqtt://host:1883")
+        }
+        guard urls.count <= MQTTConfig.maxNodes else {
+            throw .invalidURL("\(urls.count) broker nodes; at most \(MQTTConfig.maxNodes)")
+        }
+        for (i, url) in urls.enumerated() {
+            if url.tls != first.tls {
+                throw .invalidURL("every node takes the same scheme (one set of TLS settings serves them all): "
+                                  + "\(first) is \(first.tls ? "mqtts" : "mqtt")://, \(url) is \(url.tls ? "mqtts" : "mqtt")://")
+            }
+            if urls[..<i].contains(url) {
+                throw .invalidURL("\(url) is listed twice")
+            }
+        }
+    }
+
     /// The first `needle` in `text`. `String.firstRange(of:)` lives in the string-processing
     /// library, which Embedded Swift does not have.
     static func range(of needle: String, in text: String) -> Range<String.Index>? {

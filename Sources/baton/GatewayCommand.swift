@@ -10,7 +10,7 @@ struct GatewayCommand: ParsableCommand {
     @Option(name: .long, help: "The YAML config file (docs/config.md); default /etc/baton/baton.yaml when it exists.")
     var config: String?
 
-    @Option(name: .long, help: "Broker URL: mqtt://host[:port] or mqtts://host[:port].")
+    @Option(name: .long, help: "Broker URL: mqtt://host[:port] or mqtts://host[:port]; a cluster's nodes as URL,URL,… (tried in order).")
     var broker: String?
     @Option(name: .long, help: "Radio source: hci0, h4:/dev/ttyACM0, capture:FILE or sim:SOCKET.")
     var radio: String?

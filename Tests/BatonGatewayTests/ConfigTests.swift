@@ -130,7 +130,7 @@ private func urlReason(_ text: String) -> String {
         let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../..")
         let board = try String(contentsOf: root.appendingPathComponent("board/baton.yaml"), encoding: .utf8)
         let docs = try String(contentsOf: root.appendingPathComponent("docs/config.md"), encoding: .utf8)
-        #expect(ConfigSchema.valueKeys.count == 76)  // 61, then relay.fetch-titles (issue 18), radio.reassembly (issue 19), esphome's 9 (issue 22), rooms.batches, rooms.neighbourhoods, rooms.reach and radio.gather (issue 21)
+        #expect(ConfigSchema.valueKeys.count == 77)  // 61, then relay.fetch-titles (issue 18), radio.reassembly (issue 19), esphome's 9 (issue 22), rooms.batches, rooms.neighbourhoods, rooms.reach and radio.gather (issue 21), broker.max-qos (issue 35)
         for key in ConfigSchema.valueKeys {
             let leaf = key.split(separator: ".").last!
             let inBoard = board.contains(" \(leaf): "), inDocs = docs.contains("`\(key)`")
@@ -159,6 +159,7 @@ private func urlReason(_ text: String) -> String {
               password: "s3cret: yes"
               keepalive: 45s
               protocol: 3.1.1
+              max-qos: 0
               reconnect-min: 1s
               reconnect-max: 2m
               tls:
@@ -198,6 +199,7 @@ private func urlReason(_ text: String) -> String {
         #expect(c.broker.tls == MQTTTLS(caFile: dir.path + "/ca.crt", certFile: dir.path + "/certs/kitchen.crt",
                                         keyFile: key, insecure: true))
         #expect(c.broker.clientID == "baton-kitchen-1")
+        #expect(c.broker.maxQoS == 0)
         #expect(c.broker.username == "baton")
         #expect(c.broker.password == "s3cret: yes")
         #expect(c.broker.keepalive == 45)
@@ -395,6 +397,48 @@ private func urlReason(_ text: String) -> String {
             #expect(text == "/etc/baton/baton.yaml:2: broker.url: " + urlReason(url))
             #expect(text?.contains(url) == true, "the message quotes what was written")
         }
+    }
+
+    /// docs/config.md "broker": the nodes of one broker as a YAML list, a flow list or one
+    /// comma-separated line; one URL is still one node.
+    @Test func brokerURLTakesTheNodesOfACluster() throws {
+        let nodes = [MQTTNode(host: "node-a", port: 1883), MQTTNode(host: "node-b", port: 1883), MQTTNode(host: "node-c", port: 1884)]
+        #expect(try parse("broker:\n  url:\n    - mqtt://node-a:1883\n    - mqtt://node-b\n    - mqtt://node-c:1884\n").broker.nodes == nodes)
+        #expect(try parse("broker:\n  url: [mqtt://node-a, mqtt://node-b, mqtt://node-c:1884]\n").broker.nodes == nodes)
+        #expect(try parse("broker:\n  url: mqtt://node-a,mqtt://node-b, mqtt://node-c:1884\n").broker.nodes == nodes)
+        #expect(try parse("broker:\n  url: mqtt://pi.lan\n").broker.nodes == [MQTTNode(host: "pi.lan", port: 1883)])
+        #expect(try parse("").broker.nodes == [MQTTNode(host: "127.0.0.1", port: 1883)])
+        let tls = try parse("broker:\n  url: [mqtts://node-a, mqtts://node-b]\n  tls:\n    insecure: true\n")
+        #expect(tls.broker.tls == MQTTTLS(insecure: true))
+        #expect(tls.broker.nodes.map(\.port) == [8883, 8883])
+    }
+
+    @Test func aBadListOfNodesIsNamedAtItsLine() {
+        #expect(problems("broker:\n  url: []\n")
+                == "/etc/baton/baton.yaml:2: broker.url: expected at least one broker URL, like mqtt://host:1883; an empty list names no broker")
+        #expect(problems("broker:\n  url:\n    - mqtt://node-a\n    - node-b.lan\n    - mqtts://node-c\n    - mqtt://node-a:1883\n") == """
+            /etc/baton/baton.yaml:4: broker.url: \(urlReason("node-b.lan"))
+            /etc/baton/baton.yaml:5: broker.url: every node takes the same scheme (one set of TLS settings serves them all): mqtt://node-a:1883 is mqtt://, mqtts://node-c:8883 is mqtts://
+            /etc/baton/baton.yaml:6: broker.url: mqtt://node-a:1883 is listed twice
+            """)
+        #expect(problems("broker:\n  url: mqtt://node-a,,mqtt://node-b\n")
+                == #"/etc/baton/baton.yaml:2: broker.url: an empty entry in the list "mqtt://node-a,,mqtt://node-b": separate the nodes' URLs with one comma each, like mqtt://node-a:1883,mqtt://node-b:1883"#)
+        #expect(problems("broker:\n  url:\n    - url: mqtt://node-a\n")?.hasPrefix("/etc/baton/baton.yaml:3: broker.url: expected a broker URL like mqtt://host:1883, got ") == true)
+        #expect(problems("broker:\n  url: [mqtt://a, mqtt://b]\n  tls:\n    insecure: true\n")
+                == "/etc/baton/baton.yaml:3: broker.tls: TLS settings need an mqtts:// broker.url, and it is the list mqtt://a:1883, …")
+    }
+
+    @Test func maxQoSIsZeroOrOne() {
+        #expect(problems("broker:\n  max-qos: 2\n") == "/etc/baton/baton.yaml:2: broker.max-qos: must be between 0 and 1, got 2")
+        #expect(problems("broker:\n  max-qos: none\n") == #"/etc/baton/baton.yaml:2: broker.max-qos: expected a whole number, got "none""#)
+    }
+
+    @Test func theBrokerFlagTakesTheNodesOfACluster() throws {
+        var c = try parse("broker:\n  url: mqtt://pi.lan\n")
+        try c.apply(GatewayOverrides(broker: "mqtt://127.0.0.1:4001,mqtt://127.0.0.1:4002"))
+        #expect(c.broker.nodes == [MQTTNode(host: "127.0.0.1", port: 4001), MQTTNode(host: "127.0.0.1", port: 4002)])
+        let error = try #require(throws: ConfigError.self) { try c.apply(GatewayOverrides(broker: "mqtt://a,")) }
+        #expect(error.description == #"command line: --broker: an empty entry in the list "mqtt://a,": separate the nodes' URLs with one comma each, like mqtt://node-a:1883,mqtt://node-b:1883"#)
     }
 
     @Test func aBadGatewayIDOrRoom() {

@@ -295,3 +295,28 @@ private func replayedHall(_ name: String, seed: UInt64) throws
         #expect(cleared != nil, "\(second.log)")
     }
 }
+
+/// docs/broker.md "Reconnect" and "Several nodes": a broker of two nodes, neither there. The
+/// gateway goes round the list, an attempt within a second of the last, and still says each
+/// node's failure once a minute (each reason names its node), not once an attempt.
+@Suite struct DeadNodesTests {
+    @Test func twoDeadNodesAreEachSaidOnceAMinute() throws {
+        let a = try MosquittoBroker(), b = try MosquittoBroker()
+        let ports = [a.port, b.port]
+        a.stop(); b.stop()
+        let dir = try scratchDirectory("dead-nodes")
+        let capture = try GeneratedCapture(in: dir, devices: 2, reports: 50, seed: 35)
+        let yaml = gatewayYAML(port: ports[0], radio: "capture:\(capture.path)", extra: "log:\n  level: debug").replacingOccurrences(
+            of: "url: mqtt://127.0.0.1:\(ports[0])", with: "url: [mqtt://127.0.0.1:\(ports[0]), mqtt://127.0.0.1:\(ports[1])]")
+        let gateway = try GatewayProcess(yaml: yaml, in: dir)
+        sleep(4)
+        let log = gateway.log
+        _ = gateway.stop()
+        let warnings = log.split(separator: "\n").filter { $0.hasPrefix("<4>broker connection lost") }
+        let attempts = log.split(separator: "\n").filter { $0.contains("Connection refused") }
+        #expect(attempts.count >= 5, "it kept going round the list:\n\(log)")
+        #expect(warnings.count == 2, "\(warnings.joined(separator: "\n"))")
+        #expect(warnings.contains { $0.contains("mqtt://127.0.0.1:\(ports[0]): Connection refused; next: mqtt://127.0.0.1:\(ports[1])") })
+        #expect(warnings.contains { $0.contains("mqtt://127.0.0.1:\(ports[1]): Connection refused; next: mqtt://127.0.0.1:\(ports[0])") })
+    }
+}

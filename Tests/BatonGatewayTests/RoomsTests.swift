@@ -85,16 +85,21 @@ final class ActivityWatcher {
 }
 
 /// One room's gateway at 4× speed: every room duration divided by 4 (docs/rooms.md §3).
+///
+/// `url` replaces the one broker on `port` (a cluster's nodes as a YAML list, say), and
+/// `brokerExtra` lines go into the broker section (`protocol: 3.1.1`).
 func roomGatewayYAML(port: Int, id: String, room: String, socket: String, speed: Int = 4,
-                     keepalive: String = "5s", tableCapacity: Int? = nil) -> String {
+                     keepalive: String = "5s", tableCapacity: Int? = nil, url: String? = nil,
+                     brokerExtra: String = "") -> String {
     func ms(_ base: Int) -> String { "\(base / speed)ms" }
     let capacity = tableCapacity.map { "\n  capacity: \($0)" } ?? ""
+    let extra = brokerExtra.isEmpty ? "" : "\n  " + brokerExtra
     return """
     gateway:
       id: \(id)
       room: \(room)
     broker:
-      url: mqtt://127.0.0.1:\(port)
+      url: \(url ?? "mqtt://127.0.0.1:\(port)")\(extra)
       keepalive: \(keepalive)
       reconnect-min: 100ms
       reconnect-max: 1s

@@ -39,6 +39,19 @@ struct SeededGenerator: RandomNumberGenerator {
         #expect(waits.contains { $0 > .seconds(8) })
     }
 
+    /// docs/broker.md "Several nodes": a failure followed by an attempt at another node does not
+    /// widen the window; the client grows it once per round of the list.
+    @Test func aFailureBeforeAnotherNodeLeavesTheWindowAsItIs() {
+        var b = Backoff(min: .milliseconds(250), max: .seconds(30))
+        var rng = SeededGenerator(state: 7)
+        for _ in 0..<5 {
+            #expect(b.next(grow: false, using: &rng) == .milliseconds(250))
+        }
+        #expect(b.ceiling == .milliseconds(250))
+        _ = b.next(grow: true, using: &rng)
+        #expect(b.ceiling == .milliseconds(500))
+    }
+
     @Test func resetReturnsToTheMinimum() {
         var b = Backoff(min: .milliseconds(100), max: .seconds(5))
         var rng = SeededGenerator(state: 7)
