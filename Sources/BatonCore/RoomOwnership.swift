@@ -691,6 +691,15 @@ public struct RoomOwnership: ~Copyable {
         return devices[Int(d)].owner == 0 && devices[Int(d)].standInFor >= 0
     }
 
+    /// The rejoin window closed and what was held back and is still this gateway's has been
+    /// published (`Gateway.republishStandIns`): the hold ends, so the next connect republishes
+    /// those devices at once, as every other device it owns.
+    public mutating func endHoldBack() {
+        for d in 0 ..< config.capacity where devices[d].inUse && devices[d].owner == 0 && devices[d].standInFor == 0 {
+            devices[d].standInFor = -1
+        }
+    }
+
     /// True while this gateway holds `device` back after the broker gave it up (`dropped`):
     /// it owns the device in its view but does not speak for it, not even for a change its
     /// radio hears, until the broker names who holds it (`announced`) or the rejoin window

@@ -394,6 +394,8 @@ extension Gateway where Radio: ~Copyable {
             guard d.identity != nil, rooms.ownership.owns(id), rooms.ownership.standsIn(for: id) else { return }
             publisher.tookOver(&broker.mqtt, d)
         }
+        // Held back after the broker gave this gateway up: published just now (docs/rooms.md §7 rule 4).
+        rooms.ownership.endHoldBack()
     }
 
     /// The named Apple device that rooms know as `roomsID`, if this gateway holds it.

@@ -755,6 +755,10 @@ struct RoomOwnershipTests {
         #expect(k.owner(desk) == "kitchen" && k.story.last == "hall→kitchen returned", "\(k.story)")
         let safeHeld = k.rule.standsIn(for: safe)
         #expect(k.owner(safe) == "kitchen" && safeHeld, "published when the window closes")
+        // Once published there, the hold ends: the next connect republishes it at once.
+        k.rule.endHoldBack()
+        let stillHeld = k.rule.standsIn(for: safe)
+        #expect(!stillHeld, "held back at every later connect")
     }
 
     /// A plain reconnect (the broker restarted, or the link came back before the keepalive ran
