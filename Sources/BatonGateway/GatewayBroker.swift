@@ -29,6 +29,19 @@ struct GatewayBroker: ~Copyable {
     /// When the loop last woke: while connected it wakes about once a second (libmosquitto's
     /// keepalive check), so a longer gap is a loop that stood still.
     var lastWake: Instant?
+    /// Two clients with one client id take the connection from each other: the broker closes
+    /// the older at every connect of the newer (MQTT 5.0 §3.1.4 step 2), and mosquitto 2.0.11
+    /// says so with no reason code (no 0x8E, Session taken over). So connections the broker
+    /// closes within `shortConnection` of their CONNACK are counted, one that lasts resets
+    /// the count, and from `collisionAfter` on the gateway says what is most likely wrong,
+    /// naming the id and the fix, once a minute (docs/broker.md "Two gateways, one id").
+    var connectedAt: Instant?
+    var shortConnections = 0
+    var collisionSaidAt: Instant?
+    let clientID: String
+    let gatewayID: String
+    static let shortConnection: Duration = .seconds(5)
+    static let collisionAfter = 3
 
     init(mqtt: consuming MQTTClient, config: GatewayConfig) {
         self.mqtt = mqtt
@@ -37,6 +50,8 @@ struct GatewayBroker: ~Copyable {
         self.failuresSaid = []
         self.failuresSaid.reserveCapacity(MQTTConfig.maxNodes)
         self.givesUpAfter = config.broker.keepalive > 0 ? .milliseconds(config.broker.keepalive * 1500) : nil
+        self.clientID = config.broker.clientID
+        self.gatewayID = config.gatewayID
     }
 
     /// The gap since the loop last woke, if the connection was up and the gap is as long as
@@ -54,13 +69,22 @@ struct GatewayBroker: ~Copyable {
         mqtt.poll(now: now, ready: ready) { events.append($0) }
     }
 
-    mutating func connected(log: Logger) {
+    mutating func connected(now: Instant, log: Logger) {
         if failuresUnsaid > 0 { log.info("\(failuresUnsaid) more failed attempts before this connect") }
         failuresSaid.removeAll(keepingCapacity: true)
         failuresUnsaid = 0
+        connectedAt = now
     }
 
     mutating func lost(_ reason: String, now: Instant, log: Logger) {
+        if let since = connectedAt {
+            shortConnections = now - since < Self.shortConnection ? shortConnections &+ 1 : 0
+            connectedAt = nil
+        }
+        if shortConnections >= Self.collisionAfter, collisionSaidAt.map({ now - $0 >= .seconds(60) }) ?? true {
+            collisionSaidAt = now
+            log.error("the broker closed the connection \(shortConnections) times in a row within \(Self.shortConnection.components.seconds) s of connecting: most likely another client uses the client id \(clientID) (two gateways with gateway.id \(gatewayID), the host name by default?). Give each gateway its own gateway.id (or broker.client-id) in /etc/baton/baton.yaml or with --id (docs/broker.md)")
+        }
         let known = failuresSaid.firstIndex { $0.reason == reason }
         if let i = known, now - failuresSaid[i].at < .seconds(60) {
             failuresUnsaid &+= 1
@@ -133,7 +157,7 @@ extension Gateway where Radio: ~Copyable {
         for event in broker.events {
             switch event {
             case .connected(let version, _):
-                broker.connected(log: log)
+                broker.connected(now: now, log: log)
                 log.info("connected to the broker \(broker.mqtt.brokerName) (MQTT \(version.rawValue)); publishing status and \(table.count) activities")
                 // What this gateway knew of the building's sightings is from before the
                 // outage (docs/rooms.md §7).

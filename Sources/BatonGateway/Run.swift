@@ -44,8 +44,12 @@ public enum GatewayLauncher {
                 let open = { () throws(RadioError) -> RadioH4 in try RadioH4(fd: try connectUnix(socket), config: radioConfig) }
                 return run(radio: try open(), reopen: open, mqtt: mqtt, config: config, log: log)
             case .capture(let path):
-                guard let data = readFile(path) else {
-                    log.critical("radio capture:\(path): cannot read the file")
+                let data: [UInt8]
+                do throws(FileReadError) { data = try readFile(path) } catch {
+                    // The reason is what the user acts on: a missing file, or one the baton
+                    // user may not read (a capture in a home directory, say).
+                    let who = error.code == EACCES ? " (the gateway runs as \(currentUserName()))" : ""
+                    log.critical("radio capture:\(path): cannot read the file: \(error.reason)\(who)")
                     return 1
                 }
                 let pace: RadioCapture.Pace = config.pacedCapture ? .timestamps(speed: 1) : .asFastAsPossible

@@ -72,10 +72,27 @@ public func open(_ path: UnsafePointer<CChar>, _ flags: Int32) -> Int32 { baton_
 @inline(__always)
 public func ioctl(_ fd: Int32, _ request: UInt, _ value: Int32) -> Int32 { baton_ioctl_int(fd, request, value) }
 
-/// The whole of a file, or nil when it cannot be opened or read.
-public func readFile(_ path: String) -> [UInt8]? {
-    let fd = BatonLibc.open(path, O_RDONLY | O_CLOEXEC)
-    guard fd >= 0 else { return nil }
+/// Why a file could not be read: the `errno` of the call that failed.
+public struct FileReadError: Error, Equatable {
+    public let code: Int32
+    public init(_ code: Int32) { self.code = code }
+    /// The C library's text for `code`, e.g. "Permission denied": what a user acts on.
+    public var reason: String { String(cString: strerror(code)) }
+}
+
+/// The name of the user this process runs as (`baton` under the unit), or `uid N`: who a
+/// "Permission denied" is about.
+public func currentUserName() -> String {
+    let uid = geteuid()
+    if let entry = getpwuid(uid), let name = entry.pointee.pw_name { return String(cString: name) }
+    return "uid \(uid)"
+}
+
+/// The whole of a file, or the OS's reason it cannot be opened or read.
+public func readFile(_ path: String) throws(FileReadError) -> [UInt8] {
+    var fd: Int32
+    repeat { fd = BatonLibc.open(path, O_RDONLY | O_CLOEXEC) } while fd < 0 && errno == EINTR
+    guard fd >= 0 else { throw FileReadError(errno) }
     defer { close(fd) }
     var bytes: [UInt8] = []
     var chunk = [UInt8](repeating: 0, count: 65_536)
@@ -86,7 +103,7 @@ public func readFile(_ path: String) -> [UInt8]? {
         } else if n == 0 {
             return bytes
         } else if errno != EINTR {
-            return nil
+            throw FileReadError(errno)
         }
     }
 }

@@ -224,8 +224,9 @@ final class DeviceActivity: LinkDeviceModel {
     static func content(_ s: DeviceSettings) throws -> ActivityPayloadContent {
         var userInfo: [String: UserInfoValue] = [:]
         if let path = s.userInfoFile {
-            guard let data = FileManager.default.contents(atPath: path) else {
-                throw DeviceError(description: "--user-info \(path): cannot read the file")
+            let data: Data
+            do throws(FileReadError) { data = Data(try readFile(path)) } catch {
+                throw DeviceError(description: "--user-info \(path): cannot read the file: \(error.reason)")
             }
             do {
                 let value = try JSONDecoder().decode(JSONUserInfo.self, from: data)

@@ -65,7 +65,7 @@ import Testing
         (["--type", "a.b", "--id", "1234567890abc"], "--id must be at most 12 hex digits"),
         (["--type", "a.b", "--group", "xyz"], "--group must be at most 8 hex digits"),
         (["--type", "a.b", "--sequence", "65536"], "--sequence must be 0–65535"),
-        (["--type", "a.b", "--user-info", "/nonexistent/info.json"], "cannot read the file"),
+        (["--type", "a.b", "--user-info", "/nonexistent/info.json"], "--user-info /nonexistent/info.json: cannot read the file: No such file or directory"),
         (["--type", "a.b", "--identity", "3"], "--identity and --rotate need --key"),
         (["--type", "a.b", "--key", "/nonexistent/group.key"], "--key /nonexistent/group.key"),
     ])

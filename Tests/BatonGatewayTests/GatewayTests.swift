@@ -320,3 +320,44 @@ private func replayedHall(_ name: String, seed: UInt64) throws
         #expect(warnings.contains { $0.contains("mqtt://127.0.0.1:\(ports[1]): Connection refused; next: mqtt://127.0.0.1:\(ports[0])") })
     }
 }
+
+/// A first start that explains itself (issue 31, docs/install.md, docs/broker.md): what goes
+/// wrong names its cause and its fix.
+@Suite struct FirstStartTests {
+    /// Two gateways left with one `gateway.id`: each takes the client id `baton-hall` from the
+    /// other at every connect. The log says so, naming the id and the key that fixes it.
+    @Test func twoGatewaysWithOneIDAreToldSo() throws {
+        let broker = try MosquittoBroker()
+        let dir = try scratchDirectory("one-id")
+        let capture = try GeneratedCapture(in: dir, devices: 2, reports: 50, seed: 31)
+        let yaml = gatewayYAML(port: broker.port, radio: "capture:\(capture.path)", expiry: "1h")
+        let first = try GatewayProcess(yaml: yaml, in: dir)
+        let alone = eventually(within: 10) { first.log.contains("connected to the broker") ? true : nil }
+        try #require(alone != nil, "\(first.log)")
+        // Alone for longer than a short connection: no word of a collision.
+        sleep(6)
+        let collision = "most likely another client uses the client id baton-hall (two gateways with gateway.id hall"
+        #expect(!first.log.contains(collision), "\(first.log)")
+
+        let second = try GatewayProcess(yaml: yaml, in: dir)
+        let told = eventually(within: 30, every: 0.2) { () -> String? in
+            let lines = (first.log + "\n" + second.log).split(separator: "\n")
+            return lines.first { $0.hasPrefix("<3>") && $0.contains(collision) }.map(String.init)
+        }
+        #expect(told?.contains("Give each gateway its own gateway.id (or broker.client-id)") == true,
+                "first:\n\(first.log)\nsecond:\n\(second.log)")
+        _ = first.stop(); _ = second.stop()
+    }
+
+    /// A capture that cannot be read says why, as the OS does.
+    @Test func anUnreadableCaptureSaysWhy() throws {
+        let broker = try MosquittoBroker()
+        let dir = try scratchDirectory("no-capture")
+        let missing = dir.appendingPathComponent("missing.btsnoop").path
+        let gateway = try GatewayProcess(yaml: gatewayYAML(port: broker.port, radio: "capture:\(missing)"), in: dir)
+        let ended = eventually(within: 10) { gateway.isRunning ? nil : true }
+        #expect(ended != nil)
+        #expect(gateway.process.terminationStatus == 1)
+        #expect(gateway.log.contains("<2>radio capture:\(missing): cannot read the file: No such file or directory"), "\(gateway.log)")
+    }
+}
