@@ -72,7 +72,9 @@ public func open(_ path: UnsafePointer<CChar>, _ flags: Int32) -> Int32 { baton_
 @inline(__always)
 public func ioctl(_ fd: Int32, _ request: UInt, _ value: Int32) -> Int32 { baton_ioctl_int(fd, request, value) }
 
-/// Why a file could not be read: the `errno` of the call that failed.
+/// Why a file could not be read: the `errno` of the call that failed. BatonHCI's `Errno` says
+/// the same of a call, but this module sits below it; when `Errno` moves here (issue 34: the
+/// one syscall wrapper in BatonLibc), this becomes an `Errno` of `open` or `read`.
 public struct FileReadError: Error, Equatable {
     public let code: Int32
     public init(_ code: Int32) { self.code = code }
