@@ -169,13 +169,15 @@ extension FaultBuilding {
 
         // 5. The node comes back (same ports, same store) and rejoins: it is a current replica
         //    of MQTT's streams again, and a fresh subscriber on it is sent the same activities as
-        //    one on node a.
+        //    one on node a. Catching up took 5.8 s on a quiet machine and more than 15 s in CI,
+        //    with the rest of the suite on both cores (the streams' leaders still saw node c
+        //    behind on $MQTT_msgs and $MQTT_sess); 60 s is the bound, the time is printed.
         let returned = Date()
         try cluster.restart(victim)
-        let current = eventually(within: 15, every: 0.25) { () -> Double? in
+        let current = eventually(within: 60, every: 0.25) { () -> Double? in
             cluster.isCurrentReplicaOfEveryMQTTStream(victim) ? Date().timeIntervalSince(returned) : nil
         }
-        #expect(current != nil, "node c never became a current replica of MQTT's streams again: \(cluster.mqttStreams(seenBy: survivor))")
+        #expect(current != nil, "node c was not a current replica of MQTT's streams again within 60 s: \(cluster.mqttStreams(seenBy: survivor))")
         var difference = "no read"
         let alike = eventually(within: 10, every: 0.2) { () -> Bool? in
             guard let onA = try? cluster.clients(survivor).retained("baton/activities/+"),
