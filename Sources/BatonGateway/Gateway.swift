@@ -66,6 +66,9 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     let startedAt: Instant
     let clock: WallClock
     var nextStats: Instant
+    /// Reads this gateway's own retained status back (docs/broker.md "A status the broker
+    /// did not keep").
+    var statusCheck: StatusCheck
     var capacityWarnings: CapacityWarnings
     let statsScratch: UnsafeMutableRawBufferPointer
 
@@ -123,6 +126,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         self.log = log
         self.startedAt = now
         self.nextStats = now + config.statusInterval
+        self.statusCheck = StatusCheck(interval: config.statusInterval)
         self.capacityWarnings = CapacityWarnings(now: now)
         self.statsScratch = .allocate(byteCount: 8192, alignment: 8)
     }
@@ -245,6 +249,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
             next = Instant.earliest(next, rooms.standInsDue)
             next = Instant.earliest(next, publisher.retainedScanEnds)
             next = Instant.earliest(next, rooms.nextSightingCheck)
+            next = Instant.earliest(next, statusCheck.deadline)
         }
         return next
     }
@@ -267,6 +272,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         if connected, let due = publisher.nextCorrection, due <= now { correct(now: now) }
         if let due = rooms.tickDue, due <= now { roomsTick(now: now) }
         if connected, rooms.nextSightingCheck <= now { sendSightings(now: now) }
+        if connected, let step = statusCheck.due(now: now) { statusChecked(step) }
         if capacityWarnings.next <= now { capacityWarnings.check(now: now, table: table, rooms: rooms, log: log) }
         if nextStats <= now {
             publishStats(now: now)

@@ -170,6 +170,7 @@ extension Gateway where Radio: ~Copyable {
                 rooms.publishers.removeAll()
                 rooms.standInsDue = now + config.rooms.sightingInterval
                 publisher.connected(&broker.mqtt, table: table, apple: apple, ownership: rooms.ownership, now: now)
+                statusCheck.connected(now: now)
                 publishStats(now: now)
                 rooms.sightings.reset()
                 sendSightings(now: now)
@@ -185,6 +186,7 @@ extension Gateway where Radio: ~Copyable {
                 log.error("\(reason)")
             case .disconnected(let reason):
                 broker.lost(reason, now: now, log: log)
+                statusCheck.disconnected()
                 // Until the next connect nothing arrives, this gateway's own sightings
                 // included: their going stale is the outage's, not the devices' (docs/rooms.md §7).
                 rooms.ownership.leave(now: now)
@@ -194,6 +196,30 @@ extension Gateway where Radio: ~Copyable {
             }
         }
         broker.events.removeAll(keepingCapacity: true)
+    }
+
+    /// What the status check says to do: ask the broker for the own retained status, stop
+    /// asking, or say `online` again (docs/broker.md "A status the broker did not keep").
+    mutating func statusChecked(_ step: StatusCheck.Step) {
+        let topic = publisher.topics.status
+        do throws(MQTTError) {
+            switch step {
+            case .ask: try broker.mqtt.subscribe(topic, qos: 0)
+            case .kept, .republish: try broker.mqtt.unsubscribe(topic)
+            }
+        } catch {
+            // The connection is going: the next connect starts the check over.
+            log.debug("the status check's (un)subscribe failed: \(error)")
+            return
+        }
+        guard case .republish(let kept) = step else { return }
+        let what = kept.map { "'\($0)'" } ?? "nothing"
+        if statusCheck.republishedThisConnection == 1 {
+            log.warning("the broker did not keep this gateway's status (it holds \(what) at \(topic), not 'online'): saying 'online' again (until a broker keeps it, a Home Assistant or gateway that starts reads this gateway as unavailable)")
+        } else {
+            log.debug("the broker still does not keep this gateway's status (\(what)): saying 'online' again")
+        }
+        publisher.republishBirth(&broker.mqtt)
     }
 
     /// Every message the broker sends, by what its topic says it is (`Topics.classify`).

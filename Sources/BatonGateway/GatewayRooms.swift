@@ -134,6 +134,10 @@ extension Gateway where Radio: ~Copyable {
     /// A gateway's status: online, or its will.
     mutating func statusReceived(_ message: MQTTMessage, gateway id: Substring, now: Instant) {
         let online = message.payload.elementsEqual("online".utf8)
+        // Our own, retained: the broker's answer to the status check (docs/broker.md).
+        if id == config.gatewayID, message.retained, let step = statusCheck.retained(message.payload, now: now) {
+            statusChecked(step)
+        }
         // A gateway coming online subscribed to the sightings before it said so, but missed
         // the ones sent before: send ours again now, within its `rooms.settle`, rather than
         // at the next heartbeat, after it (two gateways starting together would each settle

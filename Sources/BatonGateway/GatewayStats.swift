@@ -157,6 +157,7 @@ extension Publisher {
         try w.key("changes_while_away"); try w.int(Int64(counters.changesWhileAway))
         try w.key("orphans_cleared"); try w.int(Int64(counters.orphansCleared))
         try w.key("orphan_rescans"); try w.int(Int64(counters.orphanRescans))
+        try w.key("status_republished"); try w.int(Int64(counters.statusRepublished))
         try w.key("publish_errors"); try w.int(Int64(counters.publishErrors))
         try w.key("messages_received"); try w.int(Int64(messagesReceived))
         try w.endObject()

@@ -28,6 +28,9 @@ public struct PublisherCounters: Sendable, Equatable {
     /// Times the broker was asked again for retained entries because more orphans were left
     /// than the orphan list holds (docs/mqtt.md §5).
     public var orphanRescans = 0
+    /// Times this gateway's status and connectivity config were published again because the
+    /// broker, asked, had not kept `online` (StatusCheck, docs/broker.md).
+    public var statusRepublished = 0
     public init() {}
 }
 
@@ -477,16 +480,7 @@ public struct Publisher: ~Copyable {
         } catch {
             log.warning("subscribing to the building's statuses, sightings, fetches and streams failed: \(error)")
         }
-        publish(&mqtt, topics.status, text: "online")
-        if discovery {
-            var w = JSONWriter(scratch)
-            do throws(WireError) {
-                try Discovery.gatewayConnectivity(topics: topics, room: origin.room, version: version, into: &w)
-                publish(&mqtt, topics.gatewayConnectivityConfig, w.written)
-            } catch {
-                log.error("discovery JSON did not fit 4 KiB (our bug): \(error)")
-            }
-        }
+        publishBirth(&mqtt)
         let owed = pending
         pending.removeAll(keepingCapacity: true)
         for owedClear in owed { clear(&mqtt, owedClear.topic, departed: owedClear.departed) }
@@ -519,6 +513,26 @@ public struct Publisher: ~Copyable {
         } catch {
             log.warning("subscribing to this gateway's retained entries failed: \(error)")
         }
+    }
+
+    /// This gateway's retained `online` and, with discovery, its connectivity sensor's config:
+    /// what it says once per connect, and again when the broker did not keep it (StatusCheck).
+    private mutating func publishBirth(_ mqtt: inout MQTTClient) {
+        publish(&mqtt, topics.status, text: "online")
+        guard discovery else { return }
+        var w = JSONWriter(scratch)
+        do throws(WireError) {
+            try Discovery.gatewayConnectivity(topics: topics, room: origin.room, version: version, into: &w)
+            publish(&mqtt, topics.gatewayConnectivityConfig, w.written)
+        } catch {
+            log.error("discovery JSON did not fit 4 KiB (our bug): \(error)")
+        }
+    }
+
+    /// The broker was asked for this gateway's retained status and had not kept `online`.
+    public mutating func republishBirth(_ mqtt: inout MQTTClient) {
+        counters.statusRepublished &+= 1
+        publishBirth(&mqtt)
     }
 
     /// Before a clean stop: nothing more is wanted from the broker.

@@ -114,6 +114,45 @@ private func replayedHall(_ name: String, seed: UInt64) throws
         #expect(try eventually(within: 10) { text(try broker.retained(status)[status]) == "offline" ? true : nil } == true)
     }
 
+    /// docs/broker.md "A status the broker did not keep": the gateway reads its retained
+    /// status back after the connect and every `status.interval`; gone (a broker that took the
+    /// publish but did not store it) or `offline` (a stale will), it says `online` again, with
+    /// its connectivity config, and a kept one is left alone.
+    @Test func aStatusTheBrokerDidNotKeepIsSaidAgain() throws {
+        let dir = try scratchDirectory("status-kept")
+        let broker = try MosquittoBroker()
+        let capture = try GeneratedCapture(in: dir, devices: 6, reports: 200, seed: 24)
+        let gateway = try GatewayProcess(yaml: gatewayYAML(port: broker.port, radio: "capture:\(capture.path)"), in: dir)
+        defer { gateway.kill() }
+        let status = "baton/gateways/hall/status", config = "homeassistant/binary_sensor/baton_hall/connectivity/config"
+        let stats = "baton/gateways/hall/stats"
+        func republished() throws -> Int? {
+            guard let s = json(try broker.retained(stats)[stats] ?? []) else { return nil }
+            return (s["broker"] as? [String: Any])?["status_republished"] as? Int
+        }
+        #expect(try eventually(within: 10) { text(try broker.retained(status)[status]) == "online" ? true : nil } == true)
+        // Lost, as nats-server loses it: no status retained, no connectivity config.
+        try broker.publish(topic: status, payload: [], retain: true)
+        try broker.publish(topic: config, payload: [], retain: true)
+        let back = try eventually(within: 15) { () -> Bool? in
+            let r = try broker.retained("#")
+            return text(r[status]) == "online" && r[config] != nil ? true : nil
+        }
+        #expect(back == true, "the lost status never came back: \(gateway.log)")
+        #expect(try eventually(within: 5) { try republished().flatMap { $0 >= 1 ? $0 : nil } } == 1, "\(gateway.log)")
+        #expect(gateway.log.contains("the broker did not keep this gateway's status (it holds nothing at baton/gateways/hall/status, not 'online')"),
+                "\(gateway.log)")
+        // Kept, and read back every second: nothing is said again.
+        sleep(3)
+        #expect(try republished() == 1, "a kept status was said again: \(gateway.log)")
+        // A stale `offline` is not what a running gateway leaves retained either.
+        try broker.publish(topic: status, payload: Array("offline".utf8), retain: true)
+        #expect(try eventually(within: 5) { text(try broker.retained(status)[status]) == "online" ? true : nil } == true,
+                "the stale offline stayed: \(gateway.log)")
+        #expect(try eventually(within: 5) { try republished().flatMap { $0 >= 2 ? $0 : nil } } == 2, "\(gateway.log)")
+        #expect(gateway.isRunning)
+    }
+
     /// A clean stop (SIGTERM) says offline itself and exits 0.
     @Test func sigtermSaysOfflineAndExitsCleanly() throws {
         let dir = try scratchDirectory("sigterm")
