@@ -56,7 +56,7 @@ extension FaultBuilding {
         let cluster = try NATSCluster()
         let broker = ClusterBroker(cluster)
         let rig = try FaultRig("nats", duration: 150, layout: .natsBuilding, broker: broker)
-        rig.report(String(format: "cluster up in %.1f s", rig.started.timeIntervalSince(began)))
+        rig.report(String(format: "cluster (%@) up in %.1f s", NATSCluster.version, rig.started.timeIntervalSince(began)))
         try #require(try rig.settled(), "the building never held the truth on node a")
         let gateways = rig.gatewayIDs
 

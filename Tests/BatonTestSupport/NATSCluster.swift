@@ -8,9 +8,25 @@ import Foundation
 import Glibc
 
 public final class NATSCluster: @unchecked Sendable {
-    public static let server = "/usr/sbin/nats-server"
+    /// Debian's, or another build named by `NATS_SERVER` (as for scripts/nats-cluster): how
+    /// trixie's 2.10 was measured on bookworm (docs/broker.md).
+    public static let server = ProcessInfo.processInfo.environment["NATS_SERVER"] ?? "/usr/sbin/nats-server"
     /// Debian's package, so a test can say `.enabled(if:)` and be skipped visibly without it.
     public static var isInstalled: Bool { FileManager.default.isExecutableFile(atPath: server) }
+
+    /// `nats-server --version`'s answer ("nats-server: v2.9.10"), for the test's report.
+    public static var version: String {
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: server)
+        p.arguments = ["--version"]
+        let out = Pipe()
+        p.standardOutput = out
+        p.standardError = out
+        guard (try? p.run()) != nil else { return "unknown version" }
+        p.waitUntilExit()
+        return String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+            .trimmingCharacters(in: .whitespacesAndNewlines)
+    }
 
     public let names = ["a", "b", "c"]
     public let directory: URL
