@@ -1,6 +1,6 @@
 // swift-tools-version: 6.1
 // Baton: carries a person's current activity across the rooms of a building.
-// Module map and the rule "arrows point down": ../shared/DESIGN.md, docs/architecture.md.
+// Module map and the rule "arrows point down": docs/architecture.md §1.
 import PackageDescription
 import Foundation
 
@@ -15,7 +15,7 @@ let wireSettings: [SwiftSetting] = [
 ]
 
 var targets: [Target] = [
-    // C libraries, each wrapped once (STYLE.md habit 6).
+    // C libraries, each wrapped once (architecture.md §5.6).
     // libc itself: Embedded Swift has no Glibc module, so the firmware's modules reach libc
     // through this map in both builds, and BatonLibc wraps what a map cannot carry (errno,
     // fcntl) and the monotonic clock (docs/firmware.md).

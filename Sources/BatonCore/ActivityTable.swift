@@ -1,8 +1,8 @@
 // The activity table: what this room knows about each device's current activity, keyed by the
 // beacon's rotating device id (docs/protocol.md §2.4), and the changes a subscriber must see
-// (DESIGN.md "Data flow"). The rules are written for users in docs/table.md; this file cites it.
+// (architecture.md §3a). The rules are written for users in docs/table.md; this file cites it.
 //
-// Storage is fixed at init (DESIGN.md "Memory model"): `capacity` entries in one allocation,
+// Storage is fixed at init (architecture.md §5): `capacity` entries in one allocation,
 // an open-addressing index over them, two lists in order of last heard (current,
 // invalidated), so expiry and `nextExpiry` are found at a list's head without a scan, and
 // the entries this room may give up sorted into buckets by their smoothed RSSI, so a full
@@ -257,7 +257,7 @@ public struct ActivityTable: ~Copyable {
         counters.relayed &+= 1
     }
 
-    /// Flags a subscriber sees on the activity topic (DESIGN.md "MQTT").
+    /// Flags a subscriber sees on the activity topic (docs/mqtt.md §2).
     private static let visibleFlags: BeaconFlags = [.supportsStreams, .hasWebURL]
 
     private static func list(_ state: TrackedActivity.State) -> Int {
@@ -295,7 +295,7 @@ public struct ActivityTable: ~Copyable {
     /// newcomer takes nothing else; otherwise the weakest entry this room does not own, if the
     /// newcomer's report is `admitMargin` dB louder. An entry found to be owned on the way is
     /// kept from then on. nil: the newcomer is not taken in, and counted by reason. A full
-    /// table is a steady state (DESIGN.md "Memory model"): it holds what this room owns, then
+    /// table is a steady state (architecture.md §5): it holds what this room owns, then
     /// the strongest it hears, and a newcomer weaker than those changes nothing.
     private mutating func victim(for rssi: Int8, ends: Bool, owned: (UInt64) -> Bool) -> Int32? {
         while true {

@@ -2,7 +2,7 @@
 // so exactly one gateway owns (publishes) a device's retained activity at a time, and the room
 // follows the person without flapping.
 //
-// Storage is fixed at init (DESIGN.md "Memory model"): a registry of `gateways` slots, a device
+// Storage is fixed at init (architecture.md §5): a registry of `gateways` slots, a device
 // table of `capacity` entries with an open-addressing index (the activity table's SlotPool and
 // SlotIndex), and one column array of `capacity × gateways` cells holding each gateway's last
 // sighting of each device. `sighting` and `tick` allocate nothing. Time is injected: every

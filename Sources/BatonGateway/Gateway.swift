@@ -1,4 +1,4 @@
-// The service (DESIGN.md "Data flow", docs/architecture.md "The loop"): one thread, one
+// The service (docs/architecture.md §2 "The loop"): one thread, one
 // poll() loop, driven by `PollLoop`, over the gateway's parts. Each part has the same shape
 // (descriptors to poll, a next deadline, work when one is ready or due) and lives in its own
 // file:

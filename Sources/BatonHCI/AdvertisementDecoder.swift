@@ -1,4 +1,4 @@
-// The decode path every radio source feeds (DESIGN.md "Data flow"): HCI event or sniffed
+// The decode path every radio source feeds (architecture.md §3a): HCI event or sniffed
 // link-layer PDU → advertising reports → what each advertisement carries. It counts as it
 // goes (reports, beacons, Continuity messages by type, drops by reason) in fixed storage,
 // and hands each decoded advertisement to the caller, borrowed. Nothing is allocated per

@@ -148,7 +148,7 @@ public struct HCIStatus: RawRepresentable, Hashable, Sendable, CustomStringConve
 
 // MARK: - Controller errors
 
-/// The controller broke HCI or refused us (STYLE.md habit 3): distinct from `WireError`
+/// The controller broke HCI or refused us (architecture.md §5.3): distinct from `WireError`
 /// (malformed bytes) and `Errno` (the OS). Each says which command and what the controller did.
 public enum ControllerError: Error, Equatable, Sendable, CustomStringConvertible {
     /// Command Complete / Command Status for `opcode` carried a non-zero status.

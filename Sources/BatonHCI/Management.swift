@@ -341,7 +341,7 @@ public struct ManagementAnswer {
 }
 
 /// A socket on HCI_CHANNEL_CONTROL for one adapter, driven by the caller's poll() loop
-/// (DESIGN.md "one thread"): `send` writes a request and returns at once; the answers are read
+/// (one thread, architecture.md §2): `send` writes a request and returns at once; the answers are read
 /// by `poll(now:_:)` when the descriptor is readable, and a request whose answer has not come
 /// by its deadline is answered `.timeout` by the `poll` after it. Nothing here waits, except
 /// `request`, the synchronous wrapper for `baton device` and for the gateway's start and stop,

@@ -4,7 +4,7 @@
 // controller. Nothing stands between Baton and the controller, so Baton owns it: Reset, event
 // masks, features, scan parameters, scan enable (CommandFlow in RadioSource.swift).
 //
-// One thread, no blocking (STYLE.md habit 7): the descriptor is non-blocking; `poll(now:_:)`
+// One thread, no blocking (architecture.md §5.7): the descriptor is non-blocking; `poll(now:_:)`
 // reads what is there, frames it (H4Framer), answers the init sequence and writes at most one
 // command, and returns. A short write keeps the rest of the command and asks for POLLOUT.
 

@@ -11,7 +11,7 @@
 //                 `nextDeadline` (now, when unpaced), delivers due records from `poll`, has no
 //                 init sequence (`start` only rewinds), and ends in `.finished`.
 //
-// Every source is driven by the caller's single poll() loop (DESIGN.md "one thread"): no
+// Every source is driven by the caller's single poll() loop (docs/architecture.md §2): no
 // threads, no blocking waits. The loop polls `fd` for POLLIN (plus POLLOUT while
 // `wantsWrite`), with a timeout up to `nextDeadline`, and calls `poll(now:_:)` whenever the fd
 // is ready or the deadline has passed. Timeouts are deadlines, checked inside `poll`.

@@ -120,7 +120,7 @@ public struct AdvertisementReassembly {
     var marks: [Mark]
     /// Open chains plus marks in use: zero makes the common case free.
     public private(set) var inUse = 0
-    /// The fewest buffers free since start (a pool's low-water mark, STYLE.md habit 5).
+    /// The fewest buffers free since start (a pool's low-water mark, architecture.md §5.5).
     public private(set) var lowWater: Int
 
     public init(capacity: Int = defaultCapacity, deadline: Int64 = defaultDeadline) {

@@ -1,4 +1,4 @@
-// The one syscall wrapper (STYLE.md habit 7), after SwiftNIO's Sources/NIOPosix/System.swift:
+// The one syscall wrapper (architecture.md §5.7), after SwiftNIO's Sources/NIOPosix/System.swift:
 //   * EINTR is retried (a signal landed mid-call; the call itself did nothing),
 //   * EAGAIN is a value (`nil`): a non-blocking descriptor has nothing now, poll() again,
 //   * EBADF and EFAULT are a `precondition`: a descriptor or buffer WE own is wrong, which is
@@ -9,7 +9,7 @@
 import BatonLibc
 import CLibc
 
-/// An operating-system error: which call failed and its `errno` (STYLE.md habit 3: errors say
+/// An operating-system error: which call failed and its `errno` (architecture.md §5.3: errors say
 /// whose fault it is; an `Errno` is the OS's).
 public struct Errno: Error, Sendable, Equatable, CustomStringConvertible {
     /// The `errno` value, e.g. `EAFNOSUPPORT`.

@@ -1,4 +1,4 @@
-// The one place BatonKeys talks to OpenSSL's libcrypto (STYLE.md habit 6: C is wrapped once).
+// The one place BatonKeys talks to OpenSSL's libcrypto (C is wrapped once: architecture.md §5.6).
 // Every primitive (AES, CCM, GCM, HKDF, SHA-256, the random generator) is libcrypto's; this
 // file only owns the contexts and turns failures into `CryptoError`.
 import CCrypto
@@ -33,7 +33,7 @@ public struct CryptoError: Error, Equatable, CustomStringConvertible {
 
 /// One `EVP_CIPHER_CTX`, keyed once at init and re-armed with a new nonce per message, so the
 /// per-message path allocates nothing (docs/security.md §7). Not shared across threads: the
-/// gateway is single-threaded (DESIGN.md, memory model).
+/// gateway is single-threaded (docs/architecture.md §2).
 final class CipherContext {
     let ctx: OpaquePointer
     /// 64 bytes of working memory (nonce, block, tag) allocated with the context, so the

@@ -1,4 +1,4 @@
-// What libmosquitto's callbacks leave for `MQTTClient.poll` (STYLE.md habit 6: callbacks
+// What libmosquitto's callbacks leave for `MQTTClient.poll` (architecture.md §5.6: callbacks
 // record; they never re-enter the library or call user code).
 //
 // libmosquitto calls its callbacks from inside mosquitto_loop_read/_write/_misc, publish and

@@ -1,5 +1,5 @@
 // The broker connection: a libmosquitto client driven by the caller's poll() loop
-// (DESIGN.md "one thread"; STYLE.md habits 6 and 7). docs/broker.md is the user's side of it:
+// (architecture.md §5.6, §5.7). docs/broker.md is the user's side of it:
 // URL forms, TLS, credentials, v5 and the v3.1.1 fallback, keepalive, will, reconnect.
 //
 // No libmosquitto thread. The library is used through its "Network loop (for use in other
@@ -219,7 +219,7 @@ private let libraryInitResult: Int32 = mosquitto_lib_init()
 
 /// A libmosquitto client driven by the caller's poll() loop: no libmosquitto thread.
 ///
-/// The single owner of the `mosquitto *` (STYLE.md habit 6): `~Copyable`, destroyed in
+/// The single owner of the `mosquitto *` (architecture.md §5.6): `~Copyable`, destroyed in
 /// `deinit`. Dropping a client without `disconnect()` closes its socket without DISCONNECT,
 /// so the broker publishes the will, as it would after a crash.
 public struct MQTTClient: ~Copyable {
@@ -363,7 +363,7 @@ public struct MQTTClient: ~Copyable {
     /// The socket to poll, or -1 while not connected (re-read every turn: a reconnect changes it).
     public var socket: Int32 { mosquitto_socket(handle) }
 
-    /// Ask poll() for POLLOUT too. Recomputed after every call into the library (STYLE.md habit 7).
+    /// Ask poll() for POLLOUT too. Recomputed after every call into the library (architecture.md §5.7).
     public var wantsWrite: Bool {
         guard mosquitto_socket(handle) >= 0 else { return false }
         // Until this attempt's TCP connect has completed, POLLOUT is how poll() says so.

@@ -1,4 +1,4 @@
-// Every MOSQ_ERR_* code passes through `MQTTError.mosquitto(_:_:errno:)` (STYLE.md habit 6),
+// Every MOSQ_ERR_* code passes through `MQTTError.mosquitto(_:_:errno:)` (architecture.md §5.6),
 // and every refused CONNACK and broker DISCONNECT through the texts below, so what a user
 // reads in the log is written in one place. docs/broker.md shows the lines.
 

@@ -1,4 +1,4 @@
-// The one place BatonProxy talks to libcrypto (STYLE.md habit 6), in the manner of
+// The one place BatonProxy talks to libcrypto (architecture.md §5.6), in the manner of
 // Sources/BatonKeys/Libcrypto.swift: every primitive of the Noise protocol's
 // 25519_ChaChaPoly_SHA256 suite is libcrypto's (X25519, ChaCha20-Poly1305, SHA-256, and HKDF,
 // which is exactly Noise's HKDF: noiseprotocol.org/noise.html §4.3, RFC 5869 with the chaining

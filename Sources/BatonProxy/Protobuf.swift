@@ -1,7 +1,7 @@
 // The protobuf wire format, as much of it as ESPHome's native API uses (protobuf.dev,
 // "Encoding"): varints, zigzag for sint32, length-delimited fields; fixed32/fixed64 only to be
 // skipped. Reads go through ByteReader over borrowed bytes and never trap; writes go through
-// ByteWriter into the caller's buffer after the length is computed (STYLE.md habits 1 and 4).
+// ByteWriter into the caller's buffer after the length is computed (architecture.md §5.1, §5.4).
 import BatonWire
 
 extension Malformed {

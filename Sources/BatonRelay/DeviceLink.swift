@@ -12,7 +12,7 @@
 //     (net/bluetooth/l2cap_sock.c, l2cap_core.c, af_bluetooth.c).
 //   * Unix: SOCK_SEQPACKET is "connection-oriented and preserves message boundaries" (unix(7)).
 //
-// One thread, no blocking (STYLE.md habit 7): every descriptor is non-blocking and
+// One thread, no blocking (architecture.md §5.7): every descriptor is non-blocking and
 // close-on-exec; `LinkChannel.poll` moves a channel on when the caller's poll() says so, and
 // every syscall goes through BatonHCI's `Syscall` wrapper (EINTR retried, EAGAIN a value).
 

@@ -8,7 +8,7 @@
 // the error of whatever ended it (a timeout, a link failure, a newer request of the same
 // requester, a stop). A request a full table cannot take is answered `busy` at once.
 //
-// Capacities are fixed at start (DESIGN.md "Memory model"): pending requests, links, cache
+// Capacities are fixed at start (architecture.md §5): pending requests, links, cache
 // entries and the cache's bytes (entries × `payloadMax`). Who answers what — owner, unknown
 // device, not owner — is the gateway's decision (it knows the rooms); this type is handed a
 // resolved target.

@@ -1,6 +1,6 @@
 // The link slots of a relay (docs/relay.md §5): the fetch relay's links to devices, the stream
 // relay's streams, the phones' links to re-advertised activities. Each is a fixed number of
-// slots, taken at start (DESIGN.md "Memory model"); a slot holds an open (or opening) channel
+// slots, taken at start (architecture.md §5); a slot holds an open (or opening) channel
 // and the relay's state for it. The pool keeps what the three share: which slots are taken,
 // each link's serial, and which descriptor handed to poll(2) belongs to which link.
 //

@@ -1,4 +1,4 @@
-// Writes into a caller-owned buffer (STYLE.md habit 4): an encoder computes its length,
+// Writes into a caller-owned buffer (architecture.md §5.4): an encoder computes its length,
 // calls `reserve(_:)` once (which throws `.noRoom`), then writes. Writing past what it
 // reserved is the encoder's bug, so the write verbs `precondition` instead of throwing.
 

@@ -1,4 +1,4 @@
-// Drops counted per reason (STYLE.md habit 3), in a fixed table: counting never allocates,
+// Drops counted per reason (architecture.md §5.3), in a fixed table: counting never allocates,
 // so a flood of bad input cannot grow memory. Reasons are the `WireError.reason` strings,
 // which all come from static strings, so there are only as many as the code names.
 

@@ -1,4 +1,4 @@
-// Errors in bytes that came from a peer (STYLE.md habit 3: errors say whose fault it is).
+// Errors in bytes that came from a peer (errors say whose fault it is: architecture.md §5.3).
 // A `WireError` always means "the input is bad"; our own broken invariants are
 // `precondition`s, the OS's failures are `Errno`, a controller's are `ControllerError`.
 

@@ -1,6 +1,6 @@
 // H4 framing: Core 5.4, Vol 4, Part A, §2 (packet indicators) and Vol 4, Part E, §5.4
 // (packet headers). Framers are drip-fed byte by byte between guard bytes and fed in every
-// possible two- and three-way split (STYLE.md habit 8).
+// possible two- and three-way split (architecture.md §5.8).
 import Testing
 import BatonTestSupport
 import BatonHCI

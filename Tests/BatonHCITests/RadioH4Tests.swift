@@ -541,7 +541,7 @@ struct RadioH4Tests {
     }
 }
 
-@Suite("RadioH4: the syscall wrapper (STYLE.md habit 7)")
+@Suite("RadioH4: the syscall wrapper (habit 7)")
 struct RadioH4SyscallTests {
     @Test("EAGAIN is nil, end of stream is 0, other errors throw Errno naming the call")
     func results() throws {

@@ -1,6 +1,6 @@
 // The gateway's loop in miniature: one real poll() over the clients' sockets (POLLIN, plus
 // POLLOUT while `wantsWrite`) and any other descriptors a test serves, with the timeout from
-// the nearest `nextDeadline` (STYLE.md habit 7). Every test drives MQTTClient through it, so
+// the nearest `nextDeadline` (architecture.md §5.7). Every test drives MQTTClient through it, so
 // the client is exercised exactly as `baton gateway` will drive it.
 
 import BatonLibc

@@ -1,4 +1,4 @@
-// A real mosquitto for the tests that need a broker (DESIGN.md "How it is tested here"): no
+// A real mosquitto for the tests that need a broker (docs/architecture.md §4): no
 // mocks. Each broker gets its own temporary directory (config, log, password file) and a free
 // port on 127.0.0.1, so tests run side by side. The reference clients (mosquitto_sub,
 // mosquitto_pub, mosquitto_passwd, from mosquitto-clients / mosquitto) read and inject

@@ -13,7 +13,7 @@ private func head(_ bytes: [UInt8]) throws(WireError) -> CBORHead {
             let h = try reader.readCBORHead()
             return .success(h)
         } catch {
-            // A failed read leaves the cursor at the head (STYLE.md habit 1).
+            // A failed read leaves the cursor at the head (architecture.md §5.1).
             #expect(reader.offset == 0)
             return .failure(error)
         }
