@@ -837,10 +837,7 @@ func readPasswordFile(_ path: String) throws(ConfigValueError) -> String {
 
 // MARK: - Value syntax
 
-func hexDigits(_ n: Int) -> String {
-    let digits = String(n, radix: 16, uppercase: true)
-    return String(repeating: "0", count: max(0, 4 - digits.count)) + digits
-}
+func hexDigits(_ n: Int) -> String { Hex.text(n, digits: 4, uppercase: true) }
 
 /// Said after "expected …, got "+5"": the plus is what was refused.
 func plusHint(_ text: String) -> String {

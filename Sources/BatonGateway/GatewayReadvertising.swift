@@ -78,7 +78,7 @@ extension Gateway where Radio: ~Copyable {
                 guard !data.isEmpty else { return }  // the slot left the air meanwhile
                 try readvertiseRadio.advertise(k, data)
                 if let a = readvertiser.slots[k] {
-                    log.info("re-advertising \(Topics.deviceText(a.device)) seq \(a.sequence) from gateway \(a.owner) on PSM 0x\(Topics.hex(UInt64(readvertiser.psms[k]), digits: 4))")
+                    log.info("re-advertising \(Topics.deviceText(a.device)) seq \(a.sequence) from gateway \(a.owner) on PSM 0x\(Hex.text(UInt64(readvertiser.psms[k]), digits: 4))")
                 }
             case .withdraw(let k):
                 try readvertiseRadio.withdraw(k)

@@ -36,7 +36,7 @@ extension Gateway where Radio: ~Copyable {
         if let verifier = radio.keys.verifier {
             // docs/security.md §4.4; never the key itself (§6).
             try w.key("security"); try w.beginObject()
-            try w.key("group"); try w.string(Topics.hex(UInt64(verifier.groupHash), digits: 8))
+            try w.key("group"); try w.string(Hex.text(UInt64(verifier.groupHash), digits: 8))
             try w.key("identities"); try w.int(Int64(verifier.identities))
             try w.key("unkeyed"); try w.string(verifier.policy == .publish ? "publish" : "ignore")
             try w.key("verified"); try w.int(Int64(verifier.verified))

@@ -62,12 +62,12 @@ public enum Payloads {
         try w.key("change")
         if let c = extras.change { try w.string(c) } else { try w.string(name(a.lastChangeKind)) }
         try w.key("seq"); try w.uint(UInt64(b.sequence))
-        try w.key("type_hash"); try w.string(Topics.hex(UInt64(b.activityTypeHash), digits: 8))
+        try w.key("type_hash"); try w.string(Hex.text(UInt64(b.activityTypeHash), digits: 8))
         try w.key("type"); if let t = extras.type { try w.string(t) } else { try w.null() }
         try w.key("title"); if let t = extras.title { try w.string(t) } else { try w.null() }
         try w.key("webpage_url"); if let u = extras.webpageURL { try w.string(u) } else { try w.null() }
         try w.key("payload_seq"); if let p = extras.payloadSeq { try w.uint(UInt64(p)) } else { try w.null() }
-        try w.key("group"); try w.string(Topics.hex(UInt64(b.groupHash), digits: 8))
+        try w.key("group"); try w.string(Hex.text(UInt64(b.groupHash), digits: 8))
         try w.key("supports_streams"); try w.bool(b.flags.contains(.supportsStreams))
         try w.key("has_web_url"); try w.bool(b.flags.contains(.hasWebURL))
         try w.key("relayed"); try w.bool(b.flags.contains(.relayed))
@@ -129,6 +129,6 @@ public enum Payloads {
     }
 
     static func addressText(_ a: UInt64) -> String {
-        (0..<6).map { i in Topics.hex((a >> UInt64(8 * (5 - i))) & 0xFF, digits: 2).uppercased() }.joined(separator: ":")
+        (0..<6).map { i in Hex.text((a >> UInt64(8 * (5 - i))) & 0xFF, digits: 2, uppercase: true) }.joined(separator: ":")
     }
 }

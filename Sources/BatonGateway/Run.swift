@@ -1,5 +1,6 @@
 // `baton gateway`: opens the radio the config names, connects the broker client, and runs the
 // loop. The radio's concrete type is chosen here, once, so the loop is generic and direct.
+import BatonWire
 import BatonLibc
 import BatonCore
 import BatonHCI
@@ -74,7 +75,7 @@ public enum GatewayLauncher {
             return 1
         }
         if let verifier = keys.verifier {
-            log.info("security: verifying beacons of group \(Topics.hex(UInt64(verifier.groupHash), digits: 8)), \(config.security.identities) identities, other groups: \(config.security.unkeyed == .publish ? "published as unverified" : "ignored")")
+            log.info("security: verifying beacons of group \(Hex.text(UInt64(verifier.groupHash), digits: 8)), \(config.security.identities) identities, other groups: \(config.security.unkeyed == .publish ? "published as unverified" : "ignored")")
         }
         if !config.appleIRKs.isEmpty {
             log.info("apple: following \(config.appleIRKs.count) named devices by IRK: \(config.appleIRKs.map({ $0.name }).joined(separator: ", "))")
@@ -99,7 +100,7 @@ public enum GatewayLauncher {
                 // A killed run's, normally; another program's otherwise (docs/relay.md §9).
                 log.warning("relay.readvertise: advertising instances \(taken.map(String.init).joined(separator: ", ")) of \(adapter) were in use at start and are this gateway's now")
             }
-            log.info("relay: re-advertising up to \(config.readvertise) activities of other rooms on \(adapter), PSMs \(readvertising!.psms.map { "0x" + Topics.hex(UInt64($0), digits: 4) }.joined(separator: ", "))")
+            log.info("relay: re-advertising up to \(config.readvertise) activities of other rooms on \(adapter), PSMs \(readvertising!.psms.map { "0x" + Hex.text(UInt64($0), digits: 4) }.joined(separator: ", "))")
         }
         let proxy: ProxyServer?
         switch startProxy(config: config, log: log) {

@@ -77,10 +77,7 @@ public struct HCIOpcode: RawRepresentable, Hashable, Sendable, CustomStringConve
 }
 
 /// "0x0C03": upper-case hex with a fixed number of digits, as the spec writes opcodes.
-private func hex(_ v: UInt16, digits: Int) -> String {
-    let s = String(v, radix: 16, uppercase: true)
-    return "0x" + String(repeating: "0", count: max(0, digits - s.count)) + s
-}
+private func hex(_ v: UInt16, digits: Int) -> String { "0x" + Hex.text(v, digits: digits, uppercase: true) }
 
 // MARK: - Status codes
 
@@ -140,7 +137,7 @@ public struct HCIStatus: RawRepresentable, Hashable, Sendable, CustomStringConve
 
     /// "Command Disallowed (0x0C)", or "error 0x5A" for a code Baton does not name.
     public var description: String {
-        let code = "0x" + (rawValue < 0x10 ? "0" : "") + String(rawValue, radix: 16, uppercase: true)
+        let code = "0x" + Hex.text(rawValue, digits: 2, uppercase: true)
         if let name { return "\(name) (\(code))" }
         return "error \(code)"
     }
@@ -171,7 +168,7 @@ public enum ControllerError: Error, Equatable, Sendable, CustomStringConvertible
         case .noCommandCredit(let op, let after):
             "the Bluetooth controller granted no command credit for \(after), so \(op) could not be sent"
         case .hardwareError(let code):
-            "the Bluetooth controller reported a hardware error (code 0x\(String(code, radix: 16, uppercase: true)))"
+            "the Bluetooth controller reported a hardware error (code 0x\(Hex.text(code, digits: 2, uppercase: true)))"
         }
     }
 }

@@ -9,12 +9,10 @@ struct AddressText {
     init(_ address: UInt64) {
         for i in 0..<6 {
             let b = UInt8(truncatingIfNeeded: address >> UInt64(8 * (5 - i)))
-            bytes[3 * i] = Self.hex(b >> 4)
-            bytes[3 * i + 1] = Self.hex(b & 0xF)
+            bytes[3 * i] = Hex.digit(b >> 4, uppercase: true)
+            bytes[3 * i + 1] = Hex.digit(b, uppercase: true)
         }
     }
-
-    static func hex(_ v: UInt8) -> UInt8 { v < 10 ? UInt8(ascii: "0") + v : UInt8(ascii: "A") + v - 10 }
 
     func write(into w: inout JSONWriter) throws(WireError) {
         var copy = bytes
@@ -30,8 +28,7 @@ struct AddressText {
 func writeHex32(_ v: UInt32, into w: inout JSONWriter) throws(WireError) {
     var digits: InlineArray<8, UInt8> = .init(repeating: 0)
     for i in 0..<8 {
-        let n = UInt8(truncatingIfNeeded: v >> UInt32(4 * (7 - i))) & 0xF
-        digits[i] = n < 10 ? UInt8(ascii: "0") + n : UInt8(ascii: "a") + n - 10
+        digits[i] = Hex.digit(UInt8(truncatingIfNeeded: v >> UInt32(4 * (7 - i))))
     }
     var span = digits.mutableSpan
     let failure: WireError? = span.withUnsafeMutableBytes { raw -> WireError? in

@@ -145,7 +145,7 @@ public struct ManagementStatus: RawRepresentable, Hashable, Sendable, CustomStri
                      "Authentication Failed", "Not Paired", "No Resources", "Timeout", "Already Connected",
                      "Busy", "Rejected", "Not Supported", "Invalid Parameters", "Disconnected", "Not Powered",
                      "Cancelled", "Invalid Index", "RFKilled", "Already Paired", "Permission Denied"]
-        let hex = "0x" + (rawValue < 0x10 ? "0" : "") + String(rawValue, radix: 16, uppercase: true)
+        let hex = "0x" + Hex.text(rawValue, digits: 2, uppercase: true)
         return Int(rawValue) < names.count ? "\(names[Int(rawValue)]) (\(hex))" : "status \(hex)"
     }
 }
@@ -540,9 +540,7 @@ public struct ManagementSocket: ~Copyable {
             }
             guard result == nil, let due = nextDeadline else { break }
             var p = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
-            let left = due - now
-            let ms = Int32(min(left.components.seconds * 1000 + left.components.attoseconds / 1_000_000_000_000_000 + 1, 2_000))
-            _ = CLibc.poll(&p, 1, max(ms, 0))
+            _ = CLibc.poll(&p, 1, (due - now).pollMilliseconds(atMost: 2_000))
         }
         switch result {
         case .success(let bytes): return bytes

@@ -62,6 +62,17 @@ extension Duration {
         if overflow { return seconds < 0 ? .min : .max }
         return ns &+ attoseconds / 1_000_000_000
     }
+
+    /// The duration as poll(2)'s timeout: whole milliseconds rounded up (waking a hair early
+    /// would spin a turn for nothing), 0 for none or less, at most `cap`. The one conversion
+    /// every loop uses.
+    public func pollMilliseconds(atMost cap: Int32 = .max) -> Int32 {
+        guard self > .zero else { return 0 }
+        let (seconds, attoseconds) = components
+        guard seconds < Int64(cap) / 1000 else { return cap }
+        let ms = seconds * 1000 + (attoseconds + 999_999_999_999_999) / 1_000_000_000_000_000
+        return Int32(Swift.min(ms, Int64(cap)))
+    }
 }
 
 /// `open(path, flags)` without a mode: opening, never creating. open(2) is variadic.

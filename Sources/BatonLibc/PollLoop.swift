@@ -88,9 +88,7 @@ public struct PollLoop: ~Copyable {
     public var timeout: Int32 {
         var next = now + longestWait
         for case let d? in deadlines where d < next { next = d }
-        guard next > now else { return 0 }
-        let (s, atto) = (next - now).components
-        return Int32(s * 1000 + (atto + 999_999_999_999_999) / 1_000_000_000_000_000)
+        return (next - now).pollMilliseconds()
     }
 
     /// Waits in poll(2) until a descriptor is ready or the nearest deadline, and reads the

@@ -535,8 +535,7 @@ public struct MQTTClient: ~Copyable {
             let left = deadline - Instant.now
             guard left > .zero else { break }
             var p = pollfd(fd: mosquitto_socket(handle), events: Int16(POLLOUT), revents: 0)
-            let ms = Int32(Backoff.nanoseconds(left) / 1_000_000) + 1
-            let n = CLibc.poll(&p, 1, ms)
+            let n = CLibc.poll(&p, 1, left.pollMilliseconds())
             if n < 0 && errno == EINTR { continue }
             guard n > 0 else { break }
             call { mosquitto_loop_write($0, 1) }

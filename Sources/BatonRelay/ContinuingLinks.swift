@@ -215,7 +215,7 @@ public struct ContinuingLinks: ~Copyable {
         l.asked = (sequence, correlation, now + config.fetchTimeout + Self.deliveryAllowance)
         counters.fetches &+= 1
         let topic = topics.answer(link: l.serial)
-        let hex = correlation.map(FetchRelay.hexDigits).joined()
+        let hex = correlation.map { Hex.text($0, digits: 2) }.joined()
         let body = #"{"response_topic":"\#(topic)","correlation":"\#(hex)","#+requestTail
         let fetchTopic = topics.fetch(l.device)
         // Array.withUnsafeBytes rethrows untyped: a failure comes out as a value.
@@ -368,8 +368,7 @@ public struct ContinuingLinks: ~Copyable {
     /// A stream id of docs/relay.md §7.1: 16 random hex digits, as `baton stream` picks.
     static func streamID() -> String {
         var random = SystemRandomNumberGenerator()
-        let digits = String(random.next(), radix: 16)
-        return String(repeating: "0", count: 16 - digits.count) + digits
+        return Hex.text(random.next() as UInt64, digits: 16)
     }
 }
 

@@ -18,6 +18,7 @@
 
 import BatonLibc
 import BatonHCI
+import BatonWire
 import CLibc
 import CBlueZ  // its shim includes <sys/socket.h>: import it explicitly so SOCK_* have one owner
 
@@ -849,14 +850,5 @@ public struct SimulatedLink: DeviceLink {
     }
 }
 
-/// Upper-case hex, two digits per byte.
-private func hex(_ value: UInt8) -> String {
-    let digits: StaticString = "0123456789ABCDEF"
-    return digits.withUTF8Buffer { d in
-        String(decoding: [d[Int(value >> 4)], d[Int(value & 0x0F)]], as: UTF8.self)
-    }
-}
-
-private func hex(_ value: UInt16) -> String {
-    hex(UInt8(truncatingIfNeeded: value >> 8)) + hex(UInt8(truncatingIfNeeded: value))
-}
+/// Upper-case hex, two digits per byte of the value's type, as the Core spec prints PSMs.
+private func hex<V: FixedWidthInteger>(_ value: V) -> String { Hex.text(value, digits: V.bitWidth / 4, uppercase: true) }

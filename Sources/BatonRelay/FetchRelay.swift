@@ -765,7 +765,7 @@ public struct FetchRelay: ~Copyable {
         if !route.usesProperties {
             try w.key("correlation")
             var hex = ""
-            for b in route.correlation { hex += Self.hexDigits(b) }
+            for b in route.correlation { hex += Hex.text(b, digits: 2) }
             try w.string(hex)
         }
         try fields(&w)
@@ -851,11 +851,6 @@ public struct FetchRelay: ~Copyable {
 
     /// The later of two 16-bit sequences (RFC 1982, docs/protocol.md §2.3).
     static func newer(_ a: UInt16, _ b: UInt16) -> UInt16 { SerialOrder(a, comparedTo: b) == .newer ? a : b }
-
-    static func hexDigits(_ b: UInt8) -> String {
-        let digits = Array("0123456789abcdef".utf8)
-        return String(decoding: [digits[Int(b >> 4)], digits[Int(b & 0xF)]], as: UTF8.self)
-    }
 }
 
 /// The answer to one of the gateway's own fetches (`FetchRelay.fetchOwn`).

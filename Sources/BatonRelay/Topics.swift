@@ -262,7 +262,7 @@ public struct Topics: Sendable, Equatable {
     /// A device id in topics: 12 lowercase hex digits, most significant byte first
     /// (docs/protocol.md §2.4 prints it the same way, with colons).
     public static func deviceText(_ id: UInt64) -> String { ActivityBeacon.deviceIDText(id) }
-    public static func appleText(_ id: UInt32) -> String { hex(UInt64(id), digits: 8) }
+    public static func appleText(_ id: UInt32) -> String { Hex.text(id, digits: 8) }
 
     /// 12 lowercase hex digits, as `deviceText` writes them; nothing else.
     static func deviceID(_ text: Substring) -> UInt64? {
@@ -277,12 +277,6 @@ public struct Topics: Sendable, Equatable {
     }
 
     static func isLowerHex(_ c: UInt8) -> Bool { (0x30...0x39).contains(c) || (0x61...0x66).contains(c) }
-
-    /// `v` in lowercase hex, at least `digits` long.
-    public static func hex(_ v: UInt64, digits: Int) -> String {
-        let s = String(v, radix: 16)
-        return String(repeating: "0", count: max(0, digits - s.count)) + s
-    }
 }
 
 /// Which of a stream's two broker topics a frame came on (docs/relay.md §7.1): `up` from the

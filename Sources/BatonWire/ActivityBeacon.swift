@@ -79,8 +79,7 @@ public struct ActivityBeacon: Hashable, Sendable {
     /// significant first (docs/mqtt.md §2; docs/protocol.md §2.4 prints it the same way, with
     /// colons). The one place that spelling lives.
     public static func deviceIDText(_ id: UInt64) -> String {
-        let digits = String(id & 0xFFFF_FFFF_FFFF, radix: 16)
-        return String(repeating: "0", count: 12 - digits.count) + digits
+        Hex.text(id & 0xFFFF_FFFF_FFFF, digits: 12)
     }
 
     /// Decodes the 24-byte value of a manufacturer AD whose company id was already matched.

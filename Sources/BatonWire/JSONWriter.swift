@@ -284,7 +284,7 @@ public struct JSONWriter {
                     put(UInt8(ascii: "\\")); put(b)
                 } else if b < 0x20 {
                     put(UInt8(ascii: "\\")); put(UInt8(ascii: "u")); put(UInt8(ascii: "0")); put(UInt8(ascii: "0"))
-                    put(JSONWriter.hexDigit(b >> 4)); put(JSONWriter.hexDigit(b & 0xF))
+                    put(Hex.digit(b >> 4)); put(Hex.digit(b))
                 } else {
                     put(b)
                 }
@@ -299,8 +299,6 @@ public struct JSONWriter {
         }
         put(UInt8(ascii: "\""))
     }
-
-    static func hexDigit(_ v: UInt8) -> UInt8 { v < 10 ? UInt8(ascii: "0") + v : UInt8(ascii: "a") + v - 10 }
 }
 
 /// Collects the ASCII that `Double.write(to:)` produces, on the stack.

@@ -304,9 +304,7 @@ struct ContinueCommand: ParsableCommand {
 
     /// poll()'s timeout until `instant`, rounded up, at most a second.
     static func milliseconds(until instant: Instant) -> Int32 {
-        let left = instant - .now
-        guard left > .zero else { return 0 }
-        return Int32(min(left.components.seconds * 1000 + left.components.attoseconds / 1_000_000_000_000_000 + 1, 1000))
+        (instant - .now).pollMilliseconds(atMost: 1000)
     }
 }
 

@@ -461,10 +461,7 @@ struct DeviceRunner: ~Copyable {
             var wake = server.nextDue
             if let endsAt { wake = min(wake ?? endsAt, endsAt) }
             if let rotateAt { wake = min(wake ?? rotateAt, rotateAt) }
-            let timeout = wake.map { w -> Int32 in
-                let d = w - .now
-                return d <= .zero ? 0 : Int32(min(d.components.seconds * 1000 + d.components.attoseconds / 1_000_000_000_000_000 + 1, 60_000))
-            } ?? 1000
+            let timeout = wake.map { ($0 - .now).pollMilliseconds(atMost: 60_000) } ?? 1000
             _ = Glibc.poll(&fds, nfds_t(fds.count), timeout)
 
             if let at = rotateAt, Instant.now >= at, endsAt == nil {

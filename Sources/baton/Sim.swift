@@ -121,9 +121,7 @@ extension Sim {
             while reports == 0 || delivered < reports {
                 var fds = [pollfd(fd: controller?.fd ?? listener, events: Int16(POLLIN), revents: 0)]
                 if controller?.wantsWrite == true { fds[0].events |= Int16(POLLOUT) }
-                let left = (due - .now).components
-                let wait = max(0, left.seconds * 1000 + left.attoseconds / 1_000_000_000_000_000)
-                _ = Glibc.poll(&fds, 1, Int32(min(wait, 1000)))
+                _ = Glibc.poll(&fds, 1, (due - .now).pollMilliseconds(atMost: 1000))
                 if controller == nil {
                     if fds[0].revents != 0 {
                         let fd = accept(listener, nil, nil)

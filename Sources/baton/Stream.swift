@@ -240,10 +240,7 @@ struct StreamSession: ~Copyable {
         }
         if let r = retryAt { next = min(next, r) }
         if let since = carrierOfflineSince { next = min(next, since + Self.carrierGrace) }
-        guard next > now else { return 0 }
-        let left = next - now
-        // Rounded up: waking a moment early would only spin a turn.
-        return Int32(left.components.seconds * 1000 + left.components.attoseconds / 1_000_000_000_000_000 + 1)
+        return (next - now).pollMilliseconds()
     }
 
     // MARK: - The broker
