@@ -3,8 +3,9 @@
 // Bluetooth Core spec prints them). Byte writers take `digit`; everything that makes a String
 // takes `text`. BatonYAML, which links only libyaml, keeps its own for U+XXXX.
 public enum Hex {
-    /// The ASCII digit of `nibble` (0…15; higher bits are ignored).
-    @inline(__always)
+    /// The ASCII digit of `nibble` (0…15; higher bits are ignored). Inlinable: the JSON and
+    /// address writers of the hot path call it per digit.
+    @inlinable @inline(__always)
     public static func digit(_ nibble: UInt8, uppercase: Bool = false) -> UInt8 {
         let v = nibble & 0x0F
         return v < 10 ? UInt8(ascii: "0") + v : (uppercase ? UInt8(ascii: "A") : UInt8(ascii: "a")) + v - 10
