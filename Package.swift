@@ -44,7 +44,7 @@ var targets: [Target] = [
     // channels and the simulator's devices on their rooms' sockets run the same server. Toolbox
     // only: the firmware is never the device, so this is full Swift (it holds its model as an
     // `any LinkDeviceModel`) and scripts/firmware does not build it.
-    .target(name: "BatonDevice", dependencies: ["BatonLibc", "CLibc", "BatonWire", "BatonHCI", "BatonKeys"],
+    .target(name: "BatonDevice", dependencies: ["BatonLibc", "CLibc", "BatonWire", "BatonKeys"],
             swiftSettings: wireSettings),
     .target(name: "BatonSim", dependencies: ["BatonLibc", "CLibc", "BatonWire", "BatonHCI", "BatonKeys", "BatonYAML", "BatonDevice"],
             swiftSettings: wireSettings),
@@ -52,11 +52,11 @@ var targets: [Target] = [
     .target(name: "BatonKeys", dependencies: ["BatonLibc", "CLibc", "BatonWire", "CCrypto"], swiftSettings: wireSettings),
     // The ESPHome native API server: each gateway is also a Bluetooth proxy for Home Assistant
     // (docs/esphome.md). BatonHCI only for its syscall wrapper, as BatonRelay.
-    .target(name: "BatonProxy", dependencies: ["BatonLibc", "CLibc", "BatonWire", "BatonHCI", "CCrypto"], swiftSettings: wireSettings),
+    .target(name: "BatonProxy", dependencies: ["BatonLibc", "CLibc", "BatonWire", "CCrypto"], swiftSettings: wireSettings),
     .target(name: "BatonMQTT", dependencies: ["BatonLibc", "CLibc", "CMosquitto"], swiftSettings: wireSettings),
     // Payload fetches and continuation streams (docs/relay.md). Imports BatonHCI only for its
     // one syscall wrapper (Syscall, Errno), so every descriptor is handled by the same rules.
-    .target(name: "BatonRelay", dependencies: ["BatonLibc", "CLibc", "BatonWire", "BatonMQTT", "BatonHCI", "CBlueZ"],
+    .target(name: "BatonRelay", dependencies: ["BatonLibc", "CLibc", "BatonWire", "BatonMQTT", "CBlueZ"],
             swiftSettings: wireSettings),
     // The config file is YAML (docs/config.md): what a Home Assistant user already writes, and
     // BatonYAML gives every node its line, so a typo is reported with file, line and key.

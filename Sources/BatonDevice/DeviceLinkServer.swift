@@ -14,7 +14,6 @@
 // socket can take it, so a gateway that stops reading stops the device (the socket says
 // EAGAIN) without the server growing.
 import BatonLibc
-import BatonHCI
 public import BatonKeys
 public import BatonWire
 public import CLibc

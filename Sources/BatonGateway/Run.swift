@@ -46,11 +46,11 @@ public enum GatewayLauncher {
                 return run(radio: try open(), reopen: open, mqtt: mqtt, config: config, log: log)
             case .capture(let path):
                 let data: [UInt8]
-                do throws(FileReadError) { data = try readFile(path) } catch {
+                do throws(Errno) { data = try readFile(path) } catch {
                     // The reason is what the user acts on: a missing file, or one the baton
                     // user may not read (a capture in a home directory, say).
                     let who = error.code == EACCES ? " (the gateway runs as \(currentUserName()))" : ""
-                    log.critical("radio capture:\(path): cannot read the file: \(error.reason)\(who)")
+                    log.critical("radio capture:\(path): cannot read the file: \(error.message)\(who)")
                     return 1
                 }
                 let pace: RadioCapture.Pace = config.pacedCapture ? .timestamps(speed: 1) : .asFastAsPossible

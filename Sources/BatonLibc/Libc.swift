@@ -83,16 +83,6 @@ public func open(_ path: UnsafePointer<CChar>, _ flags: Int32) -> Int32 { baton_
 @inline(__always)
 public func ioctl(_ fd: Int32, _ request: UInt, _ value: Int32) -> Int32 { baton_ioctl_int(fd, request, value) }
 
-/// Why a file could not be read: the `errno` of the call that failed. BatonHCI's `Errno` says
-/// the same of a call, but this module sits below it; when `Errno` moves here (issue 34: the
-/// one syscall wrapper in BatonLibc), this becomes an `Errno` of `open` or `read`.
-public struct FileReadError: Error, Equatable {
-    public let code: Int32
-    public init(_ code: Int32) { self.code = code }
-    /// The C library's text for `code`, e.g. "Permission denied": what a user acts on.
-    public var reason: String { String(cString: strerror(code)) }
-}
-
 /// The name of the user this process runs as (`baton` under the unit), or `uid N`: who a
 /// "Permission denied" is about.
 public func currentUserName() -> String {
@@ -101,23 +91,24 @@ public func currentUserName() -> String {
     return "uid \(uid)"
 }
 
-/// The whole of a file, or the OS's reason it cannot be opened or read.
-public func readFile(_ path: String) throws(FileReadError) -> [UInt8] {
-    var fd: Int32
-    repeat { fd = BatonLibc.open(path, O_RDONLY | O_CLOEXEC) } while fd < 0 && errno == EINTR
-    guard fd >= 0 else { throw FileReadError(errno) }
-    defer { close(fd) }
+/// The whole of a file, or the OS's reason it cannot be opened or read (`Errno.message`, e.g.
+/// "Permission denied": what a user acts on). A file that blocks (a FIFO with no writer) blocks:
+/// this is for start-up, never the loop.
+public func readFile(_ path: String) throws(Errno) -> [UInt8] {
+    guard let fd = try Syscall.call("open", { Int(BatonLibc.open(path, O_RDONLY | O_CLOEXEC)) }) else {
+        throw Errno(EAGAIN, call: "open")
+    }
+    defer { Syscall.close(Int32(fd)) }
     var bytes: [UInt8] = []
     var chunk = [UInt8](repeating: 0, count: 65_536)
     while true {
-        let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-        if n > 0 {
-            bytes.append(contentsOf: chunk[0..<n])
-        } else if n == 0 {
-            return bytes
-        } else if errno != EINTR {
-            throw FileReadError(errno)
+        // Array.withUnsafeMutableBytes rethrows untyped: the read's result travels out as a value.
+        let read: Result<Int, Errno> = chunk.withUnsafeMutableBytes { buffer in
+            do throws(Errno) { return .success(try Syscall.read(Int32(fd), into: buffer) ?? 0) } catch { return .failure(error) }
         }
+        let n = try read.get()
+        guard n > 0 else { return bytes }
+        bytes.append(contentsOf: chunk[0..<n])
     }
 }
 

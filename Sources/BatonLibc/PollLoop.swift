@@ -96,7 +96,17 @@ public struct PollLoop: ~Copyable {
     @discardableResult
     public mutating func wait() -> Instant {
         let timeout = self.timeout
-        _ = fds.withUnsafeMutableBufferPointer { CLibc.poll($0.baseAddress, nfds_t($0.count), timeout) }
+        let ready = fds.withUnsafeMutableBufferPointer { CLibc.poll($0.baseAddress, nfds_t($0.count), timeout) }
+        if ready < 0 {
+            // Not `Syscall.call`: an EINTR is not retried but returned as a turn with nothing
+            // ready, so a signal's handler (which writes the stop pipe) is seen at once and no
+            // deadline waits out a second poll. EFAULT and EINVAL (more descriptors than
+            // RLIMIT_NOFILE) are our bug; ENOMEM passes as an empty turn, and the next one
+            // polls again.
+            let e = errno
+            precondition(e != EFAULT && e != EINVAL, "poll: errno \(e) with \(fds.count) descriptors (our bug)")
+            for i in fds.indices { fds[i].revents = 0 }
+        }
         now = .now
         turns &+= 1
         return now

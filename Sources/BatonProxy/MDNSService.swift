@@ -4,7 +4,6 @@
 // flow compares the two through `format_mac`). The gateway does not speak mDNS itself:
 // avahi-daemon does, from a service file (avahi.service(5)) that the gateway writes at start.
 import BatonLibc
-import BatonHCI
 import CLibc
 
 public enum MDNSService {

@@ -15,7 +15,6 @@
 // for any of them.
 import BatonLibc
 import BatonWire
-import BatonHCI
 import CLibc
 
 public enum ProxyLogLevel: Sendable { case debug, info, notice, warning, error }

@@ -14,10 +14,9 @@
 //
 // One thread, no blocking (architecture.md §5.7): every descriptor is non-blocking and
 // close-on-exec; `LinkChannel.poll` moves a channel on when the caller's poll() says so, and
-// every syscall goes through BatonHCI's `Syscall` wrapper (EINTR retried, EAGAIN a value).
+// every syscall goes through BatonLibc's `Syscall` wrapper (EINTR retried, EAGAIN a value).
 
 import BatonLibc
-import BatonHCI
 import BatonWire
 import CLibc
 import CBlueZ  // its shim includes <sys/socket.h>: import it explicitly so SOCK_* have one owner

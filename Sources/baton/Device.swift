@@ -225,8 +225,8 @@ final class DeviceActivity: LinkDeviceModel {
         var userInfo: [String: UserInfoValue] = [:]
         if let path = s.userInfoFile {
             let data: Data
-            do throws(FileReadError) { data = Data(try readFile(path)) } catch {
-                throw DeviceError(description: "--user-info \(path): cannot read the file: \(error.reason)")
+            do throws(Errno) { data = Data(try readFile(path)) } catch {
+                throw DeviceError(description: "--user-info \(path): cannot read the file: \(error.message)")
             }
             do {
                 let value = try JSONDecoder().decode(JSONUserInfo.self, from: data)

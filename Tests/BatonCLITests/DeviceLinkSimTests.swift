@@ -2,6 +2,7 @@
 // links"): `baton sim` as a child process, and a client that connects to `DIR/<room>.link` as a
 // gateway does. The client writes and reads every SDU byte by byte from docs/protocol.md §5.1's
 // table, not through BatonWire's codec, so these tests check the simulator against the spec.
+import BatonLibc
 import BatonHCI
 import BatonSim
 import BatonWire
@@ -37,7 +38,7 @@ final class LinkClient {
         let r = withUnsafePointer(to: &unix.address) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(fd, $0, unix.length) }
         }
-        try #require(r == 0, "connect \(path): \(String(cString: strerror(errno)))")
+        try #require(r == 0, "connect \(path): \(String(cString: strerror(Glibc.errno)))")
     }
 
     deinit {
@@ -47,7 +48,7 @@ final class LinkClient {
 
     func send(_ bytes: [UInt8]) {
         let n = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
-        #expect(n == bytes.count, "send: \(String(cString: strerror(errno)))")
+        #expect(n == bytes.count, "send: \(String(cString: strerror(Glibc.errno)))")
     }
 
     /// The next SDU, the end of the link, or nothing within `seconds`.
@@ -56,7 +57,7 @@ final class LinkClient {
         guard poll(&p, 1, Int32(seconds * 1000)) > 0 else { return .nothing }
         var buffer = [UInt8](repeating: 0, count: 70_000)
         let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
-        if n < 0, errno == EAGAIN { return .nothing }
+        if n < 0, Glibc.errno == EAGAIN { return .nothing }
         guard n > 0 else { return .closed }
         return .sdu(Array(buffer[..<n]))
     }

@@ -6,8 +6,7 @@
 //   * everything else throws `Errno`, naming the call.
 // On Linux EWOULDBLOCK == EAGAIN, so one case covers both.
 
-import BatonLibc
-import CLibc
+public import CLibc
 
 /// An operating-system error: which call failed and its `errno` (architecture.md §5.3: errors say
 /// whose fault it is; an `Errno` is the OS's).
