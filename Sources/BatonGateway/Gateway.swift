@@ -187,6 +187,8 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         let continuingPart = loop.add(&continuing)
         let proxyPart = proxy == nil ? nil : loop.add(&proxy!)
         loop.add(deadline: timersDeadline)
+        // Owed title fetches are started in the turn (below); this is when the next one may.
+        loop.add(deadline: broker.mqtt.isConnected ? publisher.names.nextDeadline : nil)
         loop.add(deadline: notifier.nextDeadline)
         // A busy radio's reports are gathered for `radio.gather`, and read together: one
         // wake-up each was most of a busy room's cost; a quiet room's are read as they come
@@ -233,51 +235,6 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         runTimers(now: now)
         notifier.pingIfDue(now: now)
         return loop.isReady(stop)
-    }
-
-    /// The nearest of the gateway's own timers. The retained state's upkeep and the sightings
-    /// wait while the broker is away: a past deadline must not spin the loop then.
-    var timersDeadline: Instant? {
-        var next = Instant.earliest(table.nextExpiry, apple.nextExpiry)
-        next = Instant.earliest(next, rooms.tickDue)
-        next = Instant.earliest(next, nextStats)
-        next = Instant.earliest(next, capacityWarnings.next)
-        if broker.mqtt.isConnected {
-            next = Instant.earliest(next, publisher.nextOrphanDeadline)
-            next = Instant.earliest(next, publisher.nextCorrection)
-            next = Instant.earliest(next, publisher.names.nextDeadline)
-            next = Instant.earliest(next, rooms.standInsDue)
-            next = Instant.earliest(next, publisher.retainedScanEnds)
-            next = Instant.earliest(next, rooms.nextSightingCheck)
-            next = Instant.earliest(next, statusCheck.deadline)
-        }
-        return next
-    }
-
-    /// What is due of the timers, read again now: the turn's work may have moved them.
-    mutating func runTimers(now: Instant) {
-        expire(now: now)
-        let connected = broker.mqtt.isConnected
-        if connected, let due = publisher.retainedScanEnds, due <= now {
-            publisher.endRetainedScan(&broker.mqtt)
-            var ended: [Readvertiser.Change] = []
-            readvertising?.readvertiser?.retainedScanEnded { ended.append($0) }
-            for change in ended { readvertiseChanged(change) }
-        }
-        if connected, let due = publisher.nextOrphanDeadline, due <= now {
-            publisher.clearOrphans(&broker.mqtt, table: table, apple: apple, ownership: rooms.ownership,
-                                   publishers: rooms.publishers, now: now)
-        }
-        if connected, let due = rooms.standInsDue, due <= now { republishStandIns() }
-        if connected, let due = publisher.nextCorrection, due <= now { correct(now: now) }
-        if let due = rooms.tickDue, due <= now { roomsTick(now: now) }
-        if connected, rooms.nextSightingCheck <= now { sendSightings(now: now) }
-        if connected, let step = statusCheck.due(now: now) { statusChecked(step) }
-        if capacityWarnings.next <= now { capacityWarnings.check(now: now, table: table, rooms: rooms, log: log) }
-        if nextStats <= now {
-            publishStats(now: now)
-            nextStats = now + config.statusInterval
-        }
     }
 
     /// Status `offline` from us (a clean stop sends no will), then a clean DISCONNECT.

@@ -461,19 +461,6 @@ extension Gateway where Radio: ~Copyable {
         rooms.building.removeAll(keepingCapacity: true)
     }
 
-    /// Entries that were not heard for their expiry leave the tables; the owner clears them.
-    mutating func expire(now: Instant) {
-        if let due = table.nextExpiry, due <= now {
-            table.expire(now: now) {
-                let id = $0.activity.deviceID
-                publisher.activityChanged(&broker.mqtt, $0, owned: rooms.ownership.owns(id) && !rooms.ownership.holdsBack(id, now: now))
-            }
-        }
-        if let due = apple.nextExpiry, due <= now {
-            apple.expire(now: now) { publisher.appleChanged(&broker.mqtt, $0, owned: Self.owns($0.device, rooms.ownership)) }
-        }
-    }
-
     /// Whether this gateway publishes an Apple entry: a named device only in the room that
     /// owns it (docs/security.md §10), any other where it is heard (docs/table.md).
     static func owns(_ d: AppleDevice, _ ownership: borrowing RoomOwnership) -> Bool {

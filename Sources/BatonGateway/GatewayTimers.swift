@@ -1,0 +1,106 @@
+// The gateway's own timers, named once (docs/architecture.md §2): `timersDeadline` is the
+// nearest of their deadlines, `runTimers` fires each that is due, both from the one list.
+import BatonLibc
+
+/// In the order they fire in a turn: the tables' expiry first, so what expired is neither
+/// corrected nor sent as a sighting; the stats last, so they count the turn.
+enum GatewayTimer: CaseIterable {
+    /// Entries not heard for their expiry leave the activity table (docs/table.md).
+    case tableExpiry
+    /// The same for the Apple table.
+    case appleExpiry
+    /// The retained scan after a connect ends (docs/rooms.md §7).
+    case retainedScanEnd
+    /// Retained entries nobody heard are cleared (docs/mqtt.md §5).
+    case orphans
+    /// What this gateway stands in for is published after the rejoin window (docs/rooms.md §7).
+    case standIns
+    /// An owned device's retained activity that says otherwise is put right (docs/rooms.md §7 rule 3).
+    case correction
+    /// The room rule's dwell, forgetting and heartbeats (`RoomOwnership.nextDeadline`).
+    case rooms
+    /// The sightings due to the other gateways (docs/rooms.md §2).
+    case sightings
+    /// The own retained status read back (docs/broker.md "A status the broker did not keep").
+    case statusCheck
+    /// The minute's capacity warnings (`CapacityWarnings`).
+    case capacityWarnings
+    /// The stats, every `status.interval` (docs/mqtt.md §1).
+    case stats
+
+    /// The retained state's upkeep and the sightings wait while the broker is away: a past
+    /// deadline must not spin the loop then.
+    var needsBroker: Bool {
+        switch self {
+        case .tableExpiry, .appleExpiry, .rooms, .capacityWarnings, .stats: false
+        case .retainedScanEnd, .orphans, .standIns, .correction, .sightings, .statusCheck: true
+        }
+    }
+}
+
+extension Gateway where Radio: ~Copyable {
+    func deadline(of timer: GatewayTimer) -> Instant? {
+        switch timer {
+        case .tableExpiry: table.nextExpiry
+        case .appleExpiry: apple.nextExpiry
+        case .retainedScanEnd: publisher.retainedScanEnds
+        case .orphans: publisher.nextOrphanDeadline
+        case .standIns: rooms.standInsDue
+        case .correction: publisher.nextCorrection
+        case .rooms: rooms.tickDue
+        case .sightings: rooms.nextSightingCheck
+        case .statusCheck: statusCheck.deadline
+        case .capacityWarnings: capacityWarnings.next
+        case .stats: nextStats
+        }
+    }
+
+    mutating func fire(_ timer: GatewayTimer, now: Instant) {
+        switch timer {
+        case .tableExpiry:
+            table.expire(now: now) {
+                let id = $0.activity.deviceID
+                publisher.activityChanged(&broker.mqtt, $0, owned: rooms.ownership.owns(id) && !rooms.ownership.holdsBack(id, now: now))
+            }
+        case .appleExpiry:
+            apple.expire(now: now) { publisher.appleChanged(&broker.mqtt, $0, owned: Self.owns($0.device, rooms.ownership)) }
+        case .retainedScanEnd:
+            publisher.endRetainedScan(&broker.mqtt)
+            var ended: [Readvertiser.Change] = []
+            readvertising?.readvertiser?.retainedScanEnded { ended.append($0) }
+            for change in ended { readvertiseChanged(change) }
+        case .orphans:
+            publisher.clearOrphans(&broker.mqtt, table: table, apple: apple, ownership: rooms.ownership,
+                                   publishers: rooms.publishers, now: now)
+        case .standIns: republishStandIns()
+        case .correction: correct(now: now)
+        case .rooms: roomsTick(now: now)
+        case .sightings: sendSightings(now: now)
+        case .statusCheck:
+            if let step = statusCheck.due(now: now) { statusChecked(step) }
+        case .capacityWarnings: capacityWarnings.check(now: now, table: table, rooms: rooms, log: log)
+        case .stats:
+            publishStats(now: now)
+            nextStats = now + config.statusInterval
+        }
+    }
+
+    /// The nearest of the gateway's own timers.
+    var timersDeadline: Instant? {
+        let connected = broker.mqtt.isConnected
+        var next: Instant?
+        for timer in GatewayTimer.allCases where connected || !timer.needsBroker {
+            next = Instant.earliest(next, deadline(of: timer))
+        }
+        return next
+    }
+
+    /// What is due of the timers, each deadline read again as its turn comes: the work of the
+    /// ones before may have moved it.
+    mutating func runTimers(now: Instant) {
+        for timer in GatewayTimer.allCases {
+            guard broker.mqtt.isConnected || !timer.needsBroker, let due = deadline(of: timer), due <= now else { continue }
+            fire(timer, now: now)
+        }
+    }
+}
