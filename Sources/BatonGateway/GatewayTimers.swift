@@ -1,6 +1,10 @@
 // The gateway's own timers, named once (docs/architecture.md §2): `timersDeadline` is the
 // nearest of their deadlines, `runTimers` fires each that is due, both from the one list.
 import BatonLibc
+import BatonCore
+import BatonHCI
+import BatonMQTT
+import BatonRelay
 
 /// In the order they fire in a turn: the tables' expiry first, so what expired is neither
 /// corrected nor sent as a sighting; the stats last, so they count the turn.
