@@ -174,9 +174,8 @@ extension FaultBuilding {
 
         // 5. The node comes back (same ports, same store) and rejoins: it is a current replica
         //    of MQTT's streams again, and a fresh subscriber on it is sent the same activities as
-        //    one on node a. Catching up took 5.8 s on a quiet machine and more than 15 s in CI,
-        //    with the rest of the suite on both cores (the streams' leaders still saw node c
-        //    behind on $MQTT_msgs and $MQTT_sess); 60 s is the bound, the time is printed.
+        //    one on node a. Catching up takes 1.2–6.7 s here; 60 s is the bound, the time is
+        //    printed.
         let returned = Date()
         try cluster.restart(victim)
         let current = eventually(within: 60, every: 0.25) { () -> Double? in
