@@ -114,14 +114,9 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
             self.readvertising = nil
         }
         self.continuing = ContinuingLinks(config: config.relay, topics: topics, room: config.room)
-        // Radio, broker, stop pipe; fetch and continuing links; streams; re-advertising's
-        // listeners and its management socket; the ESPHome server's listener and clients; the
-        // timers: reserved once, so no turn grows them.
         let proxyDescriptors = proxy?.descriptorCount ?? 0
         self.proxy = proxy
-        self.loop = PollLoop(parts: 10, descriptors: 3 + 2 * config.relay.links + config.relay.streams
-                                                      + (config.readvertise > 0 ? config.readvertise + 1 : 0) + proxyDescriptors,
-                             now: now)
+        self.loop = PollLoop(parts: 10, descriptors: config.polledDescriptors(proxy: proxyDescriptors), now: now)
         self.notifier = SystemdNotifier(environment: environment)
         self.log = log
         self.startedAt = now
@@ -132,6 +127,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     }
 
     deinit { statsScratch.deallocate() }
+
 
     /// How this gateway reaches devices (`relay.link`, docs/relay.md §5).
     static func deviceLink(_ config: GatewayConfig) -> AnyDeviceLink? {
@@ -195,7 +191,11 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         // (docs/architecture.md §2 "Gathering").
         let heldUntil = radio.gathering ? radio.lastRead.map { $0 + config.radioGather } : nil
         let held = heldUntil.map { loop.holdBack(radioPart, until: $0) } ?? false
+        let failedBefore = loop.failedWaits
         let now = loop.wait()
+        if failedBefore == 0 && loop.failedWaits == 1 {
+            log.error("poll: \(Errno(loop.lastFailure, call: "poll").message) with \(loop.fds.count) descriptors; the loop will wake for nothing until it is restarted (open-file limit \(OpenFileLimit.current()?.soft ?? -1))")
+        }
         // Before anything the stall left queued is read (docs/rooms.md §7 rule 4).
         if let gap = broker.stoodStill(now: now) { brokerGaveUp(after: gap, now: now) }
 
@@ -250,5 +250,15 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         publisher.stopListening(&broker.mqtt)
         publisher.publish(&broker.mqtt, publisher.topics.status, text: "offline")
         broker.drainAndDisconnect()
+    }
+}
+
+extension GatewayConfig {
+    /// The loop's poll(2) entries, reserved once so no turn grows them: radio, broker, stop
+    /// pipe; fetch and continuing links; streams; re-advertising's listeners and its management
+    /// socket; the ESPHome server's listener and clients (`proxy`). Idle entries count too:
+    /// poll(2) refuses more entries than the open-file limit (`OpenFileLimit`, raised at start).
+    public func polledDescriptors(proxy: Int) -> Int {
+        3 + 2 * relay.links + relay.streams + (readvertise > 0 ? readvertise + 1 : 0) + proxy
     }
 }

@@ -103,11 +103,15 @@ public enum GatewayLauncher {
             log.info("relay: re-advertising up to \(config.readvertise) activities of other rooms on \(adapter), PSMs \(readvertising!.psms.map { "0x" + Hex.text(UInt64($0), digits: 4) }.joined(separator: ", "))")
         }
         let proxy: ProxyServer?
+        var proxyDescriptors = 0
         switch startProxy(config: config, log: log) {
-        case .started(let server): proxy = consume server
+        case .started(let server):
+            proxyDescriptors = server.descriptorCount
+            proxy = consume server
         case .off: proxy = nil
         case .failed: return 1
         }
+        guard openFilesSuffice(config: config, proxy: proxyDescriptors, log: log) else { return 1 }
         var tv = timespec()
         clock_gettime(CLOCK_REALTIME, &tv)
         var gateway = Gateway(config: config, radio: radio, reopen: reopen, mqtt: mqtt, keys: keys,
@@ -117,6 +121,34 @@ public enum GatewayLauncher {
         switch gateway.run() {
         case .stopped: return 0
         case .radioFailed: return 1
+        }
+    }
+
+    /// Descriptors open beside the polled ones: stdin, stdout, stderr, libmosquitto's wake-up
+    /// pair, a file being read, the notify socket, and room to spare.
+    static let unpolledDescriptors = 32
+
+    /// Raises the open-file limit to what the loop polls (`GatewayConfig.polledDescriptors`), or says
+    /// which keys ask for more than the hard limit allows. systemd's soft limit of 1024 is below
+    /// what `relay.links: 256` with `relay.streams: 1024` poll (docs/config.md "Relay").
+    static func openFilesSuffice(config: GatewayConfig, proxy: Int, log: Logger) -> Bool {
+        let needed = config.polledDescriptors(proxy: proxy) + unpolledDescriptors
+        switch OpenFileLimit.ensure(needed) {
+        case .enough:
+            return true
+        case .raised(let from, let to):
+            log.info("open files: raised this process's soft limit from \(from) to \(to) for what the loop polls (relay.links \(config.relay.links), relay.streams \(config.relay.streams))")
+            return true
+        case .short(let hard):
+            var keys = ["relay.links \(config.relay.links)", "relay.streams \(config.relay.streams)"]
+            if config.readvertise > 0 { keys.append("relay.readvertise \(config.readvertise)") }
+            if let esphome = config.esphome { keys.append("esphome.clients \(esphome.clients)") }
+            log.critical("open files: \(keys.joined(separator: ", ")) need \(needed) open files, but this process may open at most \(hard) (RLIMIT_NOFILE): lower them, or raise LimitNOFILE= in the unit")
+            return false
+        case .failed(let error):
+            // Nothing known is short: run, and let poll(2) say so if it is.
+            log.warning("open files: \(error)")
+            return true
         }
     }
 

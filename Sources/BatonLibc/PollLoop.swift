@@ -31,6 +31,10 @@ public struct PollLoop: ~Copyable {
     public private(set) var now: Instant
     /// Turns taken, for the stats topic.
     public private(set) var turns = 0
+    /// Waits poll(2) failed (EINTR aside), and the errno of the last: a loop that fails every
+    /// wait wakes for nothing, so the gateway says the first.
+    public private(set) var failedWaits = 0
+    public private(set) var lastFailure: Int32 = 0
 
     /// `parts` and `descriptors` bound one turn: both arrays are reserved here and only
     /// emptied afterwards, so a turn allocates nothing.
@@ -103,7 +107,12 @@ public struct PollLoop: ~Copyable {
             // deadline waits out a second poll. EFAULT is our bug. ENOMEM, and EINVAL (more
             // entries than RLIMIT_NOFILE, which the largest relay capacities can reach) pass
             // as an empty turn, never a trap on what the config allowed.
-            precondition(errno != EFAULT, "poll: EFAULT with \(fds.count) descriptors (our bug)")
+            let failure = errno
+            precondition(failure != EFAULT, "poll: EFAULT with \(fds.count) descriptors (our bug)")
+            if failure != EINTR {
+                failedWaits &+= 1
+                lastFailure = failure
+            }
             for i in fds.indices { fds[i].revents = 0 }
         }
         now = .now

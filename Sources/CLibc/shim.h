@@ -25,6 +25,7 @@
 #include <sys/wait.h>
 #include <termios.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 
 // errno is a macro over a thread-local and fcntl is variadic: neither imports into Swift, and
 // Embedded Swift has no Glibc overlay that would wrap them. BatonLibc wraps these.
@@ -48,6 +49,21 @@ static inline void baton_signal_default(int sig) { signal(sig, SIG_DFL); }
 // parses its arguments once, on its only thread, before anything else runs.
 static inline int baton_getopt_long(int argc, char **argv, const char *shortopts, const struct option *longopts) {
     return getopt_long(argc, argv, shortopts, longopts, NULL);
+}
+// RLIMIT_NOFILE is an enum constant under _GNU_SOURCE and a macro otherwise, and RLIM_INFINITY
+// a macro: the open-file limit is read and raised here, in rlim_t's own width.
+static inline int baton_open_file_limit(unsigned long long *soft, unsigned long long *hard) {
+    struct rlimit r;
+    if (getrlimit(RLIMIT_NOFILE, &r) != 0) return -1;
+    *soft = r.rlim_cur == RLIM_INFINITY ? ~0ULL : (unsigned long long)r.rlim_cur;
+    *hard = r.rlim_max == RLIM_INFINITY ? ~0ULL : (unsigned long long)r.rlim_max;
+    return 0;
+}
+static inline int baton_set_open_file_soft_limit(unsigned long long soft) {
+    struct rlimit r;
+    if (getrlimit(RLIMIT_NOFILE, &r) != 0) return -1;
+    r.rlim_cur = (rlim_t)soft;
+    return setrlimit(RLIMIT_NOFILE, &r);
 }
 static inline void baton_getopt_reset(void) { optind = 1; opterr = 1; }
 static inline int baton_optind(void) { return optind; }

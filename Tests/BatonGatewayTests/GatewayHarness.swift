@@ -20,14 +20,20 @@ final class GatewayProcess {
     let process = Process()
     let stderrFile: URL
 
-    /// Starts `baton gateway --config <dir>/baton.yaml` with `yaml` as the file.
-    init(yaml: String, in dir: URL, extraArguments: [String] = []) throws {
+    /// Starts `baton gateway --config <dir>/baton.yaml` with `yaml` as the file; with
+    /// `openFiles`, under those soft and hard RLIMIT_NOFILE limits (prlimit(1) execs it, so the
+    /// process is the gateway's).
+    init(yaml: String, in dir: URL, extraArguments: [String] = [], openFiles: (soft: Int, hard: Int)? = nil) throws {
         let config = dir.appendingPathComponent("baton.yaml")
         try yaml.write(to: config, atomically: true, encoding: .utf8)
         stderrFile = dir.appendingPathComponent("gateway-\(UUID().uuidString.prefix(8)).log")
         _ = FileManager.default.createFile(atPath: stderrFile.path, contents: nil)
         process.executableURL = batonBinary
         process.arguments = ["gateway", "--config", config.path] + extraArguments
+        if let openFiles {
+            process.executableURL = URL(fileURLWithPath: "/usr/bin/prlimit")
+            process.arguments = ["--nofile=\(openFiles.soft):\(openFiles.hard)", batonBinary.path] + process.arguments!
+        }
         process.standardError = try FileHandle(forWritingTo: stderrFile)
         process.standardOutput = FileHandle.nullDevice
         try process.run()

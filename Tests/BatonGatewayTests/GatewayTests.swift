@@ -399,4 +399,33 @@ private func replayedHall(_ name: String, seed: UInt64) throws
         #expect(gateway.process.terminationStatus == 1)
         #expect(gateway.log.contains("<2>radio capture:\(missing): cannot read the file: No such file or directory"), "\(gateway.log)")
     }
+
+    /// The largest relay capacities poll 1,539 entries, more than systemd's soft open-file limit
+    /// of 1024, where poll(2) fails every turn (EINVAL). The gateway raises its soft limit to what
+    /// it polls, and runs; a hard limit below that stops the start naming the keys.
+    @Test func theLargestRelayCapacitiesRaiseTheOpenFileLimit() throws {
+        let broker = try MosquittoBroker()
+        let dir = try scratchDirectory("open-files")
+        let capture = try GeneratedCapture(in: dir, devices: 30, reports: 2_000, seed: 36)
+        let yaml = gatewayYAML(port: broker.port, radio: "capture:\(capture.path)", extra: "relay:\n  links: 256\n  streams: 1024")
+        let gateway = try GatewayProcess(yaml: yaml, in: dir, openFiles: (1024, 4096))
+        defer { gateway.kill() }
+        let retained = try eventually(within: 15) { () -> Int? in
+            let n = try broker.retained("baton/activities/+").count
+            return n == capture.lastBeacons.count ? n : nil
+        }
+        #expect(retained == capture.lastBeacons.count, "\(gateway.log)")
+        let limits = try String(contentsOfFile: "/proc/\(gateway.process.processIdentifier)/limits", encoding: .utf8)
+        let line = try #require(limits.split(separator: "\n").first { $0.hasPrefix("Max open files") })
+        let soft = line.split(separator: " ", omittingEmptySubsequences: true).dropFirst(3).first.flatMap { Int($0) }
+        #expect(soft == 1539 + 32, "\(line)")
+        #expect(gateway.log.contains("<6>open files: raised this process's soft limit from 1024 to 1571"), "\(gateway.log)")
+        #expect(!gateway.log.contains("poll:"), "\(gateway.log)")
+
+        let short = try GatewayProcess(yaml: yaml, in: dir, openFiles: (1024, 1200))
+        let ended = eventually(within: 10) { short.isRunning ? nil : true }
+        #expect(ended != nil)
+        #expect(short.process.terminationStatus == 1)
+        #expect(short.log.contains("<2>open files: relay.links 256, relay.streams 1024 need 1571 open files, but this process may open at most 1200 (RLIMIT_NOFILE): lower them, or raise LimitNOFILE= in the unit"), "\(short.log)")
+    }
 }
