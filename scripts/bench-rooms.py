@@ -410,6 +410,12 @@ def run_load(procs, baton, work, crowd, wander, rate, warmup, window, layout="ba
     wrong_room = [f"{d} in {(last_seen.get(d) or {}).get('gateway') or '(nothing)'}, walked to {room}"
                   for d, room in settled if (last_seen.get(d) or {}).get("gateway") != room]
     in_window = [(s_, d) for s_, d, _ in activity if w0 <= s_ <= w1]
+    # What a wrong room is read from, kept beside the gateways' logs (--keep): the simulator's
+    # events and every activity message, each with the unix µs it arrived at.
+    with open(os.path.join(work, "events.txt"), "w") as f:
+        f.writelines(f"{stamp} {line}\n" for stamp, line in b.events.snapshot())
+    with open(os.path.join(work, "activities.txt"), "w") as f:
+        f.writelines(f"{stamp} {line}\n" for stamp, line in activity_reader.snapshot())
     # Home Assistant's configs of the tracked devices (not the gateways' own) in the window.
     configs = [line.partition(" ")[0] for stamp, line in discovery_reader.snapshot()
                if w0 <= stamp <= w1 and line.partition(" ")[0].endswith("/config") and "/baton_5b" in line.partition(" ")[0]]
