@@ -91,6 +91,11 @@ public enum OwnershipReason: Sendable, Equatable {
     case yielded
     /// Nobody sighted the device for `forgetAfter`: it has no owner any more (`to` is nil).
     case forgotten
+    /// A device this gateway starts following already has an owner: the online gateway whose
+    /// activity message the broker holds for it (docs/rooms.md §3 "A device another room
+    /// holds"). This view takes that owner, as the owner's own view has it, instead of settling
+    /// on what it has heard so far; `from` is nil.
+    case published
 }
 
 public struct OwnershipChange: Sendable, Equatable {
@@ -239,6 +244,9 @@ public struct RoomOwnership: ~Copyable {
         /// entry is created by a non-nil sighting, which sets both.
         var firstSighted: Instant?
         var lastSighted: Instant?
+        /// Reason `published`: until then an owner whose sighting has not arrived yet is
+        /// presumed there, not gone (one heartbeat and a settle after the entry was made).
+        var presumedUntil: Instant?
     }
 
     /// One gateway's last sighting of one device. `arrived` nil: none, or it said `rssi: null`.
@@ -383,10 +391,13 @@ public struct RoomOwnership: ~Copyable {
 
     /// A sighting from `gateway` of `device`. Returns why it was dropped, or nil when accepted.
     /// A dropped sighting changes nothing at all. Allocates nothing.
+    /// `publisher`: the gateway whose activity message the broker holds for a device, asked
+    /// only when the device is not followed yet (reason `published`).
     public mutating func sighting(_ s: Sighting, gateway: Substring, device: UInt64, now: Instant,
+                                  publisher: (UInt64) -> GatewaySlot? = { _ in nil },
                                   _ onChange: (OwnershipChange) -> Void) -> SightingDrop? {
         let now = clock.clamp(now)
-        switch take(s, from: find(gateway), device: device, now: now, onChange) {
+        switch take(s, from: find(gateway), device: device, now: now, publisher: publisher, onChange) {
         case .dropped(let reason): return reason
         case .accepted, .ignored: return nil
         }
@@ -403,8 +414,10 @@ public struct RoomOwnership: ~Copyable {
     /// `ignored`): the gateway passes "neither heard nor owned here" with neighbourhoods
     /// (docs/rooms.md §8.2: it needs nothing about those). A full table frees the entry of
     /// such a device, one this gateway does not own, to follow one it needs (`unfollowed`).
+    /// `publisher`: as for `sighting`.
     public mutating func batch(_ b: SightingBatch, gateway: Substring, now: Instant, buildingWide: Bool = false,
                                ignoreNew: (UInt64) -> Bool = { _ in false },
+                               publisher: (UInt64) -> GatewaySlot? = { _ in nil },
                                _ onChange: (OwnershipChange) -> Void) -> BatchOutcome {
         let now = clock.clamp(now)
         let g = find(gateway)
@@ -413,7 +426,7 @@ public struct RoomOwnership: ~Copyable {
             let record = b[i]
             let s = Sighting(rssi: record.rssi, since: b.since, n: b.n &+ UInt64(i))
             switch take(s, from: g, device: record.device, now: now, buildingWide: buildingWide,
-                        ignoreNew: ignoreNew, onChange) {
+                        ignoreNew: ignoreNew, publisher: publisher, onChange) {
             case .dropped(let reason): outcome.count(reason)
             case .accepted: outcome.accepted &+= 1
             case .ignored: outcome.accepted &+= 1; outcome.ignored &+= 1
@@ -433,7 +446,7 @@ public struct RoomOwnership: ~Copyable {
     /// `sighting`'s rule, with the sender already looked up (nil: not registered).
     private mutating func take(_ s: Sighting, from sender: Int?, device: UInt64, now: Instant,
                                buildingWide: Bool = false, ignoreNew: (UInt64) -> Bool = { _ in false },
-                               _ onChange: (OwnershipChange) -> Void) -> Taken {
+                               publisher: (UInt64) -> GatewaySlot?, _ onChange: (OwnershipChange) -> Void) -> Taken {
         guard let g = sender, gateways[g].online else { return .dropped(drop(.unknownGateway)) }
         if g == 0 && s.since != selfSince { return .dropped(drop(.impostor)) }
         let sequence = buildingWide ? gateways[g].buildingSequence : gateways[g].sequence
@@ -451,6 +464,8 @@ public struct RoomOwnership: ~Copyable {
             // A device nobody tracks is not created by "no longer heard".
             guard s.rssi != nil, !ignore else { return ignore ? .ignored : .accepted }
             entry = insert(device, now: now)
+            // Proof: set just above.
+            takePublisher(entry!, publisher(device), now: now, onChange)
         }
         // Proof: set just above, or found in the index.
         let d = entry!
@@ -497,6 +512,24 @@ public struct RoomOwnership: ~Copyable {
     /// table wholly of needed devices costs little per sighting it must drop.
     static let reclaimLook = 32
     private var reclaimHand = 0
+
+    /// A device entry just made, whose activity the broker holds as published by `slot`
+    /// (docs/rooms.md §3 "A device another room holds"): that gateway owns it in its own view,
+    /// where a room starting to hear the device needs `margin` and `dwell` to take it. So this
+    /// view takes the same owner at once (reason `published`), its sighting unknown until it
+    /// arrives. Settling instead gave the device to this room whenever the owner's heartbeat
+    /// (every `sightingInterval`) came later than `settle`: this room published, the owner
+    /// published over it and this room gave way, a move and a move back in Home Assistant
+    /// (about 250 a gateway in 80 s at 3,000 devices, issue 30). The owner is presumed there
+    /// for one heartbeat and a settle; still silent then, it is taken over as a silent owner is.
+    private mutating func takePublisher(_ d: Int, _ slot: GatewaySlot?, now: Instant,
+                                        _ onChange: (OwnershipChange) -> Void) {
+        guard let slot, slot.index != 0, slot.index < gateways.count, gateways[slot.index].online else { return }
+        devices[d].owner = Int32(slot.index)
+        devices[d].presumedUntil = now + config.sightingInterval + config.settle
+        cells[d * config.gateways + slot.index].unknown = true
+        report(OwnershipChange(device: devices[d].device, from: nil, to: slot, reason: .published), onChange)
+    }
 
     /// Whether a sighting of entry `d` by room `g`, just taken in, cannot change what `evaluate`
     /// would decide now (docs/rooms.md §3 "Evaluating a device"): the device has an owner whose
@@ -846,7 +879,9 @@ public struct RoomOwnership: ~Copyable {
             let g = gateways[Int(e.owner)]
             let goneSinceRejoin = !g.online && (g.offlineSince.map { t in rejoinedAt.map { t >= $0 } ?? true } ?? true)
             let unknown = cells[d * config.gateways + Int(e.owner)].unknown
-            if !(isRejoining(now: now) && unknown && !goneSinceRejoin) {
+            // Taken from its activity message (`published`): there until its heartbeat is due.
+            let presumed = unknown && g.online && e.presumedUntil.map { now < $0 } == true
+            if !(isRejoining(now: now) && unknown && !goneSinceRejoin) && !presumed {
                 e.owner = Int32(c.best)
                 reason = .takeover
             }
@@ -855,6 +890,7 @@ public struct RoomOwnership: ~Copyable {
             e.challenger = -1
             e.leadSince = nil
             e.standInFor = reason == .takeover ? from : -1
+            e.presumedUntil = nil
         }
         devices[d] = e
         if let reason {
@@ -870,6 +906,7 @@ public struct RoomOwnership: ~Copyable {
         if e.owner < 0 { consider(firstSighted.after(settle)) }
         if let lead = e.leadSince { consider(lead.after(dwell)) }
         if e.owner >= 0, let until = rejoinUntil { consider(until) }
+        if e.owner >= 0, let until = e.presumedUntil { consider(until) }
         consider(lastSighted.after(forget))
         return next
     }

@@ -192,7 +192,9 @@ extension Gateway where Radio: ~Copyable {
         case .success(let s): sighting = s
         case .failure(let error): return rooms.drops.count(error)
         }
+        // A device newly followed takes the owner its activity message names (docs/rooms.md §3).
         if let drop = rooms.ownership.sighting(sighting, gateway: gateway, device: device, now: now,
+                                               publisher: { rooms.publishers.publisher(of: $0) },
                                                { rooms.changes.append($0) }) {
             rooms.drops.count(drop.name)
         }
@@ -229,7 +231,7 @@ extension Gateway where Radio: ~Copyable {
                 return .success(rooms.ownership.batch(batch, gateway: gateway, now: now, buildingWide: buildingWide,
                                                       ignoreNew: { device in
                     needsHeard && !Self.heard(device, table: table, apple: apple, lostAfter: lostAfter, now: now)
-                }) {
+                }, publisher: { rooms.publishers.publisher(of: $0) }) {
                     rooms.changes.append($0)
                 })
             } catch {

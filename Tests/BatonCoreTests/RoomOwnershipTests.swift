@@ -36,14 +36,16 @@ private struct Building: ~Copyable {
     }
 
     /// The next sighting in `gateway`'s run (or the one given exactly by `since`/`n`).
+    /// `publishedBy`: the gateway whose activity message the broker holds for the device.
     @discardableResult
     mutating func see(_ gateway: String, _ rssi: Int8?, device: UInt64 = phone, at t: Instant,
-                      since: Int64 = run, n: UInt64? = nil) -> SightingDrop? {
+                      since: Int64 = run, n: UInt64? = nil, publishedBy: String? = nil) -> SightingDrop? {
         let number = n ?? (counter[gateway, default: 0] + 1)
         counter[gateway] = max(counter[gateway, default: 0], number)
         var seen: [OwnershipChange] = []
+        let publisher = publishedBy.flatMap { rule.slot(of: Substring($0)) }
         let drop = rule.sighting(Sighting(rssi: rssi, since: since, n: number), gateway: Substring(gateway),
-                                 device: device, now: t) { seen.append($0) }
+                                 device: device, now: t, publisher: { $0 == device ? publisher : nil }) { seen.append($0) }
         changes += seen.map { ($0, t) }
         return drop
     }
@@ -272,6 +274,78 @@ struct RoomOwnershipTests {
         b.tick(at: at(1))
         #expect(b.story == ["-→b settled"])
         #expect(b.changes.first?.at == at(1))
+    }
+
+    // MARK: a device another room holds (docs/rooms.md §3)
+
+    @Test func aRoomThatStartsHearingADeviceAnotherRoomPublishesDoesNotSettleOnItself() {
+        // b publishes the phone's activity (the broker holds b's message) and hears it at -58,
+        // but its heartbeat (every 2 s) comes after a's first sighting at -70 by more than
+        // `settle`. a's view takes b as the owner at once, and keeps it when b's heartbeat says
+        // b is the better room: no settle on a, no move and move back.
+        var b = Building(online: ["a", "b"])
+        b.see("a", -70, at: at(0), publishedBy: "b")
+        #expect(b.story == ["-→b published"])
+        #expect(b.owner() == "b" && b.changes.first?.at == at(0))
+        b.tick(from: 0.1, to: 1.9)
+        b.see("b", -58, at: at(1.9))
+        for s in stride(from: 2.0, through: 20.0, by: 2.0) {
+            b.see("a", -70, at: at(s))
+            b.see("b", -58, at: at(s + 0.1))
+            b.tick(from: s, to: s + 1.9)
+        }
+        #expect(b.story == ["-→b published"])
+        #expect(b.rule.counters.takeovers == 0)
+    }
+
+    @Test func aPublishedOwnerStillNeedsToBeBeatenByMarginForTheDwell() {
+        // The room that starts hearing the device is clearly the better one (-50 against -58,
+        // 8 dB): it becomes the owner as any challenger does, after `dwell`, as b decides too.
+        var b = Building(online: ["a", "b"])
+        b.see("a", -50, at: at(0), publishedBy: "b")
+        b.see("b", -58, at: at(0.5))
+        for s in stride(from: 1.0, through: 6.0, by: 1.0) {
+            b.see("a", -50, at: at(s))
+            b.see("b", -58, at: at(s))
+            b.tick(from: s, to: s + 0.9)
+        }
+        #expect(b.story == ["-→b published", "b→a stronger"])
+        #expect(b.changes.last?.at == at(3.5), "b's first sighting at 0.5 s starts a's lead; dwell is 3 s")
+    }
+
+    @Test func aPublishedOwnerThatNeverSaysItHearsTheDeviceIsTakenOverAfterAHeartbeatAndASettle() {
+        // b's activity message names it, but no sighting of b's arrives: presumed there for one
+        // heartbeat (2 s) and a settle (1 s), then taken over as a silent owner is.
+        var b = Building(online: ["a", "b"])
+        b.see("a", -70, at: at(0), publishedBy: "b")
+        #expect(b.rule.nextDeadline == at(3))
+        b.tick(from: 0.1, to: 2.9)
+        #expect(b.owner() == "b")
+        b.see("a", -70, at: at(2.5))
+        b.tick(from: 3.0, to: 4.0)
+        #expect(b.story == ["-→b published", "b→a takeover"])
+        #expect(b.changes.last?.at == at(3))
+    }
+
+    @Test func aPublishedOwnerThatSaysItNoLongerHearsTheDeviceIsTakenOverAtOnce() {
+        var b = Building(online: ["a", "b"])
+        b.see("a", -70, at: at(0), publishedBy: "b")
+        b.see("b", nil, at: at(0.4))
+        #expect(b.story == ["-→b published", "b→a takeover"])
+        #expect(b.changes.last?.at == at(0.4))
+    }
+
+    @Test func anActivityMessageOfThisRoomOrOfAnOfflineRoomNamesNoOwner() {
+        // This gateway's own earlier message, or a gateway gone offline: the device settles on
+        // the sightings, as a device nobody publishes does.
+        for publisher in ["a", "c"] {
+            var b = Building(online: ["a", "b", "c"])
+            b.status("c", online: false, at: at(0))
+            b.see("a", -70, at: at(0), publishedBy: publisher)
+            #expect(b.owner() == nil)
+            b.tick(from: 0.1, to: 1.0)
+            #expect(b.story == ["-→a settled"], "published by \(publisher)")
+        }
     }
 
     @Test func aChallengerMustLeadForTheWholeDwell() {
