@@ -207,8 +207,12 @@ public struct RadioH4: RadioSource, ~Copyable {
             switch e {
             case ENOENT, ENODEV, ENXIO:
                 throw .adapterNotFound(path)
-            case EACCES, EPERM:
+            case EACCES:
                 throw .permissionDenied("opening \(path) needs read/write access to it (usually membership of the dialout group)")
+            case EPERM:
+                // A device cgroup refuses with EPERM, file permissions with EACCES: under
+                // baton.service that is its DevicePolicy=closed (docs/install.md §2).
+                throw .permissionDenied("opening \(path) was refused by a device policy, not by its file permissions (EPERM): under baton.service, allow its driver with a DeviceAllow=char-<driver> rw line (docs/install.md \"The unit's sandbox\")")
             default:
                 throw .os(Errno(e, call: "open(serial)"))
             }
