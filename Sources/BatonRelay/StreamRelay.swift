@@ -78,6 +78,21 @@ public struct StreamRelay: ~Copyable {
 
     /// A stream and what it is doing (its link's channel is the pool's). One per slot, made at
     /// start with the slot's share of the frame buffers, and reset for each stream it holds.
+    /// The link side of a stream, in the order it goes (docs/protocol.md §5.3): one field, where
+    /// three flags each allowed the states the others ruled out.
+    enum LinkSide: Int, Comparable {
+        /// The open has not reached the link yet (a bridge waits for the carrier's answer).
+        case unopened
+        /// The open went to the link: frames flow.
+        case open
+        /// The broker side's close has been passed to the link.
+        case closeSent
+        /// The link side hung up after both closes (§5.3): what is left is the broker side's
+        /// acks of its last frames, which the gateway still resends.
+        case hungUp
+        static func < (a: LinkSide, b: LinkSide) -> Bool { a.rawValue < b.rawValue }
+    }
+
     final class Slot {
         var role = Role.carrier
         var id = ""
@@ -92,7 +107,8 @@ public struct StreamRelay: ~Copyable {
         /// The open the link side is told, clamped to what the gateway keeps: the endpoint's
         /// (carrier, known at once), the carrier's (bridge, nil until it answered).
         var linkOpen: (window: UInt16, maxData: UInt16)?
-        var sentOpenToLink = false
+        /// How far the link side has got: each step needs the one before it.
+        var linkSide = LinkSide.unopened
         /// The open the broker side is told, clamped likewise: the device's (carrier, nil until
         /// the device answered), the phone's (bridge, known at once).
         var brokerOpen: (window: UInt16, maxData: UInt16)?
@@ -102,11 +118,6 @@ public struct StreamRelay: ~Copyable {
         /// newest says everything). It goes on POLLOUT; a link never resends, so one dropped
         /// here could leave the link side waiting for a window that already opened.
         var ackForLink: (next: UInt32, window: UInt16)?
-        /// The broker side's close has been passed to the link.
-        var closeSentToLink = false
-        /// The link side hung up after both closes (§5.3): what is left is the broker side's
-        /// acks of its last frames, which the gateway still resends.
-        var linkDone = false
         var lastProgress = Instant(nanoseconds: 0)
         var lastActivity = Instant(nanoseconds: 0)
         /// Bridge: `<prefix>/stream/<device>/S`, where the open goes again every
@@ -129,7 +140,7 @@ public struct StreamRelay: ~Copyable {
             toLink = StreamReceiver()
             linkQueue.reset()
             self.linkOpen = linkOpen; self.brokerOpen = brokerOpen
-            sentOpenToLink = false; linkAck = nil; ackForLink = nil; closeSentToLink = false; linkDone = false
+            linkSide = .unopened; linkAck = nil; ackForLink = nil
             lastProgress = now; lastActivity = now
             self.openAgainAt = openAgainAt; self.giveUpAt = giveUpAt
         }
@@ -348,12 +359,12 @@ public struct StreamRelay: ~Copyable {
     /// The open the link side is told, once known and the link is open; it goes before
     /// anything else on the link.
     mutating func sendOpenIfReady(_ s: Int) {
-        guard let slot = links[s], !slot.sentOpenToLink, let o = slot.linkOpen, links[channel: s].state == .open else { return }
+        guard let slot = links[s], slot.linkSide == .unopened, let o = slot.linkOpen, links[channel: s].state == .open else { return }
         var w = ByteWriter(frameScratch)
         do throws(WireError) { try LinkMessage.encodeOpen(window: o.window, maxData: o.maxData, into: &w) } catch {
             preconditionFailure("an open frame fits")
         }
-        if sendToLink(s, w.written) { slot.sentOpenToLink = true }
+        if sendToLink(s, w.written) { slot.linkSide = .open }
     }
 
     // MARK: the broker side's frames (…/S/up to a carrier, …/S/down to a bridge)
@@ -424,7 +435,7 @@ public struct StreamRelay: ~Copyable {
                 // broker side's window is at most the queue's capacity, so it fits; were it not
                 // to, the broker side would resend it (it is not acknowledged).
                 let taken = bytes.withUnsafeBytes { b in
-                    slot.sentOpenToLink && slot.linkQueue.isEmpty && sendToLink(s, b) ? true : queueForLink(s, b)
+                    slot.linkSide >= .open && slot.linkQueue.isEmpty && sendToLink(s, b) ? true : queueForLink(s, b)
                 }
                 if taken { _ = slot.toLink.arrive(message.number) } else { drops.count("stream-link-full") }
                 forwardCloseIfDue(s)
@@ -458,7 +469,7 @@ public struct StreamRelay: ~Copyable {
             // Once the close is on the link (which loses nothing) and the link side acknowledged
             // every frame before it, that ack is the link side's last one, said again; a link
             // side that acknowledged nothing (an empty direction) gets ack 0 said for it.
-            if slot.closeSentToLink, (slot.linkAck?.next ?? 0) == message.number {
+            if slot.linkSide >= .closeSent, (slot.linkAck?.next ?? 0) == message.number {
                 if slot.linkAck == nil { slot.linkAck = (0, slot.brokerOpen?.window ?? 1) }
                 republishLinkAck(s, mqtt: &mqtt)
             }
@@ -486,7 +497,7 @@ public struct StreamRelay: ~Copyable {
     /// Sends what waits for the link and the link takes now: the broker side's newest ack, then
     /// the queued frames, oldest first. Nothing goes before the open.
     mutating func flushToLink(_ s: Int) {
-        guard let slot = links[s], slot.sentOpenToLink else { return }
+        guard let slot = links[s], slot.linkSide >= .open else { return }
         if let ack = slot.ackForLink {
             var w = ByteWriter(frameScratch)
             do throws(WireError) { try LinkMessage.encodeAck(next: ack.next, window: ack.window, into: &w) } catch {
@@ -499,11 +510,11 @@ public struct StreamRelay: ~Copyable {
     }
 
     mutating func forwardCloseIfDue(_ s: Int) {
-        guard let slot = links[s], slot.sentOpenToLink, !slot.closeSentToLink, slot.linkQueue.isEmpty,
+        guard let slot = links[s], slot.linkSide == .open, slot.linkQueue.isEmpty,
               let end = slot.toLink.closeEnd, end == slot.toLink.next else { return }
         var w = ByteWriter(frameScratch)
         do throws(WireError) { try LinkMessage.encodeClose(end: end, into: &w) } catch { preconditionFailure("a close fits") }
-        if sendToLink(s, w.written) { slot.closeSentToLink = true }
+        if sendToLink(s, w.written) { slot.linkSide = .closeSent }
     }
 
     mutating func republishLinkAck(_ s: Int, mqtt: inout MQTTClient) {
@@ -540,8 +551,8 @@ public struct StreamRelay: ~Copyable {
                 forwardCloseIfDue(s)
                 finishIfDone(s, mqtt: &mqtt)
             case .closed(let error):
-                if slot.toBroker.closeEnd != nil, slot.closeSentToLink, error == nil || error == .closed {
-                    slot.linkDone = true
+                if slot.toBroker.closeEnd != nil, slot.linkSide >= .closeSent, error == nil || error == .closed {
+                    slot.linkSide = .hungUp
                     finishIfDone(s, mqtt: &mqtt)
                 } else {
                     let why = (error ?? .closed).description
@@ -612,8 +623,8 @@ public struct StreamRelay: ~Copyable {
 
     /// Both directions closed, every frame acknowledged, the last ack on the link.
     func isDone(_ slot: Slot) -> Bool {
-        slot.toBroker.closeEnd != nil && slot.toBroker.allAcknowledged && slot.closeSentToLink
-            && (slot.linkDone || (slot.linkAck?.next == slot.toLink.closeEnd && slot.ackForLink == nil))
+        slot.toBroker.closeEnd != nil && slot.toBroker.allAcknowledged && slot.linkSide >= .closeSent
+            && (slot.linkSide == .hungUp || (slot.linkAck?.next == slot.toLink.closeEnd && slot.ackForLink == nil))
     }
 
     mutating func finishIfDone(_ s: Int, mqtt: inout MQTTClient) {
