@@ -54,8 +54,8 @@ var targets: [Target] = [
     // (docs/esphome.md). BatonHCI only for its syscall wrapper, as BatonRelay.
     .target(name: "BatonProxy", dependencies: ["BatonLibc", "CLibc", "BatonWire", "CCrypto"], swiftSettings: wireSettings),
     .target(name: "BatonMQTT", dependencies: ["BatonLibc", "CLibc", "CMosquitto"], swiftSettings: wireSettings),
-    // Payload fetches and continuation streams (docs/relay.md). Imports BatonHCI only for its
-    // one syscall wrapper (Syscall, Errno), so every descriptor is handled by the same rules.
+    // Payload fetches and continuation streams (docs/relay.md). Its descriptors go through
+    // BatonLibc's one syscall wrapper (Syscall, Errno), as every module's do.
     .target(name: "BatonRelay", dependencies: ["BatonLibc", "CLibc", "BatonWire", "BatonMQTT", "CBlueZ"],
             swiftSettings: wireSettings),
     // The config file is YAML (docs/config.md): what a Home Assistant user already writes, and

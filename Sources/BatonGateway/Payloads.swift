@@ -18,9 +18,7 @@ public struct WallClock: Sendable {
     }
 
     public func unixMicroseconds(_ instant: Instant) -> Int64 {
-        let d = instant - instantAtStart
-        let (s, atto) = d.components
-        return unixMicrosecondsAtStart + s * 1_000_000 + atto / 1_000_000_000_000
+        return unixMicrosecondsAtStart + (instant - instantAtStart).microseconds
     }
 }
 

@@ -63,6 +63,14 @@ extension Duration {
         return ns &+ attoseconds / 1_000_000_000
     }
 
+    /// The duration in whole microseconds, toward zero: the unit of the simulator's clock and
+    /// of the timestamps written into payloads. Durations of a process's life: no overflow.
+    @inline(__always)
+    public var microseconds: Int64 {
+        let (seconds, attoseconds) = components
+        return seconds * 1_000_000 + attoseconds / 1_000_000_000_000
+    }
+
     /// The duration as poll(2)'s timeout: whole milliseconds rounded up (waking a hair early
     /// would spin a turn for nothing), 0 for none or less, at most `cap`. The one conversion
     /// every loop uses.

@@ -2,6 +2,7 @@
 // loses the broker at the same moment when it restarts; drawing each wait at random from the
 // whole window spreads their reconnects instead of lining them up (the "full jitter" of
 // exponential backoff). The window's lower edge stays at `min` so no wait is ever shorter.
+import BatonLibc
 
 /// The wait before the next connection attempt: drawn from [min, ceiling], where the ceiling
 /// starts at `min`, doubles after every failure up to `max`, and returns to `min` after a
@@ -38,11 +39,11 @@ struct Backoff: Sendable {
                        using rng: inout some RandomNumberGenerator) -> Duration {
         if absent && !fatal {
             let cap = Swift.max(min, Swift.min(ceiling, Self.absentCeiling))
-            return .nanoseconds(Int64.random(in: Self.nanoseconds(min)...Self.nanoseconds(cap), using: &rng))
+            return .nanoseconds(Int64.random(in: min.nanoseconds...cap.nanoseconds, using: &rng))
         }
         if fatal { ceiling = max }
-        let lo = Self.nanoseconds(min)
-        let hi = Self.nanoseconds(ceiling)
+        let lo = min.nanoseconds
+        let hi = ceiling.nanoseconds
         let wait = Duration.nanoseconds(Int64.random(in: lo...hi, using: &rng))
         // Doubling stops at `max`; `max` is at most a day (MQTTClient.init), so `* 2` cannot
         // overflow Duration's 128-bit attoseconds.
@@ -59,10 +60,4 @@ struct Backoff: Sendable {
     static let absentCeiling: Duration = .seconds(1)
 
     mutating func reset() { ceiling = min }
-
-    /// Whole nanoseconds of a non-negative duration of at most a day: fits Int64 with room.
-    static func nanoseconds(_ d: Duration) -> Int64 {
-        let (seconds, attoseconds) = d.components
-        return seconds * 1_000_000_000 + attoseconds / 1_000_000_000
-    }
 }

@@ -617,13 +617,13 @@ public final class Building {
             var timeout: Int32 = 1000
             if started {
                 let dueReal = Double(min(player.nextDue, player.end)) / speed
-                let elapsed = Double(micros(Instant.now - startInstant))
+                let elapsed = Double((Instant.now - startInstant).microseconds)
                 // Turns at most every `Self.turn` ms: what falls due meanwhile goes in the next
                 // turn's writes, up to that much late (a gateway gathers 10 ms anyway).
                 timeout = Int32(min(1000, max(Self.turn, ((dueReal - elapsed) / 1000).rounded(.up))))
             }
             if let due = links.nextDue {
-                timeout = min(timeout, Int32(max(0, (Double(micros(due - .now)) / 1000).rounded(.up))))
+                timeout = (due - .now).pollMilliseconds(atMost: timeout)
             }
             let ready = pollFDs.withUnsafeMutableBufferPointer { CLibc.poll($0.baseAddress, nfds_t($0.count), timeout) }
             if ready <= 0 { continue }
@@ -655,7 +655,7 @@ public final class Building {
     static let turn = 4.0
 
     func simulatedNow(_ speed: Double) -> Int64 {
-        Int64(Double(micros(Instant.now - startInstant)) * speed)
+        Int64(Double((Instant.now - startInstant).microseconds) * speed)
     }
 
     func deliver(_ room: Int, _ report: GeneratedReport) {
@@ -689,11 +689,6 @@ public final class Building {
         for path in socketPaths { unlink(path) }
         links.close()
     }
-}
-
-func micros(_ d: Duration) -> Int64 {
-    let (s, atto) = d.components
-    return s * 1_000_000 + atto / 1_000_000_000_000
 }
 
 /// Microseconds since the Unix epoch.
