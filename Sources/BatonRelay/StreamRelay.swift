@@ -76,10 +76,8 @@ public struct StreamRelay: ~Copyable {
         case bridge
     }
 
-    /// A stream and what it is doing (its link's channel is the pool's). One per slot, made at
-    /// start with the slot's share of the frame buffers, and reset for each stream it holds.
-    /// The link side of a stream, in the order it goes (docs/protocol.md §5.3): one field, where
-    /// three flags each allowed the states the others ruled out.
+    /// The link side of a stream, in the order it goes (docs/protocol.md §5.3): each state comes
+    /// only after the one before it, so `>=` reads "at least this far".
     enum LinkSide: Int, Comparable {
         /// The open has not reached the link yet (a bridge waits for the carrier's answer).
         case unopened
@@ -93,6 +91,8 @@ public struct StreamRelay: ~Copyable {
         static func < (a: LinkSide, b: LinkSide) -> Bool { a.rawValue < b.rawValue }
     }
 
+    /// A stream and what it is doing (its link's channel is the pool's). One per slot, made at
+    /// start with the slot's share of the frame buffers, and reset for each stream it holds.
     final class Slot {
         var role = Role.carrier
         var id = ""
