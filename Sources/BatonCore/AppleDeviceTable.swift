@@ -65,6 +65,8 @@ public struct AppleDevice: Sendable, Equatable {
     public var lastSeen: Instant
     /// Distinct addresses this entry was heard from (rotation, two radios at once).
     public var addresses: UInt32
+    /// How often it advertises as this room hears it, in ms (`SilenceFade`); 0 until a second frame.
+    public var interval: UInt16 = 0
     /// For a device whose IRK the user gave (`apple.irks`): its index in that list. Its entry
     /// is found by that, whatever address it sends from (docs/table.md "Apple devices").
     public var identity: Int? = nil
@@ -247,9 +249,10 @@ public struct AppleDeviceTable: ~Copyable {
 
     private mutating func update(_ slot: Int32, _ heard: HeardFrame, rssi: Int8, now: Instant,
                                  _ onChange: (AppleChange) -> Void) {
+        entries[slot].smoothed.add(rssi, after: now.nanoseconds &- entries[slot].device.lastSeen.nanoseconds)
         entries[slot].device.lastSeen = now
-        entries[slot].smoothed.add(rssi)
         entries[slot].device.rssi = entries[slot].smoothed.dBm
+        entries[slot].device.interval = entries[slot].smoothed.interval
         entries.moveToTail(slot, list: Self.list)
 
         var kind: AppleChangeKind?

@@ -75,7 +75,8 @@ public struct GatewaySlot: Hashable, Sendable {
 public enum OwnershipReason: Sendable, Equatable {
     /// A device without an owner got its first one, `settle` after its first sighting.
     case settled
-    /// A challenger was `margin` dB stronger than the owner for `dwell`.
+    /// A challenger's lead over the owner, weighed over time, reached the evidence of a lead of
+    /// `margin` dB held for `dwell` (docs/rooms.md §3 "The evidence").
     case stronger
     /// The owner went offline or stopped hearing the device; the best gateway hearing it took over at once.
     case takeover
@@ -197,6 +198,9 @@ public struct RoomOwnership: ~Copyable {
     /// `config`'s spans in the monotonic clock's nanoseconds, converted once: the rule runs for
     /// every sighting record, and `Duration`'s 128-bit arithmetic showed in its profile.
     let fresh: Int64, forget: Int64, settle: Int64, dwell: Int64
+    /// The evidence a challenger needs (`Device.evidence`'s units): a lead of exactly `margin`
+    /// held for `dwell`, (2 × margin − margin) × dwell.
+    let winning: Int64
     /// Tests only: run the rule for every sighting, as before `cannotMatter`, to show that
     /// skipping those changes nothing.
     var evaluatesEverySighting = false
@@ -238,12 +242,37 @@ public struct RoomOwnership: ~Copyable {
         /// (this gateway) on a device this gateway owns: held back since the broker gave it up
         /// (`dropped`, `announced`), published when the rejoin window closes if still its own.
         var standInFor: Int32 = -1
-        /// When the challenger's lead began; nil without a challenger.
-        var leadSince: Instant?
+        /// The challenger's evidence (docs/rooms.md §3 "The evidence"): the integral over time
+        /// of its lead over the owner less `margin / 2`, in 2 × dB·ns (doubled, so half a
+        /// `margin` stays whole), never below 0. It wins at `margin × dwell`.
+        var evidence: Int64 = 0
+        /// When `evidence` was last brought up to date, and the lead (dB) that held since;
+        /// nil without a challenger.
+        var evidenceAt: Instant?
+        var lead: Int32 = 0
         /// The first and the latest non-nil sighting from any gateway. Valid while `inUse`: an
         /// entry is created by a non-nil sighting, which sets both.
         var firstSighted: Instant?
         var lastSighted: Instant?
+        /// No challenger, no evidence.
+        mutating func clearChallenge() {
+            challenger = -1
+            evidence = 0
+            evidenceAt = nil
+            lead = 0
+        }
+
+        /// Brings `evidence` up to `now`: the lead since `evidenceAt`, less half the margin,
+        /// times the time it held; never below 0, saturating far above any threshold.
+        mutating func accrue(now: Instant, margin: Int) {
+            guard challenger >= 0, let at = evidenceAt else { return }
+            let rate = Int64(2 * Int(lead) - margin)
+            let (gained, overflow) = rate.multipliedReportingOverflow(by: max(0, now.nanoseconds &- at.nanoseconds))
+            let (sum, overflow2) = evidence.addingReportingOverflow(gained)
+            evidence = overflow || overflow2 ? (rate > 0 ? .max : 0) : max(0, sum)
+            evidenceAt = now
+        }
+
         /// Reason `published`: until then an owner whose sighting has not arrived yet is
         /// presumed there, not gone (one heartbeat and a settle after the entry was made).
         var presumedUntil: Instant?
@@ -307,6 +336,8 @@ public struct RoomOwnership: ~Copyable {
         self.forget = config.forgetAfter.nanoseconds
         self.settle = config.settle.nanoseconds
         self.dwell = config.dwell.nanoseconds
+        self.winning = Int64(config.margin).multipliedReportingOverflow(by: config.dwell.nanoseconds).overflow
+            ? .max : Int64(config.margin) * config.dwell.nanoseconds
         self.selfSince = selfSince
         ids = []
         ids.reserveCapacity(config.gateways)
@@ -533,9 +564,9 @@ public struct RoomOwnership: ~Copyable {
 
     /// Whether a sighting of entry `d` by room `g`, just taken in, cannot change what `evaluate`
     /// would decide now (docs/rooms.md §3 "Evaluating a device"): the device has an owner whose
-    /// sighting is fresh, and `g` is neither that owner nor its challenger and is not `margin`
-    /// louder than the owner (or no longer hears the device). Then the owner stays, nobody
-    /// starts or keeps leading by `margin` because of it, and the device's queued deadline
+    /// sighting is fresh, and `g` is neither that owner nor its challenger and leads the owner
+    /// by no more than half the `margin` (or no longer hears the device). Then the owner stays,
+    /// no challenge starts (such a lead banks no evidence), and the device's queued deadline
     /// (at the latest the owner's sighting going stale) comes before `g`'s. At 50 rooms
     /// evaluating every sighting, walking every candidate, was a sixth of a gateway's time.
     func cannotMatter(_ d: Int, from g: Int, rssi: Int8?, now: Instant) -> Bool {
@@ -544,8 +575,9 @@ public struct RoomOwnership: ~Copyable {
         let ownerCell = cells[d * config.gateways + owner]
         guard let arrived = ownerCell.arrived, now < arrived.after(fresh) else { return false }
         guard let rssi else { return true }
-        // Int: rssi + margin can pass Int8's range.
-        return Int(rssi) < Int(ownerCell.rssi) + config.margin
+        // Int: rssi + margin can pass Int8's range. A lead of half the margin or less banks
+        // nothing (`Device.accrue`), so it starts no challenge.
+        return 2 * (Int(rssi) - Int(ownerCell.rssi)) <= config.margin
     }
 
     /// This gateway (re)connected to the broker (docs/rooms.md §7). Whatever it knew of every
@@ -600,8 +632,7 @@ public struct RoomOwnership: ~Copyable {
         let d = Int(found)
         guard devices[d].owner == 0, devices[d].standInFor == 0 else { return false }
         devices[d].owner = Int32(gateway.index)
-        devices[d].challenger = -1
-        devices[d].leadSince = nil
+        devices[d].clearChallenge()
         report(OwnershipChange(device: device, from: selfSlot, to: gateway, reason: .yielded), onChange)
         if let next = evaluate(d, now: now, onChange) { deadlines.lower(d, next) }
         return true
@@ -631,8 +662,7 @@ public struct RoomOwnership: ~Copyable {
             let row = d * config.gateways
             for g in 0 ..< config.gateways { cells[row + g] = Cell(arrived: nil, rssi: 0, unknown: true) }
             for w in 0 ..< words { live[d * words + w] = 0 }
-            devices[d].challenger = -1
-            devices[d].leadSince = nil
+            devices[d].clearChallenge()
         }
     }
 
@@ -660,8 +690,7 @@ public struct RoomOwnership: ~Copyable {
         guard let theirs = fresh(g) else { return false }
         if let mine = fresh(0), !beats(g, theirs, 0, mine) { return false }
         devices[d].owner = Int32(g)
-        devices[d].challenger = -1
-        devices[d].leadSince = nil
+        devices[d].clearChallenge()
         devices[d].standInFor = -1
         report(OwnershipChange(device: devices[d].device, from: selfSlot, to: GatewaySlot(index: g), reason: .yielded),
                onChange)
@@ -846,29 +875,38 @@ public struct RoomOwnership: ~Copyable {
                 reason = .settled
             }
         } else if let ownerRSSI = c.ownerRSSI {
+            // The evidence so far: the lead that held since the last look, over the time since
+            // (the cells change only at a sighting or a lapse, and both evaluate).
+            e.accrue(now: now, margin: config.margin)
             // Int: rssi + margin can pass Int8's range.
-            if c.rival >= 0 && Int(c.rivalRSSI) >= Int(ownerRSSI) + config.margin {
-                if e.challenger != Int32(c.rival) || e.leadSince == nil {
-                    e.challenger = Int32(c.rival)
-                    e.leadSince = now
-                }
-                // Proof: leadSince was set just above or on an earlier evaluation.
-                if now.nanoseconds &- e.leadSince!.nanoseconds >= dwell {
-                    e.owner = Int32(c.rival)
-                    reason = .stronger
-                } else if let back = gateways[c.rival].onlineSince, now.nanoseconds &- back.nanoseconds < dwell {
-                    e.owner = Int32(c.rival)
-                    reason = .returned
-                } else if e.standInFor == Int32(c.rival) {
-                    // The room this one stood in for hears the device clearly better again:
-                    // its absence (its evidence unknown when a rejoin window closed, its
-                    // sightings stale) was not the device leaving it.
-                    e.owner = Int32(c.rival)
-                    reason = .returned
-                }
-            } else {
-                e.challenger = -1
-                e.leadSince = nil
+            let lead = c.rival >= 0 ? Int(c.rivalRSSI) - Int(ownerRSSI) : 0
+            if c.rival < 0 || e.challenger != Int32(c.rival) {
+                // A new challenger starts from nothing; the one before it loses what it had.
+                e.clearChallenge()
+            }
+            if c.rival >= 0 && (e.challenger >= 0 || 2 * lead > config.margin) {
+                e.challenger = Int32(c.rival)
+                e.evidenceAt = now
+                e.lead = Int32(clamping: lead)
+            }
+            // With `dwell: 0` nothing is weighed: a lead of `margin` wins at once, as it always did.
+            let won = winning > 0 ? e.evidence >= winning : lead >= config.margin
+            if e.challenger >= 0 && won {
+                e.owner = e.challenger
+                reason = .stronger
+            } else if c.rival >= 0 && lead >= config.margin,
+                      let back = gateways[c.rival].onlineSince, now.nanoseconds &- back.nanoseconds < dwell {
+                e.owner = Int32(c.rival)
+                reason = .returned
+            } else if c.rival >= 0 && lead >= config.margin && e.standInFor == Int32(c.rival) {
+                // The room this one stood in for hears the device clearly better again:
+                // its absence (its evidence unknown when a rejoin window closed, its
+                // sightings stale) was not the device leaving it.
+                e.owner = Int32(c.rival)
+                reason = .returned
+            } else if e.challenger >= 0 && e.evidence == 0 && 2 * Int(e.lead) <= config.margin {
+                // Nothing banked and nothing to bank: the challenge ends.
+                e.clearChallenge()
             }
         } else if c.best >= 0 {
             // An owner not heard from since this gateway rejoined is unknown, not gone: it
@@ -887,8 +925,7 @@ public struct RoomOwnership: ~Copyable {
             }
         }
         if reason != nil {
-            e.challenger = -1
-            e.leadSince = nil
+            e.clearChallenge()
             e.standInFor = reason == .takeover ? from : -1
             e.presumedUntil = nil
         }
@@ -904,7 +941,12 @@ public struct RoomOwnership: ~Copyable {
         var next = c.earliestExpiry
         func consider(_ t: Instant) { if t > now { next = min(next ?? t, t) } }
         if e.owner < 0 { consider(firstSighted.after(settle)) }
-        if let lead = e.leadSince { consider(lead.after(dwell)) }
+        if let at = e.evidenceAt, 2 * Int(e.lead) > config.margin {
+            // When the evidence reaches `winning` at the lead that holds now (rounded up).
+            let rate = Int64(2 * Int(e.lead) - config.margin)
+            let left = winning - e.evidence
+            consider(Instant(nanoseconds: at.nanoseconds &+ (left + rate - 1) / rate))
+        }
         if e.owner >= 0, let until = rejoinUntil { consider(until) }
         if e.owner >= 0, let until = e.presumedUntil { consider(until) }
         consider(lastSighted.after(forget))

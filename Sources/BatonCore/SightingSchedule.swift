@@ -23,10 +23,14 @@ public struct SightedDevice: Sendable, Equatable {
     public var deviceID: UInt64
     public var rssi: Int8
     public var lastSeen: Instant
-    public init(deviceID: UInt64, rssi: Int8, lastSeen: Instant) {
-        self.deviceID = deviceID; self.rssi = rssi; self.lastSeen = lastSeen
+    /// How often it advertises as this room hears it, in ms; 0: unknown (`SilenceFade`).
+    public var interval: UInt16
+    public init(deviceID: UInt64, rssi: Int8, lastSeen: Instant, interval: UInt16 = 0) {
+        self.deviceID = deviceID; self.rssi = rssi; self.lastSeen = lastSeen; self.interval = interval
     }
-    public init(_ a: TrackedActivity) { self.init(deviceID: a.deviceID, rssi: a.rssi, lastSeen: a.lastSeen) }
+    public init(_ a: TrackedActivity) {
+        self.init(deviceID: a.deviceID, rssi: a.rssi, lastSeen: a.lastSeen, interval: a.interval)
+    }
 }
 
 /// What the schedule walks: the activity table, and the named Apple devices.
@@ -56,7 +60,8 @@ extension AppleDeviceTable: SightingSource {
     public func forEachSighted(_ body: (SightedDevice) -> Void) {
         forEach { d in
             guard d.identity != nil else { return }
-            body(SightedDevice(deviceID: AppleDevice.roomsID(d.id), rssi: d.rssi, lastSeen: d.lastSeen))
+            body(SightedDevice(deviceID: AppleDevice.roomsID(d.id), rssi: d.rssi, lastSeen: d.lastSeen,
+                               interval: d.interval))
         }
     }
 }
@@ -196,7 +201,7 @@ public struct SightingSchedule: ~Copyable {
                 return
             }
             guard let e = index.find(s.deviceID).map({ Int($0) }) else {
-                guard Self.rssi(s) != nil, heard(s, now: now) else { return }
+                guard heard(s, now: now) else { return }
                 if found.count < found.capacity { found.append(s) } else { overflow = true }
                 return
             }
@@ -222,7 +227,8 @@ public struct SightingSchedule: ~Copyable {
 
         func takeIn(_ s: SightedDevice) {
             // A device already lost gets no entry: there is nothing to send about it.
-            guard heard(s, now: now), index.find(s.deviceID) == nil, let rssi = Self.rssi(s) else { return }
+            guard heard(s, now: now), index.find(s.deviceID) == nil else { return }
+            let rssi = Self.rssi(s, now: now)
             // The sources never hold more devices than this schedule's capacity (sized for
             // both), and every entry left is a device in them; a smaller schedule skips the rest.
             guard let slot = free.popLast() else { return }
@@ -284,7 +290,7 @@ public struct SightingSchedule: ~Copyable {
             guard let slot = index.find(d.deviceID) else {
                 // Not walked while heard: `due` takes it in (and sends it if still heard); one
                 // that `due` has found lost (and then freed) is owed nothing.
-                if rssi != nil, lastWalk.map({ $0 < d.lastSeen + config.lostAfter }) ?? true { consider(d.lastSeen) }
+                if lastWalk.map({ $0 < d.lastSeen + config.lostAfter }) ?? true { consider(d.lastSeen) }
                 return
             }
             matched += 1
@@ -292,14 +298,21 @@ public struct SightingSchedule: ~Copyable {
             // Proof: every entry in use was stamped when created.
             let at = s.at!
             if let sent = s.rssi {
-                guard let rssi else { return consider(at) }
                 consider(d.lastSeen + config.lostAfter)  // the `rssi: null`
                 consider(at + config.sightingInterval)   // the heartbeat
-                if Self.moved(rssi, from: sent, by: config.sightingStep) { consider(at + config.sightingMinInterval) }
+                if Self.moved(rssi, from: sent, by: config.sightingStep) {
+                    consider(at + config.sightingMinInterval)
+                } else if d.interval > 0 {
+                    // Silent, the level fades (`SilenceFade`) until it has moved by the step.
+                    let needed = Int64(Int(rssi) - Int(sent) + config.sightingStep)
+                    let step = Int64(max(d.interval, SilenceFade.shortest)) * 1_000_000
+                    let faded = d.lastSeen.after((SilenceFade.graceIntervals + needed) * step)
+                    consider(max(faded, at + config.sightingMinInterval))
+                }
             } else if s.withdrawn {
                 // Heard, but out of reach when `due` last looked: it looks again (§8.4).
-                if rssi != nil { consider(at + config.sightingMinInterval) }
-            } else if rssi != nil && d.lastSeen + config.lostAfter > at {
+                consider(at + config.sightingMinInterval)
+            } else if d.lastSeen + config.lostAfter > at {
                 // Heard again since the `rssi: null` (or since `due` last found it lost).
                 consider(at)
             }
@@ -324,7 +337,7 @@ public struct SightingSchedule: ~Copyable {
     private mutating func visit(_ e: Int, _ a: SightedDevice, now: Instant, _ outOfReach: (UInt64, Int) -> Bool,
                                 _ body: (DueSighting, Bool) -> Void) {
         let s = entries[e]
-        guard heard(a, now: now), let rssi = Self.rssi(a) else {
+        guard heard(a, now: now) else {
             // Not heard for lostAfter: one `rssi: null`, then silence until heard again. The
             // stamp moves on either way, so "heard again" means heard after this instant.
             entries[e].at = now
@@ -334,6 +347,7 @@ public struct SightingSchedule: ~Copyable {
             body(DueSighting(device: a.deviceID, rssi: nil), false)
             return
         }
+        let rssi = Self.rssi(a, now: now)
         let due: Bool
         if let sent = s.rssi, let at = s.at {
             let elapsed = now - at
@@ -404,7 +418,17 @@ public struct SightingSchedule: ~Copyable {
     /// heard, and beaten by any room that measures an RSSI. The real kernel stack showed why
     /// (docs/vm.md): BlueZ's virtual controllers never report an RSSI, and neither do some
     /// real ones; were such a device not sighted, no gateway would ever own it.
-    private static func rssi(_ a: SightedDevice) -> Int8? {
+    /// Silent for several of its intervals, the level fades (`SilenceFade`): a room that stops
+    /// hearing a device says so at once, in its level, not only after `lostAfter` with a `null`.
+    private static func rssi(_ a: SightedDevice, now: Instant) -> Int8 {
+        guard a.rssi != 127 else { return Sighting.rssiRange.lowerBound }
+        let fade = SilenceFade.dB(silent: now.nanoseconds &- a.lastSeen.nanoseconds, interval: a.interval)
+        let level = max(Int(a.rssi) - fade, Int(Sighting.rssiRange.lowerBound))
+        return Int8(min(level, Int(Sighting.rssiRange.upperBound)))
+    }
+
+    /// The level as last heard, before any fade (`nextDeadline`'s view).
+    private static func rssi(_ a: SightedDevice) -> Int8 {
         guard a.rssi != 127 else { return Sighting.rssiRange.lowerBound }
         return min(max(a.rssi, Sighting.rssiRange.lowerBound), Sighting.rssiRange.upperBound)
     }

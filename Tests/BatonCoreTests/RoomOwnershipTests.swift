@@ -10,6 +10,12 @@ private let t0 = Instant.now
 private func at(_ seconds: Double) -> Instant { t0 + .milliseconds(Int((seconds * 1000).rounded())) }
 
 private let phone: UInt64 = 0x5A12_3456_789A
+
+/// Seconds a challenger leading the owner by `lead` dB, steadily, needs to win (docs/rooms.md
+/// §3 "The evidence"): `margin × dwell` of evidence, banked at `2 × lead − margin` a second.
+private func winsAfter(lead: Int, margin: Int = 6, dwell: Double = 3) -> Double {
+    Double(margin) * dwell / Double(2 * lead - margin)
+}
 /// The `since` every simulated gateway's run started at (this one's too).
 private let run: Int64 = 1_795_430_000_000
 
@@ -97,8 +103,9 @@ struct RoomOwnershipTests {
     // MARK: §3 the rule
 
     @Test func walkingThroughThreeRoomsMovesTheRoomTwice() {
-        // Ten seconds in each room; every gateway sends a heartbeat each second. The room moves
-        // when the next room is `margin` dB stronger for `dwell` (3 s): at 13 s and at 23 s.
+        // Ten seconds in each room; every gateway sends a heartbeat each second. The next room
+        // leads by 25 dB: it wins after 6 × 3 / (2 × 25 − 6) = 0.41 s, at the tick after 10.41 s
+        // and after 20.41 s.
         var b = Building(online: ["a", "b", "c"])
         let rooms: [[String: Int8]] = [
             ["a": -50, "b": -75, "c": -90],
@@ -113,7 +120,8 @@ struct RoomOwnershipTests {
             b.tick(at: at(s))
         }
         #expect(b.story == ["-→a settled", "a→b stronger", "b→c stronger"])
-        #expect(b.changes.map(\.at) == [at(1), at(13), at(23)])
+        #expect(winsAfter(lead: 25) > 0.4 && winsAfter(lead: 25) < 0.5)
+        #expect(b.changes.map(\.at) == [at(1), at(10.5), at(20.5)])
         #expect(b.rule.counters.changes == 3)
         #expect(b.rule.counters.takeovers == 0)
     }
@@ -298,9 +306,9 @@ struct RoomOwnershipTests {
         #expect(b.rule.counters.takeovers == 0)
     }
 
-    @Test func aPublishedOwnerStillNeedsToBeBeatenByMarginForTheDwell() {
+    @Test func aPublishedOwnerIsBeatenAsAnyOwnerIs() {
         // The room that starts hearing the device is clearly the better one (-50 against -58,
-        // 8 dB): it becomes the owner as any challenger does, after `dwell`, as b decides too.
+        // 8 dB): it becomes the owner as any challenger does, on the evidence, as b decides too.
         var b = Building(online: ["a", "b"])
         b.see("a", -50, at: at(0), publishedBy: "b")
         b.see("b", -58, at: at(0.5))
@@ -310,7 +318,8 @@ struct RoomOwnershipTests {
             b.tick(from: s, to: s + 0.9)
         }
         #expect(b.story == ["-→b published", "b→a stronger"])
-        #expect(b.changes.last?.at == at(3.5), "b's first sighting at 0.5 s starts a's lead; dwell is 3 s")
+        // b's first sighting at 0.5 s starts a's lead; 8 dB wins after 18 / 10 = 1.8 s.
+        #expect(b.changes.last?.at == at(0.5 + winsAfter(lead: 8)))
     }
 
     @Test func aPublishedOwnerThatNeverSaysItHearsTheDeviceIsTakenOverAfterAHeartbeatAndASettle() {
@@ -348,20 +357,56 @@ struct RoomOwnershipTests {
         }
     }
 
-    @Test func aChallengerMustLeadForTheWholeDwell() {
-        // a: −60 every second. b: 10 dB stronger from 10 s, only 2 dB at 11.5 s (the lead
-        // breaks), 10 dB again from 12 s: the dwell counts from 12 s, not 10 s.
+    @Test func aLeadThatDipsLosesWhatItBankedAtTheDipsRate() {
+        // a: −60 every second. b: 7 dB stronger from 10 s (banks 2 × 7 − 6 = 8 dB a second),
+        // only 1 dB from 11 s to 12 s (loses 6 − 2 = 4 a second), 7 dB again from 12 s. At 12 s
+        // it holds 8 − 4 = 4 of the 18 it needs; 14 more at 8 a second: 1.75 s, at 13.75 s.
+        // Without the dip it had won at 10 + 18 / 8 = 12.25 s.
         var b = Building(online: ["a", "b"])
-        let bAt: [Int: Int8] = [100: -50, 110: -50, 115: -58, 120: -50, 130: -50, 140: -50, 150: -50, 160: -50]
         for tenth in 0 ... 160 {
             let s = Double(tenth) / 10
             if tenth % 10 == 0 { b.see("a", -60, at: at(s)) }
-            if let rssi = bAt[tenth] { b.see("b", rssi, at: at(s)) }
+            if tenth >= 100 && tenth % 5 == 0 { b.see("b", tenth >= 110 && tenth < 120 ? -59 : -53, at: at(s)) }
             b.tick(at: at(s))
-            if tenth == 149 { #expect(b.owner() == "a", "not at 13 s: the lead broke at 11.5 s") }
+            if tenth == 137 { #expect(b.owner() == "a", "not yet at 13.7 s: the dip cost 2 s of lead") }
         }
         #expect(b.story == ["-→a settled", "a→b stronger"])
-        #expect(b.changes.last?.at == at(15))
+        #expect(b.changes.last?.at == at(13.8), "the first tick after 13.75 s")
+    }
+
+    @Test func theStrongerTheLeadTheSoonerItWins() {
+        // One challenge per lead, from 10 s, each in a building of its own: 4 dB (between half
+        // the margin and the margin) wins, slowly; the margin itself takes the dwell, as the old
+        // fixed rule did; 20 dB, a person who walked in, wins within a second.
+        for (lead, expected) in [(4, 9.0), (6, 3.0), (10, 18.0 / 14), (20, 18.0 / 34)] {
+            var b = Building(online: ["a", "b"])
+            for tenth in 0 ... 300 {
+                let s = Double(tenth) / 10
+                if tenth % 10 == 0 { b.see("a", -60, at: at(s)) }
+                if tenth >= 100 && tenth % 10 == 0 { b.see("b", Int8(-60 + lead), at: at(s)) }
+                b.tick(at: at(s))
+            }
+            #expect(winsAfter(lead: lead) == expected)
+            #expect(b.story == ["-→a settled", "a→b stronger"], "lead \(lead) dB")
+            let won = b.changes.last.map { Double($0.at.nanoseconds - at(10).nanoseconds) / 1e9 } ?? .infinity
+            #expect(won >= expected && won <= expected + 0.1 + 1e-6, "lead \(lead) dB: won after \(won) s, not \(expected) s")
+        }
+    }
+
+    @Test func halfTheMarginOrLessNeverWinsAndBanksNoDebt() {
+        // A lead of 3 dB (half the margin) for a minute banks nothing. A minute 10 dB behind does
+        // not leave a debt either: a lead of the margin then wins after the dwell, not later.
+        var b = Building(online: ["a", "b"])
+        for tenth in 0 ... 1800 {
+            let s = Double(tenth) / 10
+            if tenth % 10 == 0 {
+                b.see("a", -60, at: at(s))
+                if tenth >= 20 { b.see("b", tenth < 600 ? -57 : tenth < 1200 ? -70 : -54, at: at(s)) }
+            }
+            b.tick(at: at(s))
+        }
+        #expect(b.story == ["-→a settled", "a→b stronger"])
+        #expect(b.changes.last?.at == at(120 + winsAfter(lead: 6)))
     }
 
     @Test func aGatewayBackOnlineMovesNothingUntilItsSightingsArrive() {
@@ -639,14 +684,15 @@ struct RoomOwnershipTests {
         b.see("b", -70, at: at(0))
         b.tick(from: 0, to: 1.5)
         b.status("a", online: false, at: at(2))  // b stands in for a
-        // c has been online all along and b did not take the device from it: a dwell of 3 s from 7 s.
+        // c has been online all along and b did not take the device from it: it wins on the
+        // evidence, 15 dB from 7 s, after 18 / 24 = 0.75 s (the first tick after 7.75 s).
         for s in stride(from: 2.0, through: 12.0, by: 1.0) {
             b.see("b", -70, at: at(s))
             if s >= 7 { b.see("c", -55, at: at(s)) }
             b.tick(from: s, to: s + 0.9)
         }
         #expect(b.story == ["-→a settled", "a→b takeover", "b→c stronger"])
-        #expect(b.changes.last.map { $0.at >= at(10) && $0.at <= at(10.1) } == true)
+        #expect(b.changes.last?.at == at(7.8))
     }
 
     /// The race seen under load in the fault test: a rejoin window closed before the owner's
@@ -1006,9 +1052,13 @@ struct RoomOwnershipTests {
         #expect(b.owner() == "a")
         #expect(b.rule.nextDeadline == at(5), "a's sighting goes stale at 5 s")
         b.see("b", -40, at: at(2))
-        #expect(b.rule.nextDeadline == at(5), "still a's staleness first; b's dwell ends at 5 s too")
-        b.tick(at: at(5))
-        #expect(b.story == ["-→a settled", "a→b takeover"], "a stale at 5 s: b takes over without waiting")
+        // 20 dB banks 34 dB a second: 18 in 0.5294… s, rounded up to the nanosecond.
+        let wins = Instant(nanoseconds: at(2).nanoseconds + (Int64(18) * 1_000_000_000 + 33) / 34)
+        #expect(b.rule.nextDeadline == wins, "b's evidence is complete before a's sighting goes stale")
+        b.tick(at: Instant(nanoseconds: wins.nanoseconds - 1))
+        #expect(b.owner() == "a")
+        b.tick(at: wins)
+        #expect(b.story == ["-→a settled", "a→b stronger"])
     }
 }
 

@@ -77,7 +77,8 @@ struct SightedDeviceTests {
             }
         }
         #expect(phoneSent.map(\.0) == [3.5, 5.5, 7.5, 9.5, 11.5], "heartbeats while within lostAfter, then lost")
-        #expect(phoneSent.map(\.1) == [-67, -67, -67, -67, nil], "one null, 10 s after last heard at 1.5 s")
+        // Heard 1.4 s apart, then silent: past four intervals (7.1 s) it fades a dB an interval.
+        #expect(phoneSent.map(\.1) == [-67, -67, -67, -68, nil], "one null, 10 s after last heard at 1.5 s")
         #expect(readerSent == [4.1, 6.1, 8.1, 10.1, 12.1])
         #expect(schedule.count == 2)
     }

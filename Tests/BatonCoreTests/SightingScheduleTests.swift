@@ -79,7 +79,9 @@ struct SightingScheduleTests {
         g.hear(rssi: -47, at: at(1.0))  // −55 + (−47 + 55) / 4 = −53: 2 dB
         #expect(g.due(at: at(1.0)) == [])
         #expect(g.schedule.nextDeadline(table: g.table) == at(2.5))
-        #expect(g.due(at: at(2.5)) == [DueSighting(device: phone, rssi: -53)])
+        // Heard 0.2 s apart at first, then once 0.8 s on: the interval estimate creeps to
+        // 0.209 s. Silent 1.5 s since, seven intervals, three past the grace: 3 dB faded.
+        #expect(g.due(at: at(2.5)) == [DueSighting(device: phone, rssi: -56)])
     }
 
     @Test func aDeviceNotHeardForLostAfterGetsOneNullThenSilence() {
@@ -276,6 +278,11 @@ struct SightingScheduleTests {
         best = -55
         g.hear(rssi: -80, at: at(12))
         #expect(withReach(&g, best: best, at(12)).map(\.0) == [DueSighting(device: phone, rssi: nil)])
+        // Heard all along at −80 (a room silent for 38 s would have faded, `SilenceFade`).
+        for s in stride(from: 14.0, through: 48, by: 2) {
+            g.hear(rssi: -80, at: at(s))
+            #expect(withReach(&g, best: best, at(s)).isEmpty)
+        }
         best = -63
         g.hear(rssi: -80, at: at(50))
         due = withReach(&g, best: best, at(50))
