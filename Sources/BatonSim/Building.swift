@@ -60,6 +60,10 @@ public final class ScenarioPlayer {
         var data: [UInt8]
         var x: Double
         var y: Double
+        /// A walk under way (`radio.walk-speed`): from (fromX, fromY) at `walkStart` to
+        /// (toX, toY) at `walkEnd`, simulated µs; walkEnd 0: standing.
+        var fromX = 0.0, fromY = 0.0, toX = 0.0, toY = 0.0
+        var walkStart: Int64 = 0, walkEnd: Int64 = 0
         /// The room a crowd device wanders from.
         var room: Int
         var silent = false
@@ -126,6 +130,10 @@ public final class ScenarioPlayer {
     var nextStep = 0
     var rng: SplitMix64
     var spareGaussian: Double?
+    /// Body shadowing (`radio.shadowing`) of device d in room r at `d * rooms + r`, dB, and when
+    /// it was last drawn (simulated µs; −1: never). Empty without shadowing.
+    var shadow: [Double] = []
+    var shadowAt: [Int64] = []
 
     /// The group hash every simulated beacon carries (as the capture generator's).
     public static let groupHash: UInt32 = 0xA1B2_C3D4
@@ -219,6 +227,10 @@ public final class ScenarioPlayer {
         }
         mean = Array(repeating: 0, count: total * rooms.count)
         for d in 0..<total { placeMean(d) }
+        if scenario.radio.shadowing > 0 {
+            shadow = Array(repeating: 0, count: total * rooms.count)
+            shadowAt = Array(repeating: -1, count: total * rooms.count)
+        }
 
         // Devices start at a random phase of their interval, so they do not all speak at t = 0.
         heap.reserveCapacity(total + wanderers)
@@ -320,6 +332,12 @@ public final class ScenarioPlayer {
         }
     }
 
+    /// Simulated seconds the walk under way takes (`radio.walk-speed`); nil when standing.
+    public func walkTakes(_ device: Int) -> Double? {
+        let d = devices[device]
+        return d.walkEnd > 0 ? Double(d.walkEnd - d.walkStart) / 1e6 : nil
+    }
+
     /// The mean RSSI (dBm, before noise and clamping) of device `device` in room `room` now.
     public func meanRSSI(device: Int, room: Int) -> Double { mean[device * roomX.count + room] }
 
@@ -400,9 +418,20 @@ public final class ScenarioPlayer {
     func apply(_ action: Scenario.Action, to d: Int) {
         switch action {
         case .walk(let place):
-            (devices[d].x, devices[d].y) = position(place)
+            let (x, y) = position(place)
             if case .room(let r) = place { devices[d].room = roomIndex[r]! }
-            placeMean(d)
+            let speed = scenario.radio.walkSpeed
+            if speed > 0 {
+                moveAlong(d)
+                let distance = ((x - devices[d].x) * (x - devices[d].x) + (y - devices[d].y) * (y - devices[d].y)).squareRoot()
+                devices[d].fromX = devices[d].x; devices[d].fromY = devices[d].y
+                devices[d].toX = x; devices[d].toY = y
+                devices[d].walkStart = now
+                devices[d].walkEnd = now + max(1, Self.micros(distance / speed))
+            } else {
+                (devices[d].x, devices[d].y) = (x, y)
+                placeMean(d)
+            }
         case .save:
             devices[d].beacon.sequence &+= 1
         case .becomeCurrent(let type):
@@ -432,6 +461,7 @@ public final class ScenarioPlayer {
     /// would not reach `heard-down-to` is unheard without drawing any noise.
     func advertise(_ d: Int, hear: (Int, GeneratedReport) -> Void) {
         guard !devices[d].silent else { return }
+        if devices[d].walkEnd > 0 { moveAlong(d) }
         if now >= devices[d].rotateAt { rotate(d) }
         reportsSent += 1
         let rooms = roomX.count
@@ -443,14 +473,59 @@ public final class ScenarioPlayer {
         for r in 0..<rooms {
             let m = mean[d * rooms + r]
             let sigma = roomNoise[r]
-            if m + 6 * sigma < threshold { counts[r].unheard += 1; continue }
-            let level = min(20, max(-127, (m + sigma * gaussian()).rounded()))
+            if m + 6 * sigma + 3 * scenario.radio.shadowing < threshold { counts[r].unheard += 1; continue }
+            var raw = m + sigma * gaussian()
+            if !shadow.isEmpty { raw += shadowing(d * rooms + r) }
+            if let k = scenario.radio.fadingK { raw += fading(k) }
+            let level = min(20, max(-127, raw.rounded()))
             if level < threshold { counts[r].unheard += 1; continue }
             if roomLoss[r] > 0, uniform() < roomLoss[r] { counts[r].lost += 1; continue }
             counts[r].heard += 1
             report.rssi = Int8(level)
             hear(r, report)
         }
+    }
+
+    /// Where a walking device is now: on the straight line between where it set off and where
+    /// it goes, at `radio.walk-speed`; its levels follow (docs/simulator.md).
+    func moveAlong(_ d: Int) {
+        let end = devices[d].walkEnd
+        guard end > 0 else { return }
+        if now >= end {
+            devices[d].x = devices[d].toX; devices[d].y = devices[d].toY
+            devices[d].walkEnd = 0
+        } else {
+            let f = Double(now - devices[d].walkStart) / Double(end - devices[d].walkStart)
+            devices[d].x = devices[d].fromX + (devices[d].toX - devices[d].fromX) * f
+            devices[d].y = devices[d].fromY + (devices[d].toY - devices[d].fromY) * f
+        }
+        placeMean(d)
+    }
+
+    /// Body shadowing in one room, an Ornstein–Uhlenbeck process (a gaussian with standard
+    /// deviation `radio.shadowing` whose correlation decays as e^(−t/shadowing-time)), drawn
+    /// exactly over whatever time passed since its last draw.
+    func shadowing(_ cell: Int) -> Double {
+        let sigma = scenario.radio.shadowing
+        guard shadowAt[cell] >= 0 else {
+            shadowAt[cell] = now
+            shadow[cell] = sigma * gaussian()
+            return shadow[cell]
+        }
+        let keep = exp(-Double(now - shadowAt[cell]) / 1e6 / scenario.radio.shadowingTime)
+        shadow[cell] = shadow[cell] * keep + sigma * (1 - keep * keep).squareRoot() * gaussian()
+        shadowAt[cell] = now
+        return shadow[cell]
+    }
+
+    /// Fast fading on one report: the power of a Rician channel of factor K (dB) with mean
+    /// power 1, in dB. K → −∞ is Rayleigh (no line of sight): a report 10 dB below the mean
+    /// one time in ten, 20 dB one time in a hundred.
+    func fading(_ kDB: Double) -> Double {
+        let k = pow(10, kDB / 10)
+        let los = (k / (k + 1)).squareRoot(), scatter = (1 / (2 * (k + 1))).squareRoot()
+        let i = los + scatter * gaussian(), q = scatter * gaussian()
+        return 10 * log10(max(1e-12, i * i + q * q))
     }
 
     /// Uniform in [0, 1): the top 53 bits of the PRNG.
@@ -784,6 +859,9 @@ extension Building {
                 try w.key("x"); try w.double(x)
                 try w.key("y"); try w.double(y)
             }
+            // With `radio.walk-speed`, how long the walk takes: it passes the door (where both
+            // rooms hear it alike, between two rooms) half-way.
+            if let takes = player.walkTakes(e.device) { try w.key("takes"); try w.double(takes) }
         case .save: try w.string("save")
         case .becomeCurrent(let type):
             try w.string("become-current")

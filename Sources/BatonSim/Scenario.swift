@@ -49,11 +49,25 @@ public struct Scenario: Sendable, Equatable {
         public var loss: Double
         /// Simulated seconds a device takes to answer a link's connect message or a fetch.
         public var linkLatency: Double
+        /// Rooms a second a walking device covers, its levels changing along the way; 0: a walk
+        /// is a step (docs/simulator.md "A radio that moves like a person").
+        public var walkSpeed: Double
+        /// dB, the standard deviation of body shadowing: a slow offset per device and room
+        /// (a person turning, standing between phone and gateway), changing over `shadowingTime`.
+        public var shadowing: Double
+        /// Seconds, the correlation time of the shadowing.
+        public var shadowingTime: Double
+        /// The Rician K factor of fast fading on each report, in dB (−30 is all but Rayleigh);
+        /// nil: no fading.
+        public var fadingK: Double?
 
         public init(inRoom: Double = -55, perRoom: Double = -15, heardDownTo: Double = -95,
-                    noise: Double = 3, loss: Double = 0.05, linkLatency: Double = 0) {
+                    noise: Double = 3, loss: Double = 0.05, linkLatency: Double = 0,
+                    walkSpeed: Double = 0, shadowing: Double = 0, shadowingTime: Double = 2, fadingK: Double? = nil) {
             self.inRoom = inRoom; self.perRoom = perRoom; self.heardDownTo = heardDownTo
             self.noise = noise; self.loss = loss; self.linkLatency = linkLatency
+            self.walkSpeed = walkSpeed; self.shadowing = shadowing; self.shadowingTime = shadowingTime
+            self.fadingK = fadingK
         }
     }
 
@@ -220,7 +234,8 @@ extension Scenario {
     /// Every key, section by section, in the order docs/simulator.md lists them.
     static let schema: [(section: String, keys: [String])] = [
         ("", ["seed", "speed", "duration", "rate", "company-id", "radio", "rooms", "devices", "crowd", "bthome"]),
-        ("radio", ["in-room", "per-room", "heard-down-to", "noise", "loss", "link-latency"]),
+        ("radio", ["in-room", "per-room", "heard-down-to", "noise", "loss", "link-latency", "walk-speed",
+                   "shadowing", "shadowing-time", "fading-k"]),
         ("rooms", ["id", "name", "x", "y", "noise", "loss"]),
         ("devices", ["id", "name", "type", "streams", "web-url", "at", "script", "title", "payload-bytes", "link",
                      "group-secret", "identity", "rotate"]),
@@ -349,6 +364,10 @@ struct ScenarioReader {
         if let e = m["noise"], let v = number(e, 0...30, "dB") { r.noise = v }
         if let e = m["loss"], let v = number(e, 0...1, "a fraction from 0 to 1") { r.loss = v }
         if let e = m["link-latency"], let v = number(e, 0...Scenario.maxLinkLatency, "simulated seconds") { r.linkLatency = v }
+        if let e = m["walk-speed"], let v = number(e, 0...10, "rooms a second (0: a walk is a step)") { r.walkSpeed = v }
+        if let e = m["shadowing"], let v = number(e, 0...20, "dB") { r.shadowing = v }
+        if let e = m["shadowing-time"], let v = number(e, 0.1...600, "seconds") { r.shadowingTime = v }
+        if let e = m["fading-k"], let v = number(e, -30...30, "dB (the Rician K factor)") { r.fadingK = v }
     }
 
     mutating func readRooms(_ e: ScenarioEntry) -> [Scenario.Room] {
