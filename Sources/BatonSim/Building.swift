@@ -134,6 +134,9 @@ public final class ScenarioPlayer {
     /// it was last drawn (simulated µs; −1: never). Empty without shadowing.
     var shadow: [Double] = []
     var shadowAt: [Int64] = []
+    /// And how far the device had walked then (rooms); `walked` is each device's total so far.
+    var shadowWalked: [Double] = []
+    var walked: [Double] = []
 
     /// The group hash every simulated beacon carries (as the capture generator's).
     public static let groupHash: UInt32 = 0xA1B2_C3D4
@@ -230,6 +233,8 @@ public final class ScenarioPlayer {
         if scenario.radio.shadowing > 0 {
             shadow = Array(repeating: 0, count: total * rooms.count)
             shadowAt = Array(repeating: -1, count: total * rooms.count)
+            shadowWalked = Array(repeating: 0, count: total * rooms.count)
+            walked = Array(repeating: 0, count: total)
         }
 
         // Devices start at a random phase of their interval, so they do not all speak at t = 0.
@@ -491,6 +496,13 @@ public final class ScenarioPlayer {
     func moveAlong(_ d: Int) {
         let end = devices[d].walkEnd
         guard end > 0 else { return }
+        let (x0, y0) = (devices[d].x, devices[d].y)
+        defer {
+            if !walked.isEmpty {
+                let dx = devices[d].x - x0, dy = devices[d].y - y0
+                walked[d] += (dx * dx + dy * dy).squareRoot()
+            }
+        }
         if now >= end {
             devices[d].x = devices[d].toX; devices[d].y = devices[d].toY
             devices[d].walkEnd = 0
@@ -502,19 +514,28 @@ public final class ScenarioPlayer {
         placeMean(d)
     }
 
-    /// Body shadowing in one room, an Ornstein–Uhlenbeck process (a gaussian with standard
-    /// deviation `radio.shadowing` whose correlation decays as e^(−t/shadowing-time)), drawn
-    /// exactly over whatever time passed since its last draw.
+    /// Shadowing in one room: a gaussian of standard deviation `radio.shadowing` whose
+    /// correlation falls as e^(−d/shadowing-distance) over the distance d the device walked
+    /// (M. Gudmundson, "Correlation model for shadow fading in mobile radio systems",
+    /// Electronics Letters 27(23), 1991) and, with `shadowing-time`, as e^(−t/time) over time
+    /// alone: a first-order Gauss–Markov process, drawn exactly over whatever passed since its
+    /// last draw. A device standing still keeps its offsets, unless people fidget.
     func shadowing(_ cell: Int) -> Double {
-        let sigma = scenario.radio.shadowing
+        let radio = scenario.radio, sigma = radio.shadowing
+        let d = cell / roomX.count
         guard shadowAt[cell] >= 0 else {
             shadowAt[cell] = now
+            shadowWalked[cell] = walked[d]
             shadow[cell] = sigma * gaussian()
             return shadow[cell]
         }
-        let keep = exp(-Double(now - shadowAt[cell]) / 1e6 / scenario.radio.shadowingTime)
+        var decay = (walked[d] - shadowWalked[cell]) / radio.shadowingDistance
+        if radio.shadowingTime > 0 { decay += Double(now - shadowAt[cell]) / 1e6 / radio.shadowingTime }
+        guard decay > 0 else { return shadow[cell] }
+        let keep = exp(-decay)
         shadow[cell] = shadow[cell] * keep + sigma * (1 - keep * keep).squareRoot() * gaussian()
         shadowAt[cell] = now
+        shadowWalked[cell] = walked[d]
         return shadow[cell]
     }
 

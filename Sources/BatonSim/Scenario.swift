@@ -52,10 +52,13 @@ public struct Scenario: Sendable, Equatable {
         /// Rooms a second a walking device covers, its levels changing along the way; 0: a walk
         /// is a step (docs/simulator.md "A radio that moves like a person").
         public var walkSpeed: Double
-        /// dB, the standard deviation of body shadowing: a slow offset per device and room
-        /// (a person turning, standing between phone and gateway), changing over `shadowingTime`.
+        /// dB, the standard deviation of shadowing: an offset per device and room (walls, the
+        /// body between phone and gateway) that changes as the device moves, over
+        /// `shadowingDistance`, and, if `shadowingTime` > 0, with time alone (people fidgeting).
         public var shadowing: Double
-        /// Seconds, the correlation time of the shadowing.
+        /// Rooms walked over which the shadowing decorrelates (Gudmundson's model).
+        public var shadowingDistance: Double
+        /// Seconds over which it decorrelates standing still; 0: it does not.
         public var shadowingTime: Double
         /// The Rician K factor of fast fading on each report, in dB (−30 is all but Rayleigh);
         /// nil: no fading.
@@ -63,10 +66,12 @@ public struct Scenario: Sendable, Equatable {
 
         public init(inRoom: Double = -55, perRoom: Double = -15, heardDownTo: Double = -95,
                     noise: Double = 3, loss: Double = 0.05, linkLatency: Double = 0,
-                    walkSpeed: Double = 0, shadowing: Double = 0, shadowingTime: Double = 2, fadingK: Double? = nil) {
+                    walkSpeed: Double = 0, shadowing: Double = 0, shadowingDistance: Double = 0.25,
+                    shadowingTime: Double = 0, fadingK: Double? = nil) {
             self.inRoom = inRoom; self.perRoom = perRoom; self.heardDownTo = heardDownTo
             self.noise = noise; self.loss = loss; self.linkLatency = linkLatency
-            self.walkSpeed = walkSpeed; self.shadowing = shadowing; self.shadowingTime = shadowingTime
+            self.walkSpeed = walkSpeed; self.shadowing = shadowing; self.shadowingDistance = shadowingDistance
+            self.shadowingTime = shadowingTime
             self.fadingK = fadingK
         }
     }
@@ -235,7 +240,7 @@ extension Scenario {
     static let schema: [(section: String, keys: [String])] = [
         ("", ["seed", "speed", "duration", "rate", "company-id", "radio", "rooms", "devices", "crowd", "bthome"]),
         ("radio", ["in-room", "per-room", "heard-down-to", "noise", "loss", "link-latency", "walk-speed",
-                   "shadowing", "shadowing-time", "fading-k"]),
+                   "shadowing", "shadowing-distance", "shadowing-time", "fading-k"]),
         ("rooms", ["id", "name", "x", "y", "noise", "loss"]),
         ("devices", ["id", "name", "type", "streams", "web-url", "at", "script", "title", "payload-bytes", "link",
                      "group-secret", "identity", "rotate"]),
@@ -366,7 +371,8 @@ struct ScenarioReader {
         if let e = m["link-latency"], let v = number(e, 0...Scenario.maxLinkLatency, "simulated seconds") { r.linkLatency = v }
         if let e = m["walk-speed"], let v = number(e, 0...10, "rooms a second (0: a walk is a step)") { r.walkSpeed = v }
         if let e = m["shadowing"], let v = number(e, 0...20, "dB") { r.shadowing = v }
-        if let e = m["shadowing-time"], let v = number(e, 0.1...600, "seconds") { r.shadowingTime = v }
+        if let e = m["shadowing-distance"], let v = number(e, 0.01...100, "rooms") { r.shadowingDistance = v }
+        if let e = m["shadowing-time"], let v = number(e, 0...600, "seconds (0: not with time alone)") { r.shadowingTime = v }
         if let e = m["fading-k"], let v = number(e, -30...30, "dB (the Rician K factor)") { r.fadingK = v }
     }
 

@@ -34,16 +34,17 @@ private func deviation(_ xs: [Double]) -> Double {
     @Test func theKeysParseAndAreRefusedOutOfRange() throws {
         let s = try Scenario.parse(yaml: """
             duration: 1
-            radio: {walk-speed: 0.3, shadowing: 3, shadowing-time: 2.5, fading-k: 0}
+            radio: {walk-speed: 0.3, shadowing: 3, shadowing-distance: 0.5, shadowing-time: 2.5, fading-k: 0}
             rooms: [{id: hall}]
             devices: [{id: 5a0000000001, at: hall}]
             """, file: "s.yaml")
-        #expect(s.radio.walkSpeed == 0.3 && s.radio.shadowing == 3 && s.radio.shadowingTime == 2.5 && s.radio.fadingK == 0)
+        #expect(s.radio.walkSpeed == 0.3 && s.radio.shadowing == 3 && s.radio.shadowingDistance == 0.5
+                && s.radio.shadowingTime == 2.5 && s.radio.fadingK == 0)
         let plain = try Scenario.parse(yaml: "duration: 1\nrooms: [{id: hall}]\ndevices: [{id: 5a0000000001, at: hall}]\n",
                                        file: "s.yaml")
         #expect(plain.radio.walkSpeed == 0 && plain.radio.shadowing == 0 && plain.radio.fadingK == nil,
                 "off unless asked for: older scenarios play as they did")
-        for bad in ["walk-speed: -1", "shadowing: 21", "shadowing-time: 0", "fading-k: 31"] {
+        for bad in ["walk-speed: -1", "shadowing: 21", "shadowing-distance: 0", "shadowing-time: -1", "fading-k: 31"] {
             let error = parseError("duration: 1\nradio: {\(bad)}\nrooms: [{id: hall}]\ndevices: [{id: 5a0000000001, at: hall}]\n")
             #expect(error?.all.first?.key.hasPrefix("radio.") == true, "\(bad) was accepted")
         }
@@ -71,9 +72,25 @@ private func deviation(_ xs: [Double]) -> Double {
         #expect(level(1, near: 14.1) == -55 && level(0, near: 14.1) == -70, "arrived after 4 s")
     }
 
-    @Test func shadowingIsSlowAndOfTheGivenDeviation() throws {
-        // Shadowing 4 dB over 2 s, no other noise: the levels' deviation is about 4 dB, and
-        // reports 0.1 s apart differ by far less than reports 20 s apart.
+    @Test func aStillDeviceKeepsItsShadowingAndAWalkingOneDoesNot() throws {
+        // Shadowing 4 dB over a quarter room, no other noise. Standing still, every report of a
+        // room is the same level; walking back and forth (0.25 rooms a second), the hall's
+        // levels at the same spot differ from walk to walk.
+        let still = try player("shadowing: 4, noise: 0, loss: 0")
+        let levels = Set(reports(still, until: 60).filter { $0.1 == 0 }.map(\.2))
+        #expect(levels.count == 1, "still: \(levels)")
+        let walking = try player("shadowing: 4, walk-speed: 0.25, noise: 0, loss: 0", devices: """
+            devices: [{id: 5a0000000001, at: hall, script: [{at: 10, walk: kitchen}, {at: 20, walk: hall},
+                      {at: 30, walk: kitchen}, {at: 40, walk: hall}, {at: 50, walk: kitchen}]}]
+            """)
+        let atHall = reports(walking, until: 60).filter { $0.1 == 0 && (($0.0 >= 15 && $0.0 < 20) || ($0.0 >= 35 && $0.0 < 40)) }
+        #expect(Set(atHall.map(\.2)).count > 1, "back in the hall after a walk, its shadowing is drawn anew in part")
+    }
+
+    @Test func fidgetingShadowingIsSlowAndOfTheGivenDeviation() throws {
+        // Shadowing 4 dB changing over 2 s standing still (`shadowing-time`), no other noise: the
+        // levels' deviation is about 4 dB, and reports 0.1 s apart differ by far less than
+        // reports 20 s apart.
         let p = try player("shadowing: 4, shadowing-time: 2, noise: 0, loss: 0")
         let hall = reports(p, until: 600).filter { $0.1 == 0 }.map { Double($0.2) }
         #expect(abs(deviation(hall) - 4) < 0.6, "deviation \(deviation(hall))")
