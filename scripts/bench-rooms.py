@@ -346,9 +346,11 @@ def still_scenario(count, duration, radio="house"):
     return "\n".join(lines) + "\n"
 
 
-def run_still(procs, baton, work, count, duration, settle=15, extra=(), radio="house"):
-    """Flaps per hour: changes of the gateway named in a standing device's activity messages
-    after `settle` s, over the devices' hours standing."""
+def run_still(procs, baton, work, count, duration, settle=60, extra=(), radio="house"):
+    """Owner changes per hour: changes of the gateway named in a standing device's activity
+    messages after `settle` s (a minute: a room the device is nearer by a little may take it
+    over slowly, once), over the devices' hours standing; and of them the flaps, changes back
+    to a room that held the device before."""
     os.makedirs(work)
     broker, port = start_broker(procs, work)
     sub, reader = subscribe(procs, port, "baton/activities/+")
@@ -367,7 +369,7 @@ def run_still(procs, baton, work, count, duration, settle=15, extra=(), radio="h
     start, end = b.start_us + settle * 1e6, b.start_us + duration * 1e6
     result = {"devices": 2 * count, "duration_s": duration, "settle_s": settle, "config": list(extra), "radio": radio}
     for kind, prefix in (("border", "5c00000001"), ("noisy", "5c00000002")):
-        changes, last = 0, {}
+        changes, back, last, held = 0, 0, {}, {}
         for stamp, device, value in activity:
             if not device.startswith(prefix) or not value or not value.get("gateway"):
                 continue
@@ -376,9 +378,12 @@ def run_still(procs, baton, work, count, duration, settle=15, extra=(), radio="h
                 break
             if device in last and last[device] != g and stamp >= start:
                 changes += 1
+                back += g in held.get(device, ())
             last[device] = g
+            held.setdefault(device, set()).add(g)
         hours = count * (duration - settle) / 3600
-        result[kind] = {"changes": changes, "device_hours": hours, "flaps_per_hour": changes / hours,
+        result[kind] = {"changes": changes, "device_hours": hours, "changes_per_hour": changes / hours,
+                        "flaps": back, "flaps_per_hour": back / hours,
                         "rooms": sorted(set(last.values())), "devices_seen": len(last)}
     return result
 
@@ -607,8 +612,9 @@ def table(result):
                     f"{' '.join(x.strip() for x in still['config']) or 'defaults'}"]
         for kind, text in (("border", "on the hall/kitchen border"), ("noisy", "in a noisy room (noise 6)")):
             k = still[kind]
-            out.append(f"  {text}: {k['changes']} owner changes in {k['device_hours']:.2f} device-hours: "
-                       f"{k['flaps_per_hour']:.2f} per device per hour (rooms named: {', '.join(k['rooms'])})")
+            out.append(f"  {text}: {k['changes']} owner changes in {k['device_hours']:.2f} device-hours, "
+                       f"{k['changes_per_hour']:.2f} per device per hour; {k['flaps']} of them back to a room that "
+                       f"held it before ({k['flaps_per_hour']:.2f} per hour)")
     for load in result.get("load", []):
         s = load["gateway_summary"]
         out += ["", f"load, {load['sightings_layout']}: {load['sightings_layout_text']}",
@@ -690,7 +696,7 @@ def main():
     parser.add_argument("--radio", choices=sorted(RADIOS), default="house",
                         help="the latency part's radio: house (walks take time, shadowing, fading) or step")
     parser.add_argument("--still", type=int, default=40, help="the still part: devices on a border, and as many in a noisy room")
-    parser.add_argument("--still-for", type=float, default=240, help="the still part's seconds")
+    parser.add_argument("--still-for", type=float, default=300, help="the still part's seconds")
     parser.add_argument("--rooms", action="append", default=[], metavar="KEY: VALUE",
                         help="a rooms key for every gateway of the latency (first run), sparse and still parts, "
                              "like 'dwell: 2s' (repeatable); default: none, the shipped defaults")

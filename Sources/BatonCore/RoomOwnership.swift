@@ -75,8 +75,8 @@ public struct GatewaySlot: Hashable, Sendable {
 public enum OwnershipReason: Sendable, Equatable {
     /// A device without an owner got its first one, `settle` after its first sighting.
     case settled
-    /// A challenger's lead over the owner, weighed over time, reached the evidence of a lead of
-    /// `margin` dB held for `dwell` (docs/rooms.md §3 "The evidence").
+    /// A challenger led the owner by `margin` dB or more without a break until its lead, summed
+    /// over that time, reached `margin × dwell` (docs/rooms.md §3 "The evidence").
     case stronger
     /// The owner went offline or stopped hearing the device; the best gateway hearing it took over at once.
     case takeover
@@ -198,8 +198,8 @@ public struct RoomOwnership: ~Copyable {
     /// `config`'s spans in the monotonic clock's nanoseconds, converted once: the rule runs for
     /// every sighting record, and `Duration`'s 128-bit arithmetic showed in its profile.
     let fresh: Int64, forget: Int64, settle: Int64, dwell: Int64
-    /// The evidence a challenger needs (`Device.evidence`'s units): a lead of exactly `margin`
-    /// held for `dwell`, (2 × margin − margin) × dwell.
+    /// The evidence a challenger needs (`Device.evidence`'s units, dB·ns): a lead of exactly
+    /// `margin` (at least 1 dB) held for `dwell`.
     let winning: Int64
     /// Tests only: run the rule for every sighting, as before `cannotMatter`, to show that
     /// skipping those changes nothing.
@@ -243,8 +243,8 @@ public struct RoomOwnership: ~Copyable {
         /// (`dropped`, `announced`), published when the rejoin window closes if still its own.
         var standInFor: Int32 = -1
         /// The challenger's evidence (docs/rooms.md §3 "The evidence"): the integral over time
-        /// of its lead over the owner less `margin / 2`, in 2 × dB·ns (doubled, so half a
-        /// `margin` stays whole), never below 0. It wins at `margin × dwell`.
+        /// of its lead over the owner, in dB·ns, since the lead last reached `margin`. It wins
+        /// at `margin × dwell`.
         var evidence: Int64 = 0
         /// When `evidence` was last brought up to date, and the lead (dB) that held since;
         /// nil without a challenger.
@@ -262,14 +262,14 @@ public struct RoomOwnership: ~Copyable {
             lead = 0
         }
 
-        /// Brings `evidence` up to `now`: the lead since `evidenceAt`, less half the margin,
-        /// times the time it held; never below 0, saturating far above any threshold.
-        mutating func accrue(now: Instant, margin: Int) {
+        /// Brings `evidence` up to `now`: the lead since `evidenceAt` times the time it held,
+        /// saturating far above any threshold. A challenger's lead is `margin` or more (a
+        /// smaller one ends the challenge).
+        mutating func accrue(now: Instant) {
             guard challenger >= 0, let at = evidenceAt else { return }
-            let rate = Int64(2 * Int(lead) - margin)
-            let (gained, overflow) = rate.multipliedReportingOverflow(by: max(0, now.nanoseconds &- at.nanoseconds))
+            let (gained, overflow) = Int64(lead).multipliedReportingOverflow(by: max(0, now.nanoseconds &- at.nanoseconds))
             let (sum, overflow2) = evidence.addingReportingOverflow(gained)
-            evidence = overflow || overflow2 ? (rate > 0 ? .max : 0) : max(0, sum)
+            evidence = overflow || overflow2 ? .max : sum
             evidenceAt = now
         }
 
@@ -336,8 +336,9 @@ public struct RoomOwnership: ~Copyable {
         self.forget = config.forgetAfter.nanoseconds
         self.settle = config.settle.nanoseconds
         self.dwell = config.dwell.nanoseconds
-        self.winning = Int64(config.margin).multipliedReportingOverflow(by: config.dwell.nanoseconds).overflow
-            ? .max : Int64(config.margin) * config.dwell.nanoseconds
+        // At least 1 dB × dwell: with `margin: 0` a lead of nothing banks nothing.
+        let needed = Int64(max(1, config.margin)).multipliedReportingOverflow(by: config.dwell.nanoseconds)
+        self.winning = needed.overflow ? .max : needed.partialValue
         self.selfSince = selfSince
         ids = []
         ids.reserveCapacity(config.gateways)
@@ -564,9 +565,9 @@ public struct RoomOwnership: ~Copyable {
 
     /// Whether a sighting of entry `d` by room `g`, just taken in, cannot change what `evaluate`
     /// would decide now (docs/rooms.md §3 "Evaluating a device"): the device has an owner whose
-    /// sighting is fresh, and `g` is neither that owner nor its challenger and leads the owner
-    /// by no more than half the `margin` (or no longer hears the device). Then the owner stays,
-    /// no challenge starts (such a lead banks no evidence), and the device's queued deadline
+    /// sighting is fresh, and `g` is neither that owner nor its challenger and is not `margin`
+    /// louder than the owner (or no longer hears the device). Then the owner stays, no
+    /// challenge starts or ends because of it, and the device's queued deadline
     /// (at the latest the owner's sighting going stale) comes before `g`'s. At 50 rooms
     /// evaluating every sighting, walking every candidate, was a sixth of a gateway's time.
     func cannotMatter(_ d: Int, from g: Int, rssi: Int8?, now: Instant) -> Bool {
@@ -575,9 +576,8 @@ public struct RoomOwnership: ~Copyable {
         let ownerCell = cells[d * config.gateways + owner]
         guard let arrived = ownerCell.arrived, now < arrived.after(fresh) else { return false }
         guard let rssi else { return true }
-        // Int: rssi + margin can pass Int8's range. A lead of half the margin or less banks
-        // nothing (`Device.accrue`), so it starts no challenge.
-        return 2 * (Int(rssi) - Int(ownerCell.rssi)) <= config.margin
+        // Int: rssi + margin can pass Int8's range.
+        return Int(rssi) < Int(ownerCell.rssi) + config.margin
     }
 
     /// This gateway (re)connected to the broker (docs/rooms.md §7). Whatever it knew of every
@@ -877,14 +877,14 @@ public struct RoomOwnership: ~Copyable {
         } else if let ownerRSSI = c.ownerRSSI {
             // The evidence so far: the lead that held since the last look, over the time since
             // (the cells change only at a sighting or a lapse, and both evaluate).
-            e.accrue(now: now, margin: config.margin)
+            e.accrue(now: now)
             // Int: rssi + margin can pass Int8's range.
             let lead = c.rival >= 0 ? Int(c.rivalRSSI) - Int(ownerRSSI) : 0
-            if c.rival < 0 || e.challenger != Int32(c.rival) {
-                // A new challenger starts from nothing; the one before it loses what it had.
+            if c.rival < 0 || e.challenger != Int32(c.rival) || lead < config.margin {
+                // A break in the lead, or a new challenger: it starts from nothing.
                 e.clearChallenge()
             }
-            if c.rival >= 0 && (e.challenger >= 0 || 2 * lead > config.margin) {
+            if c.rival >= 0 && lead >= config.margin {
                 e.challenger = Int32(c.rival)
                 e.evidenceAt = now
                 e.lead = Int32(clamping: lead)
@@ -904,9 +904,6 @@ public struct RoomOwnership: ~Copyable {
                 // sightings stale) was not the device leaving it.
                 e.owner = Int32(c.rival)
                 reason = .returned
-            } else if e.challenger >= 0 && e.evidence == 0 && 2 * Int(e.lead) <= config.margin {
-                // Nothing banked and nothing to bank: the challenge ends.
-                e.clearChallenge()
             }
         } else if c.best >= 0 {
             // An owner not heard from since this gateway rejoined is unknown, not gone: it
@@ -941,9 +938,9 @@ public struct RoomOwnership: ~Copyable {
         var next = c.earliestExpiry
         func consider(_ t: Instant) { if t > now { next = min(next ?? t, t) } }
         if e.owner < 0 { consider(firstSighted.after(settle)) }
-        if let at = e.evidenceAt, 2 * Int(e.lead) > config.margin {
+        if let at = e.evidenceAt, e.lead > 0 {
             // When the evidence reaches `winning` at the lead that holds now (rounded up).
-            let rate = Int64(2 * Int(e.lead) - config.margin)
+            let rate = Int64(e.lead)
             let left = winning - e.evidence
             consider(Instant(nanoseconds: at.nanoseconds &+ (left + rate - 1) / rate))
         }

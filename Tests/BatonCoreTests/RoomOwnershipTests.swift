@@ -11,10 +11,10 @@ private func at(_ seconds: Double) -> Instant { t0 + .milliseconds(Int((seconds 
 
 private let phone: UInt64 = 0x5A12_3456_789A
 
-/// Seconds a challenger leading the owner by `lead` dB, steadily, needs to win (docs/rooms.md
-/// §3 "The evidence"): `margin × dwell` of evidence, banked at `2 × lead − margin` a second.
+/// Seconds a challenger leading the owner by `lead` dB (at least `margin`), steadily, needs to
+/// win (docs/rooms.md §3 "The evidence"): `margin × dwell` dB·s of lead.
 private func winsAfter(lead: Int, margin: Int = 6, dwell: Double = 3) -> Double {
-    Double(margin) * dwell / Double(2 * lead - margin)
+    Double(margin) * dwell / Double(lead)
 }
 /// The `since` every simulated gateway's run started at (this one's too).
 private let run: Int64 = 1_795_430_000_000
@@ -104,8 +104,8 @@ struct RoomOwnershipTests {
 
     @Test func walkingThroughThreeRoomsMovesTheRoomTwice() {
         // Ten seconds in each room; every gateway sends a heartbeat each second. The next room
-        // leads by 25 dB: it wins after 6 × 3 / (2 × 25 − 6) = 0.41 s, at the tick after 10.41 s
-        // and after 20.41 s.
+        // leads by 25 dB: it wins after 6 × 3 / 25 = 0.72 s, at the tick after 10.72 s and after
+        // 20.72 s.
         var b = Building(online: ["a", "b", "c"])
         let rooms: [[String: Int8]] = [
             ["a": -50, "b": -75, "c": -90],
@@ -120,8 +120,8 @@ struct RoomOwnershipTests {
             b.tick(at: at(s))
         }
         #expect(b.story == ["-→a settled", "a→b stronger", "b→c stronger"])
-        #expect(winsAfter(lead: 25) > 0.4 && winsAfter(lead: 25) < 0.5)
-        #expect(b.changes.map(\.at) == [at(1), at(10.5), at(20.5)])
+        #expect(winsAfter(lead: 25) == 0.72)
+        #expect(b.changes.map(\.at) == [at(1), at(10.8), at(20.8)])
         #expect(b.rule.counters.changes == 3)
         #expect(b.rule.counters.takeovers == 0)
     }
@@ -318,8 +318,10 @@ struct RoomOwnershipTests {
             b.tick(from: s, to: s + 0.9)
         }
         #expect(b.story == ["-→b published", "b→a stronger"])
-        // b's first sighting at 0.5 s starts a's lead; 8 dB wins after 18 / 10 = 1.8 s.
-        #expect(b.changes.last?.at == at(0.5 + winsAfter(lead: 8)))
+        // b's first sighting at 0.5 s starts a's lead; 8 dB wins after 18 / 8 = 2.25 s, at the
+        // first tick after 2.75 s.
+        #expect(winsAfter(lead: 8) == 2.25)
+        #expect(b.changes.last?.at == at(2.8))
     }
 
     @Test func aPublishedOwnerThatNeverSaysItHearsTheDeviceIsTakenOverAfterAHeartbeatAndASettle() {
@@ -357,28 +359,26 @@ struct RoomOwnershipTests {
         }
     }
 
-    @Test func aLeadThatDipsLosesWhatItBankedAtTheDipsRate() {
-        // a: −60 every second. b: 7 dB stronger from 10 s (banks 2 × 7 − 6 = 8 dB a second),
-        // only 1 dB from 11 s to 12 s (loses 6 − 2 = 4 a second), 7 dB again from 12 s. At 12 s
-        // it holds 8 − 4 = 4 of the 18 it needs; 14 more at 8 a second: 1.75 s, at 13.75 s.
-        // Without the dip it had won at 10 + 18 / 8 = 12.25 s.
+    @Test func aBreakInTheLeadStartsItOver() {
+        // a: −60 every second. b: 9 dB stronger from 10 s (18 dB·s in 2 s), only 2 dB from
+        // 11.5 s to 12 s (a person between phone and gateway), 9 dB again from 12 s: the 13.5 dB·s
+        // banked by 11.5 s are gone, and b wins 2 s after 12 s, not at 12 s.
         var b = Building(online: ["a", "b"])
         for tenth in 0 ... 160 {
             let s = Double(tenth) / 10
             if tenth % 10 == 0 { b.see("a", -60, at: at(s)) }
-            if tenth >= 100 && tenth % 5 == 0 { b.see("b", tenth >= 110 && tenth < 120 ? -59 : -53, at: at(s)) }
+            if tenth >= 100 && tenth % 5 == 0 { b.see("b", tenth == 115 ? -58 : -51, at: at(s)) }
             b.tick(at: at(s))
-            if tenth == 137 { #expect(b.owner() == "a", "not yet at 13.7 s: the dip cost 2 s of lead") }
+            if tenth == 139 { #expect(b.owner() == "a", "not at 12 s: the lead broke at 11.5 s") }
         }
         #expect(b.story == ["-→a settled", "a→b stronger"])
-        #expect(b.changes.last?.at == at(13.8), "the first tick after 13.75 s")
+        #expect(b.changes.last?.at == at(14))
     }
 
     @Test func theStrongerTheLeadTheSoonerItWins() {
-        // One challenge per lead, from 10 s, each in a building of its own: 4 dB (between half
-        // the margin and the margin) wins, slowly; the margin itself takes the dwell, as the old
-        // fixed rule did; 20 dB, a person who walked in, wins within a second.
-        for (lead, expected) in [(4, 9.0), (6, 3.0), (10, 18.0 / 14), (20, 18.0 / 34)] {
+        // One challenge per lead, from 10 s, each in a building of its own: the margin takes the
+        // dwell; twice the margin half of it; 20 dB, a person who walked in, under a second.
+        for (lead, expected) in [(6, 3.0), (9, 2.0), (12, 1.5), (20, 0.9)] {
             var b = Building(online: ["a", "b"])
             for tenth in 0 ... 300 {
                 let s = Double(tenth) / 10
@@ -393,15 +393,15 @@ struct RoomOwnershipTests {
         }
     }
 
-    @Test func halfTheMarginOrLessNeverWinsAndBanksNoDebt() {
-        // A lead of 3 dB (half the margin) for a minute banks nothing. A minute 10 dB behind does
-        // not leave a debt either: a lead of the margin then wins after the dwell, not later.
+    @Test func aLeadBelowTheMarginNeverWins() {
+        // A lead of 5 dB (below the margin) for a minute banks nothing; nor a minute 10 dB
+        // behind: a lead of the margin then wins after the dwell.
         var b = Building(online: ["a", "b"])
         for tenth in 0 ... 1800 {
             let s = Double(tenth) / 10
             if tenth % 10 == 0 {
                 b.see("a", -60, at: at(s))
-                if tenth >= 20 { b.see("b", tenth < 600 ? -57 : tenth < 1200 ? -70 : -54, at: at(s)) }
+                if tenth >= 20 { b.see("b", tenth < 600 ? -55 : tenth < 1200 ? -70 : -54, at: at(s)) }
             }
             b.tick(at: at(s))
         }
@@ -685,14 +685,14 @@ struct RoomOwnershipTests {
         b.tick(from: 0, to: 1.5)
         b.status("a", online: false, at: at(2))  // b stands in for a
         // c has been online all along and b did not take the device from it: it wins on the
-        // evidence, 15 dB from 7 s, after 18 / 24 = 0.75 s (the first tick after 7.75 s).
+        // evidence, 15 dB from 7 s, after 18 / 15 = 1.2 s.
         for s in stride(from: 2.0, through: 12.0, by: 1.0) {
             b.see("b", -70, at: at(s))
             if s >= 7 { b.see("c", -55, at: at(s)) }
             b.tick(from: s, to: s + 0.9)
         }
         #expect(b.story == ["-→a settled", "a→b takeover", "b→c stronger"])
-        #expect(b.changes.last?.at == at(7.8))
+        #expect(b.changes.last?.at == at(8.2))
     }
 
     /// The race seen under load in the fault test: a rejoin window closed before the owner's
@@ -1052,8 +1052,8 @@ struct RoomOwnershipTests {
         #expect(b.owner() == "a")
         #expect(b.rule.nextDeadline == at(5), "a's sighting goes stale at 5 s")
         b.see("b", -40, at: at(2))
-        // 20 dB banks 34 dB a second: 18 in 0.5294… s, rounded up to the nanosecond.
-        let wins = Instant(nanoseconds: at(2).nanoseconds + (Int64(18) * 1_000_000_000 + 33) / 34)
+        // 20 dB banks the 18 dB·s it needs in 0.9 s.
+        let wins = at(2.9)
         #expect(b.rule.nextDeadline == wins, "b's evidence is complete before a's sighting goes stale")
         b.tick(at: Instant(nanoseconds: wins.nanoseconds - 1))
         #expect(b.owner() == "a")
