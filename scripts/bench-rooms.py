@@ -3,13 +3,22 @@
 
 Runs real processes only: the release `baton sim --scenario`, one release `baton gateway` per
 room, a throwaway mosquitto on 127.0.0.1 and a free port, and `mosquitto_sub` as the
-subscriber a user's Home Assistant would be. Two parts:
+subscriber a user's Home Assistant would be. Four parts:
 
   latency  3 rooms in a line, --walkers devices each walking to a neighbouring room and back
-           at staggered times, the sim's default radio and rate, the gateways' default room
-           parameters. For each walk: the first activity message at the subscriber naming the
-           destination room's gateway, minus the walk's `unix_us`. Run twice: with the
-           defaults, and with `rooms.dwell: 0s` to show what the dwell adds.
+           at staggered times, on the --radio (house: walks take 3.3 s, shadowing, fading;
+           step: the sim's default, a walk is a jump), 10 reports/s, the gateways' default
+           room parameters. For each walk: the first activity message at the subscriber naming
+           the destination room's gateway, minus the instant the walk passed the door (half its
+           `takes`). Run twice: with the defaults (or --rooms), and with `rooms.dwell: 0s` to
+           show what the dwell adds.
+  sparse   the same with 10 walkers advertising once a second and once every 5 s: latency also
+           in advertising intervals.
+  still    --still devices standing on the border of two rooms and as many in a room whose
+           gateway (and the one next door) hears with 6 dB of noise, for --still-for s, on the
+           house radio and again with its shadowing changing every 2 s standing still
+           ("fidgeting"): owner changes per device per hour after the first minute, and of
+           them the ones back to a room that held the device before.
   load     --crowd devices wandering (every --wander s; to any other room, or with --walk
            next-door only through a wall) over the rooms of a --grid (5x2: 10 rooms) at --rate reports/s each; over a --window s window after --warmup s: each
            gateway's CPU (utime + stime, /proc/PID/stat) and memory (VmHWM, VmRSS,
@@ -26,7 +35,9 @@ subscriber a user's Home Assistant would be. Two parts:
            Home Assistant configs, and at the end which devices are in the room they last
            walked to.
 
-  scripts/bench-rooms.py BATON [--json FILE] [--parts latency,load] [--keep DIR]
+  scripts/bench-rooms.py BATON [--json FILE] [--parts latency,sparse,still,load] [--keep DIR]
+                         [--sim BATON2] [--radio house|step] [--rooms 'KEY: VALUE']...
+                         [--still N] [--still-for S]
                          [--walkers N] [--crowd N] [--wander S] [--walk W] [--rate N] [--grid CxR]
                          [--layouts json,batches] [--over N] [--warmup S] [--window S] [--budget S]
 
@@ -713,7 +724,7 @@ def main():
                         help="the load part's sighting layouts, each run on the same scenario: json, batches, neighbourhoods")
     parser.add_argument("--warmup", type=float, default=20)
     parser.add_argument("--window", type=float, default=60)
-    parser.add_argument("--budget", type=float, default=1200, help="seconds for the whole run")
+    parser.add_argument("--budget", type=float, default=2400, help="seconds for the whole run")
     args = parser.parse_args()
     global SIM
     SIM = args.sim
