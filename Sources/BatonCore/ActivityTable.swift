@@ -385,15 +385,13 @@ struct SmoothedRSSI {
     /// The first report's sample.
     mutating func add(_ sample: Int8) { add(sample, after: nil) }
 
-    /// A report `gap` ns after the one before (nil: the first). A gap longer than the device's
-    /// silence grace first fades the average (`SilenceFade`): the reports this room missed are
-    /// evidence that the level is lower than the few it heard.
+    /// A report `gap` ns after the one before (nil: the first): the gap also measures how often
+    /// the device advertises (`SilenceFade.track`), which the sighting schedule fades by.
     mutating func add(_ sample: Int8, after gap: Int64?) {
         if let gap {
+            // The average itself is not faded: the published `rssi` must not depend on when the
+            // loop read a report (a replayed capture publishes the same bytes every run).
             interval = SilenceFade.track(interval, gap: gap)
-            let fade = SilenceFade.dB(silent: gap, interval: interval)
-            // Proof: q4 ≥ −2048 and fade × 16 is clamped so the difference stays ≥ −2048.
-            if fade > 0, q4 != .min { q4 = Int16(max(-2048, Int(q4) - fade * 16)) }
         }
         guard sample != Self.notAvailable else { return }
         let x = Int16(sample) << 4

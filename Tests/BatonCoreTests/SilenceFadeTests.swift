@@ -60,24 +60,4 @@ struct SilenceFadeTests {
         #expect(sent(&schedule, table, at: at(2.2)) == .some(-68), "a step further each min-interval")
         #expect(sent(&schedule, table, at: at(11.0)) == .some(nil))
     }
-
-    @Test func aRoomThatHearsOneReportInTwentyLosesItsLevel() {
-        // The case of issue 33: a room that heard the device well (−60, every 100 ms) now
-        // catches one report in twenty, and those few are the loud tail of the noise (−70 where
-        // the mean is far below). Without the fade its average settles at −70, held up by them;
-        // with it each two-second gap fades the average (11 dB at first, less as the interval
-        // estimate creeps up) before the report is added: after ten such reports it is a
-        // margin (6 dB) below what they say.
-        var table = ActivityTable(config: .init(capacity: 4))
-        for tenth in 0 ... 20 { hear(&table, -60, at: at(Double(tenth) / 10)) }
-        for k in 1 ... 10 { hear(&table, -70, at: at(2 + 2 * Double(k))) }
-        var level: Int8 = 0
-        table.forEach { level = $0.rssi }
-        #expect(level <= -76, "level \(level): the rare reports do not hold it up")
-        // A room that hears every report keeps its level: the fade is for silence only.
-        var steady = ActivityTable(config: .init(capacity: 4))
-        for tenth in 0 ... 220 { hear(&steady, -70, at: at(Double(tenth) / 10)) }
-        steady.forEach { level = $0.rssi }
-        #expect(level == -70)
-    }
 }
