@@ -432,6 +432,13 @@ public enum SilenceFade {
         return missed > 0 ? Int(min(missed, 255)) : 0
     }
 
+    /// The instant a level last heard at `lastSeen` has faded by `dB` (at least 1), for a device
+    /// heard every `interval` ms (more than 0): the inverse of `dB(silent:interval:)`.
+    public static func instant(fadedBy dB: Int64, lastSeen: Instant, interval: UInt16) -> Instant {
+        let step = Int64(max(interval, shortest)) * 1_000_000
+        return lastSeen.after((graceIntervals + max(1, dB)) * step)
+    }
+
     /// The interval estimate after a report `gap` ns after the last: the shortest gap heard
     /// (a room that misses reports sees multiples of the interval, never less), creeping up by a
     /// 64th of the difference when the gaps grow: a device that slowed down (a phone's screen

@@ -305,8 +305,7 @@ public struct SightingSchedule: ~Copyable {
                 } else if d.interval > 0 {
                     // Silent, the level fades (`SilenceFade`) until it has moved by the step.
                     let needed = Int64(Int(rssi) - Int(sent) + config.sightingStep)
-                    let step = Int64(max(d.interval, SilenceFade.shortest)) * 1_000_000
-                    let faded = d.lastSeen.after((SilenceFade.graceIntervals + needed) * step)
+                    let faded = SilenceFade.instant(fadedBy: needed, lastSeen: d.lastSeen, interval: d.interval)
                     consider(max(faded, at + config.sightingMinInterval))
                 }
             } else if s.withdrawn {
