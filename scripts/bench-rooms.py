@@ -303,7 +303,7 @@ def run_latency(procs, baton, work, label, walkers, extra, rate=10, radio="house
             "never_moved": len(never), "never_moved_devices": never,
             "p50_ms": percentile(ms, 50), "p90_ms": percentile(ms, 90), "p99_ms": percentile(ms, 99),
             "max_ms": ms[-1] if ms else None, "min_ms": ms[0] if ms else None,
-            "mean_ms": sum(ms) / len(ms) if ms else None,
+            "mean_ms": sum(ms) / len(ms) if ms else None, "latencies_ms": [round(v, 1) for v in ms],
             "sim_end": end.get("rooms") if end else None}
 
 

@@ -30,8 +30,16 @@ public struct RoomsConfig: Sendable, Equatable {
     public var settle: Duration
     /// A challenger must be at least this many dB stronger than the owner…
     public var margin: Int
-    /// …for this long without a break, before it takes the device over.
+    /// …for this long without a break, before it takes the device over…
     public var dwell: Duration
+    /// …or, for a device that walks (a challenge that begins within `walkWindow` of the first
+    /// room to come within `margin` of its owner after `calm` without one), until its lead
+    /// summed over time reaches `margin × walkDwell` (docs/rooms.md §3 "A walk and a border").
+    public var walkDwell: Duration
+    public var walkWindow: Duration
+    /// A device with no other room within `margin` of its owner for this long is settled in
+    /// its room: the next room to come that close starts a walk.
+    public var calm: Duration
     /// A device nobody sights any more is forgotten after this long (the gateway sets it to
     /// `table.expiry`).
     public var forgetAfter: Duration
@@ -49,7 +57,8 @@ public struct RoomsConfig: Sendable, Equatable {
     public init(sightingInterval: Duration = .seconds(2), sightingStep: Int = 3,
                 sightingMinInterval: Duration = .milliseconds(500), sightingFresh: Duration = .seconds(5),
                 lostAfter: Duration = .seconds(10), settle: Duration = .seconds(1), margin: Int = 6,
-                dwell: Duration = .seconds(3), forgetAfter: Duration = .seconds(60),
+                dwell: Duration = .seconds(3), walkDwell: Duration = .seconds(1), walkWindow: Duration = .seconds(15),
+                calm: Duration = .seconds(5), forgetAfter: Duration = .seconds(60),
                 capacity: Int = 2048, gateways: Int = 32, reach: Int = 20) {
         self.sightingInterval = sightingInterval
         self.sightingStep = sightingStep
@@ -59,6 +68,9 @@ public struct RoomsConfig: Sendable, Equatable {
         self.settle = settle
         self.margin = margin
         self.dwell = dwell
+        self.walkDwell = walkDwell
+        self.walkWindow = walkWindow
+        self.calm = calm
         self.forgetAfter = forgetAfter
         self.capacity = capacity
         self.gateways = gateways
@@ -75,8 +87,9 @@ public struct GatewaySlot: Hashable, Sendable {
 public enum OwnershipReason: Sendable, Equatable {
     /// A device without an owner got its first one, `settle` after its first sighting.
     case settled
-    /// A challenger led the owner by `margin` dB or more without a break until its lead, summed
-    /// over that time, reached `margin × dwell` (docs/rooms.md §3 "The evidence").
+    /// A challenger led the owner by `margin` dB or more without a break for `dwell`, or, on a
+    /// walk, until its lead summed over that time reached `margin × walkDwell` (docs/rooms.md
+    /// §3 "The evidence").
     case stronger
     /// The owner went offline or stopped hearing the device; the best gateway hearing it took over at once.
     case takeover
@@ -197,10 +210,11 @@ public struct RoomOwnership: ~Copyable {
     public let config: RoomsConfig
     /// `config`'s spans in the monotonic clock's nanoseconds, converted once: the rule runs for
     /// every sighting record, and `Duration`'s 128-bit arithmetic showed in its profile.
-    let fresh: Int64, forget: Int64, settle: Int64, dwell: Int64
-    /// The evidence a challenger needs (`Device.evidence`'s units, dB·ns): a lead of exactly
-    /// `margin` (at least 1 dB) held for `dwell`.
-    let winning: Int64
+    let fresh: Int64, forget: Int64, settle: Int64, dwell: Int64, walkWindow: Int64, calm: Int64
+    /// The evidence a challenger needs (`Device.evidence`'s units, dB·ns): a lead of `margin`
+    /// (at least 1 dB) held for `dwell`; on a walk, its lead summed over time up to
+    /// `margin × walkDwell` (never more than `winning`).
+    let winning: Int64, walkWinning: Int64
     /// Tests only: run the rule for every sighting, as before `cannotMatter`, to show that
     /// skipping those changes nothing.
     var evaluatesEverySighting = false
@@ -243,13 +257,27 @@ public struct RoomOwnership: ~Copyable {
         /// (`dropped`, `announced`), published when the rejoin window closes if still its own.
         var standInFor: Int32 = -1
         /// The challenger's evidence (docs/rooms.md §3 "The evidence"): the integral over time
-        /// of its lead over the owner, in dB·ns, since the lead last reached `margin`. It wins
-        /// at `margin × dwell`.
+        /// of its lead over the owner, in dB·ns, since the lead last reached `margin`; the lead
+        /// counted as `margin` at most unless the challenge is a walk. It wins at `winning`
+        /// (`margin × dwell`), a walk at `walkWinning`.
         var evidence: Int64 = 0
-        /// When `evidence` was last brought up to date, and the lead (dB) that held since;
+        /// When `evidence` was last brought up to date, and the rate (dB) it grows by since;
         /// nil without a challenger.
         var evidenceAt: Instant?
         var lead: Int32 = 0
+        /// The challenge began in a walk window: it weighs its whole lead, up to `walkWinning`.
+        var walking = false
+        /// The last instant (ns) another room was heard within `margin` of the owner, and until
+        /// when a challenge that begins is a walk: `walkWindow` after such an instant that came
+        /// `calm` after the one before. `Int64.min`: never, none.
+        var contestedAt = Int64.min
+        var walkUntil = Int64.min
+        /// Another room was heard within `margin` of the owner at `now`.
+        mutating func contest(now: Instant, calm: Int64, window: Int64) {
+            let t = now.nanoseconds
+            if contestedAt == .min || t &- contestedAt > calm { walkUntil = t &+ window }
+            contestedAt = t
+        }
         /// The first and the latest non-nil sighting from any gateway. Valid while `inUse`: an
         /// entry is created by a non-nil sighting, which sets both.
         var firstSighted: Instant?
@@ -260,6 +288,7 @@ public struct RoomOwnership: ~Copyable {
             evidence = 0
             evidenceAt = nil
             lead = 0
+            walking = false
         }
 
         /// Brings `evidence` up to `now`: the lead since `evidenceAt` times the time it held,
@@ -339,6 +368,10 @@ public struct RoomOwnership: ~Copyable {
         // At least 1 dB × dwell: with `margin: 0` a lead of nothing banks nothing.
         let needed = Int64(max(1, config.margin)).multipliedReportingOverflow(by: config.dwell.nanoseconds)
         self.winning = needed.overflow ? .max : needed.partialValue
+        let walk = Int64(max(1, config.margin)).multipliedReportingOverflow(by: config.walkDwell.nanoseconds)
+        self.walkWinning = min(self.winning, walk.overflow ? .max : walk.partialValue)
+        self.walkWindow = config.walkWindow.nanoseconds
+        self.calm = config.calm.nanoseconds
         self.selfSince = selfSince
         ids = []
         ids.reserveCapacity(config.gateways)
@@ -511,6 +544,7 @@ public struct RoomOwnership: ~Copyable {
             cells[cell].unknown = false
             setLive(d, g, false)
         }
+        noteContest(d, from: g, now: now)
         // Most sightings are the heartbeats of rooms that neither own the device nor challenge
         // its owner: they cannot change what the rule decides, so it is not run for them.
         guard evaluatesEverySighting || !cannotMatter(d, from: g, rssi: s.rssi, now: now) else { return .accepted }
@@ -578,6 +612,26 @@ public struct RoomOwnership: ~Copyable {
         guard let rssi else { return true }
         // Int: rssi + margin can pass Int8's range.
         return Int(rssi) < Int(ownerCell.rssi) + config.margin
+    }
+
+    /// A sighting from `g` just stored: another room within `margin` of the owner (this one,
+    /// or, when the owner speaks, the best of the others) is a contest (`Device.contest`). Run
+    /// for every sighting, evaluated or not, so skipping the rule changes nothing.
+    private mutating func noteContest(_ d: Int, from g: Int, now: Instant) {
+        let owner = Int(devices[d].owner)
+        guard owner >= 0 else { return }
+        let row = d * config.gateways
+        guard let arrived = cells[row + owner].arrived, now < arrived.after(fresh) else { return }
+        // Int: rssi − margin can pass Int8's range.
+        let floor = Int(cells[row + owner].rssi) - config.margin
+        var near = false
+        if g != owner {
+            near = cells[row + g].arrived != nil && Int(cells[row + g].rssi) >= floor
+        } else {
+            let c = candidates(d, owner: owner, now: now)
+            near = c.rival >= 0 && Int(c.rivalRSSI) >= floor
+        }
+        if near { devices[d].contest(now: now, calm: calm, window: walkWindow) }
     }
 
     /// This gateway (re)connected to the broker (docs/rooms.md §7). Whatever it knew of every
@@ -885,12 +939,16 @@ public struct RoomOwnership: ~Copyable {
                 e.clearChallenge()
             }
             if c.rival >= 0 && lead >= config.margin {
+                // A walk weighs its whole lead; any other challenge counts at most `margin`, so
+                // it wins after `dwell` whatever its lead (docs/rooms.md §3 "A walk and a border").
+                if e.challenger < 0 { e.walking = now.nanoseconds <= e.walkUntil }
                 e.challenger = Int32(c.rival)
                 e.evidenceAt = now
-                e.lead = Int32(clamping: lead)
+                e.lead = Int32(clamping: e.walking ? lead : min(lead, max(1, config.margin)))
             }
             // With `dwell: 0` nothing is weighed: a lead of `margin` wins at once, as it always did.
-            let won = winning > 0 ? e.evidence >= winning : lead >= config.margin
+            let needed = e.walking ? walkWinning : winning
+            let won = needed > 0 ? e.evidence >= needed : lead >= config.margin
             if e.challenger >= 0 && won {
                 e.owner = e.challenger
                 reason = .stronger
@@ -923,6 +981,13 @@ public struct RoomOwnership: ~Copyable {
         }
         if reason != nil {
             e.clearChallenge()
+            // A room taken from another: the walk that brought it is spent, and its calm starts
+            // now. A first owner (`settled`) took it from nobody: a room that comes close is a
+            // contest like any other.
+            if reason != .settled {
+                e.walkUntil = .min
+                e.contestedAt = now.nanoseconds
+            }
             e.standInFor = reason == .takeover ? from : -1
             e.presumedUntil = nil
         }
@@ -941,7 +1006,7 @@ public struct RoomOwnership: ~Copyable {
         if let at = e.evidenceAt, e.lead > 0 {
             // When the evidence reaches `winning` at the lead that holds now (rounded up).
             let rate = Int64(e.lead)
-            let left = winning - e.evidence
+            let left = (e.walking ? walkWinning : winning) - e.evidence
             consider(Instant(nanoseconds: at.nanoseconds &+ (left + rate - 1) / rate))
         }
         if e.owner >= 0, let until = rejoinUntil { consider(until) }

@@ -11,10 +11,11 @@ private func at(_ seconds: Double) -> Instant { t0 + .milliseconds(Int((seconds 
 
 private let phone: UInt64 = 0x5A12_3456_789A
 
-/// Seconds a challenger leading the owner by `lead` dB (at least `margin`), steadily, needs to
-/// win (docs/rooms.md §3 "The evidence"): `margin × dwell` dB·s of lead.
-private func winsAfter(lead: Int, margin: Int = 6, dwell: Double = 3) -> Double {
-    Double(margin) * dwell / Double(lead)
+/// Seconds a walk's challenger leading the owner by `lead` dB (at least `margin`), steadily,
+/// needs to win (docs/rooms.md §3 "A walk and a border"): `margin × walkDwell` dB·s of lead. Any
+/// other challenge needs `dwell` (3 s) at the margin or more, whatever its lead.
+private func winsAfter(lead: Int, margin: Int = 6, walkDwell: Double = 1) -> Double {
+    Double(margin) * walkDwell / Double(lead)
 }
 /// The `since` every simulated gateway's run started at (this one's too).
 private let run: Int64 = 1_795_430_000_000
@@ -103,9 +104,10 @@ struct RoomOwnershipTests {
     // MARK: §3 the rule
 
     @Test func walkingThroughThreeRoomsMovesTheRoomTwice() {
-        // Ten seconds in each room; every gateway sends a heartbeat each second. The next room
-        // leads by 25 dB: it wins after 6 × 3 / 25 = 0.72 s, at the tick after 10.72 s and after
-        // 20.72 s.
+        // Ten seconds in each room; every gateway sends a heartbeat each second. Each room is
+        // clearly the device's (the others 25 dB down) for more than `calm` (5 s) before the
+        // next walk, so each move is a walk: the next room leads by 25 dB and wins after
+        // 6 × 1 / 25 = 0.24 s, at the tick after 10.24 s and after 20.24 s.
         var b = Building(online: ["a", "b", "c"])
         let rooms: [[String: Int8]] = [
             ["a": -50, "b": -75, "c": -90],
@@ -120,8 +122,8 @@ struct RoomOwnershipTests {
             b.tick(at: at(s))
         }
         #expect(b.story == ["-→a settled", "a→b stronger", "b→c stronger"])
-        #expect(winsAfter(lead: 25) == 0.72)
-        #expect(b.changes.map(\.at) == [at(1), at(10.8), at(20.8)])
+        #expect(winsAfter(lead: 25) == 0.24)
+        #expect(b.changes.map(\.at) == [at(1), at(10.3), at(20.3)])
         #expect(b.rule.counters.changes == 3)
         #expect(b.rule.counters.takeovers == 0)
     }
@@ -318,10 +320,10 @@ struct RoomOwnershipTests {
             b.tick(from: s, to: s + 0.9)
         }
         #expect(b.story == ["-→b published", "b→a stronger"])
-        // b's first sighting at 0.5 s starts a's lead; 8 dB wins after 18 / 8 = 2.25 s, at the
-        // first tick after 2.75 s.
-        #expect(winsAfter(lead: 8) == 2.25)
-        #expect(b.changes.last?.at == at(2.8))
+        // b's first sighting at 0.5 s starts a's lead, the first time another room came within
+        // the margin of b: a walk. 8 dB wins after 6 / 8 = 0.75 s, at the first tick after 1.25 s.
+        #expect(winsAfter(lead: 8) == 0.75)
+        #expect(b.changes.last?.at == at(1.3))
     }
 
     @Test func aPublishedOwnerThatNeverSaysItHearsTheDeviceIsTakenOverAfterAHeartbeatAndASettle() {
@@ -360,25 +362,72 @@ struct RoomOwnershipTests {
     }
 
     @Test func aBreakInTheLeadStartsItOver() {
-        // a: −60 every second. b: 9 dB stronger from 10 s (18 dB·s in 2 s), only 2 dB from
-        // 11.5 s to 12 s (a person between phone and gateway), 9 dB again from 12 s: the 13.5 dB·s
-        // banked by 11.5 s are gone, and b wins 2 s after 12 s, not at 12 s.
+        // a: −60 every second. b, 20 dB down until 10 s, then 9 dB stronger (a walk: 6 dB·s in
+        // 0.67 s), only 2 dB from 10.5 s to 11 s (a person between phone and gateway), 9 dB again
+        // from 11 s: the 4.5 dB·s banked by 10.5 s are gone, and b wins 0.67 s after 11 s (still
+        // in the walk's window), not at 10.7 s.
         var b = Building(online: ["a", "b"])
         for tenth in 0 ... 160 {
             let s = Double(tenth) / 10
             if tenth % 10 == 0 { b.see("a", -60, at: at(s)) }
-            if tenth >= 100 && tenth % 5 == 0 { b.see("b", tenth == 115 ? -58 : -51, at: at(s)) }
+            if tenth % 5 == 0 { b.see("b", tenth < 100 ? -80 : tenth == 105 ? -58 : -51, at: at(s)) }
             b.tick(at: at(s))
-            if tenth == 139 { #expect(b.owner() == "a", "not at 12 s: the lead broke at 11.5 s") }
+            if tenth == 116 { #expect(b.owner() == "a", "not before 11.67 s: the lead broke at 10.5 s") }
         }
         #expect(b.story == ["-→a settled", "a→b stronger"])
-        #expect(b.changes.last?.at == at(14))
+        #expect(b.changes.last?.at == at(11.7))
+    }
+
+    @Test func aDeviceOnABorderNeedsTheWholeDwellWhateverTheLead() {
+        // b within the margin of a (2 dB down) every second from 2 s: a device on the border of
+        // two rooms, contested all along, no walk. From 30 s b leads by 20 dB (a walk would win
+        // in 0.3 s): as any challenge outside a walk, it needs the whole dwell, 3 s.
+        var b = Building(online: ["a", "b"])
+        for tenth in 0 ... 400 {
+            let s = Double(tenth) / 10
+            if tenth % 10 == 0 {
+                b.see("a", -60, at: at(s))
+                if tenth >= 20 { b.see("b", tenth < 300 ? -62 : -40, at: at(s)) }
+            }
+            b.tick(at: at(s))
+            if tenth == 329 { #expect(b.owner() == "a", "not before the dwell") }
+        }
+        #expect(b.story == ["-→a settled", "a→b stronger"])
+        #expect(b.changes.last?.at == at(33))
+    }
+
+    @Test func aMoveSpendsTheWalkUntilTheNewRoomHasBeenCalm() {
+        // A walk from a to b at 10 s (20 dB: 0.3 s). a stays within the margin of b until
+        // 12 s (the person lingers in the door), then drops away; at 14 s a leads again by
+        // 20 dB: less than `calm` (5 s) after a was last near, so no walk: 3 s, at 17 s. b leads
+        // by 40 dB at 20 s, 3 s after that move: the dwell again, at 23 s. a is far behind b
+        // from then on; at 30 s (7 s calm) a walk back to a wins in 0.3 s.
+        var b = Building(online: ["a", "b"])
+        for tenth in 0 ... 400 {
+            let s = Double(tenth) / 10
+            if tenth % 10 == 0 {
+                let (a, bb): (Int8, Int8) = switch tenth {
+                case ..<100: (-60, -80)
+                case ..<120: (-60, -40)  // walked in; a still near…
+                case ..<140: (-70, -40)  // …then gone
+                case ..<200: (-40, -60)  // back to a's side
+                case ..<300: (-80, -40)
+                default: (-40, -60)
+                }
+                b.see("a", a, at: at(s))
+                b.see("b", bb, at: at(s))
+            }
+            b.tick(at: at(s))
+        }
+        #expect(b.story == ["-→a settled", "a→b stronger", "b→a stronger", "a→b stronger", "b→a stronger"])
+        #expect(b.changes.map(\.at) == [at(1), at(10.3), at(17), at(23), at(30.3)])
     }
 
     @Test func theStrongerTheLeadTheSoonerItWins() {
-        // One challenge per lead, from 10 s, each in a building of its own: the margin takes the
-        // dwell; twice the margin half of it; 20 dB, a person who walked in, under a second.
-        for (lead, expected) in [(6, 3.0), (9, 2.0), (12, 1.5), (20, 0.9)] {
+        // One walk per lead, from 10 s, each in a building of its own (b unheard until then):
+        // the margin takes the walk's dwell (1 s); twice the margin half of it; 20 dB, a
+        // person who walked in, 0.3 s.
+        for (lead, expected) in [(6, 1.0), (9, 0.7), (12, 0.5), (20, 0.3)] {
             var b = Building(online: ["a", "b"])
             for tenth in 0 ... 300 {
                 let s = Double(tenth) / 10
@@ -386,7 +435,7 @@ struct RoomOwnershipTests {
                 if tenth >= 100 && tenth % 10 == 0 { b.see("b", Int8(-60 + lead), at: at(s)) }
                 b.tick(at: at(s))
             }
-            #expect(winsAfter(lead: lead) == expected)
+            #expect((winsAfter(lead: lead) * 10).rounded(.up) / 10 == expected)
             #expect(b.story == ["-→a settled", "a→b stronger"], "lead \(lead) dB")
             let won = b.changes.last.map { Double($0.at.nanoseconds - at(10).nanoseconds) / 1e9 } ?? .infinity
             #expect(won >= expected && won <= expected + 0.1 + 1e-6, "lead \(lead) dB: won after \(won) s, not \(expected) s")
@@ -395,7 +444,9 @@ struct RoomOwnershipTests {
 
     @Test func aLeadBelowTheMarginNeverWins() {
         // A lead of 5 dB (below the margin) for a minute banks nothing; nor a minute 10 dB
-        // behind: a lead of the margin then wins after the dwell.
+        // behind: a lead of the margin then wins. b was within the margin of a from 2 s to
+        // 60 s, then 10 dB behind, outside it, for a minute: calm, so the lead at 120 s is a
+        // walk, and wins after 6 / 6 = 1 s.
         var b = Building(online: ["a", "b"])
         for tenth in 0 ... 1800 {
             let s = Double(tenth) / 10
@@ -685,14 +736,15 @@ struct RoomOwnershipTests {
         b.tick(from: 0, to: 1.5)
         b.status("a", online: false, at: at(2))  // b stands in for a
         // c has been online all along and b did not take the device from it: it wins on the
-        // evidence, 15 dB from 7 s, after 18 / 15 = 1.2 s.
+        // evidence: 15 dB from 8 s, the first room within the margin of b's since the takeover 6 s
+        // before (calm: a walk), after 6 / 15 = 0.4 s.
         for s in stride(from: 2.0, through: 12.0, by: 1.0) {
             b.see("b", -70, at: at(s))
-            if s >= 7 { b.see("c", -55, at: at(s)) }
+            if s >= 8 { b.see("c", -55, at: at(s)) }
             b.tick(from: s, to: s + 0.9)
         }
         #expect(b.story == ["-→a settled", "a→b takeover", "b→c stronger"])
-        #expect(b.changes.last?.at == at(8.2))
+        #expect(b.changes.last?.at == at(8.4))
     }
 
     /// The race seen under load in the fault test: a rejoin window closed before the owner's
@@ -1052,8 +1104,8 @@ struct RoomOwnershipTests {
         #expect(b.owner() == "a")
         #expect(b.rule.nextDeadline == at(5), "a's sighting goes stale at 5 s")
         b.see("b", -40, at: at(2))
-        // 20 dB banks the 18 dB·s it needs in 0.9 s.
-        let wins = at(2.9)
+        // A walk (the first room near a's): 20 dB banks the 6 dB·s it needs in 0.3 s.
+        let wins = at(2.3)
         #expect(b.rule.nextDeadline == wins, "b's evidence is complete before a's sighting goes stale")
         b.tick(at: Instant(nanoseconds: wins.nanoseconds - 1))
         #expect(b.owner() == "a")

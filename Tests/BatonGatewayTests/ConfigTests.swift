@@ -54,7 +54,8 @@ private let documentedDefaults = GatewayConfig(
     logLevel: "info",
     rooms: RoomsConfig(sightingInterval: .seconds(2), sightingStep: 3, sightingMinInterval: .milliseconds(500),
                        sightingFresh: .seconds(5), lostAfter: .seconds(10), settle: .seconds(1), margin: 6,
-                       dwell: .seconds(3), forgetAfter: .seconds(60), capacity: 2048, gateways: 32),
+                       dwell: .seconds(3), walkDwell: .seconds(1), walkWindow: .seconds(15), calm: .seconds(5),
+                       forgetAfter: .seconds(60), capacity: 2048, gateways: 32),
     relay: RelayConfig(fetchTimeout: .seconds(5), linkIdle: .seconds(10), fetches: 32, cache: 32, links: 8,
                        payloadMax: 4096, streams: 16, streamWindow: 16, streamMaxData: 1024,
                        streamRetry: .seconds(1), streamIdle: .seconds(60)),
@@ -130,7 +131,7 @@ private func urlReason(_ text: String) -> String {
         let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../..")
         let board = try String(contentsOf: root.appendingPathComponent("board/baton.yaml"), encoding: .utf8)
         let docs = try String(contentsOf: root.appendingPathComponent("docs/config.md"), encoding: .utf8)
-        #expect(ConfigSchema.valueKeys.count == 77)  // 61, then relay.fetch-titles (issue 18), radio.reassembly (issue 19), esphome's 9 (issue 22), rooms.batches, rooms.neighbourhoods, rooms.reach and radio.gather (issue 21), broker.max-qos (issue 35)
+        #expect(ConfigSchema.valueKeys.count == 80)  // 61, then relay.fetch-titles (issue 18), radio.reassembly (issue 19), esphome's 9 (issue 22), rooms.batches, rooms.neighbourhoods, rooms.reach and radio.gather (issue 21), broker.max-qos (issue 35), rooms.walk-dwell, walk-window and calm (issue 33)
         for key in ConfigSchema.valueKeys {
             let leaf = key.split(separator: ".").last!
             let inBoard = board.contains(" \(leaf): "), inDocs = docs.contains("`\(key)`")
@@ -269,6 +270,8 @@ private func urlReason(_ text: String) -> String {
         // device must be called lost before a table forgets it.
         let c = try parse("table:\n  expiry: 30s\nrooms:\n  dwell: 750ms\n  margin: 8\n  lost-after: 20s\n")
         #expect(c.rooms.dwell == .milliseconds(750) && c.rooms.margin == 8 && c.rooms.lostAfter == .seconds(20))
+        let walk = try parse("rooms:\n  walk-dwell: 500ms\n  walk-window: 20s\n  calm: 8s\n")
+        #expect(walk.rooms.walkDwell == .milliseconds(500) && walk.rooms.walkWindow == .seconds(20) && walk.rooms.calm == .seconds(8))
         #expect(c.rooms.forgetAfter == .seconds(30), "a device nobody hears is forgotten after table.expiry")
         #expect(problems("rooms:\n  lost-after: 60s\n")
                 == "/etc/baton/baton.yaml:2: rooms.lost-after: must be shorter than table.expiry (1m), so other rooms take a device over before this one forgets it")

@@ -10,6 +10,7 @@ import BatonMQTT
 import BatonSim
 import BatonTestSupport
 import Foundation
+import CBlueZ  // its shim includes <sys/socket.h>: the socket types have one owner
 import Glibc
 
 import Testing
@@ -22,7 +23,7 @@ import Testing
                                           room: "Hall", id: "hall"))
         config.relayLink = .none
         var h4: [Int32] = [-1, -1]
-        try #require(socketpair(AF_UNIX, Int32(Glibc.SOCK_STREAM.rawValue) | Int32(Glibc.SOCK_CLOEXEC.rawValue), 0, &h4) == 0)
+        try #require(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &h4) == 0)
         let room = VirtualController(fd: h4[1], extended: false)
         var radio = try RadioH4(fd: h4[0])
         var mqtt = try MQTTClient(config: GatewayLauncher.mqttConfig(config))
