@@ -593,16 +593,20 @@ final class FaultRig<Broker: FaultBroker> {
     /// `offline`, up to `bound` seconds from `since`; prints when each happened.
     func watchHandOver(of gateway: String, since: Date, bound: Double) throws -> (movedAt: Double?, willAt: Double?) {
         var movedAt: Double?, willAt: Double?
+        var left: Set<String> = []
         while Date().timeIntervalSince(since) < bound, movedAt == nil || willAt == nil {
             let began = Date().timeIntervalSince(since)
             // A read that fails is a moment nothing is known: poll on.
             guard let (owned, status) = try? snapshot(of: gateway) else { usleep(200_000); continue }
+            left = owned
             if movedAt == nil, owned.isEmpty { movedAt = began }
             if willAt == nil, status == "offline" { willAt = began }
             usleep(200_000)
         }
         func seconds(_ s: Double?) -> String { s.map { String(format: "%.2f s", $0) } ?? "never" }
-        report("\(gateway): its devices moved after \(seconds(movedAt)), its status offline after \(seconds(willAt))")
+        // Which devices stayed, and what the rooms hear of them, is where a failure starts.
+        let stayed = movedAt == nil ? " (still its at the end: \(left.sorted().joined(separator: ", ")))" : ""
+        report("\(gateway): its devices moved after \(seconds(movedAt))\(stayed), its status offline after \(seconds(willAt))")
         return (movedAt, willAt)
     }
 
