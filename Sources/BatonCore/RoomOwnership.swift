@@ -112,6 +112,23 @@ public enum OwnershipReason: Sendable, Equatable {
     case published
 }
 
+/// The reason as the gateway's log writes it ("moved to office (stronger)"). Spelled out, not
+/// reflected: Embedded Swift prints an enum without a description as "(cannot print value in
+/// embedded Swift)", which is what the firmware logged before.
+extension OwnershipReason: CustomStringConvertible {
+    public var description: String {
+        switch self {
+        case .settled: "settled"
+        case .stronger: "stronger"
+        case .takeover: "takeover"
+        case .returned: "returned"
+        case .yielded: "yielded"
+        case .forgotten: "forgotten"
+        case .published: "published"
+        }
+    }
+}
+
 public struct OwnershipChange: Sendable, Equatable {
     public var device: UInt64
     public var from: GatewaySlot?

@@ -125,7 +125,7 @@ struct GatewayRadio<Radio: RadioSource & ~Copyable>: ~Copyable {
         // firmware, a USB hiccup, another process that disabled scanning). Start it over.
         if let due = watchdogDeadline, due <= now {
             counters.radioRestarts &+= 1
-            log.warning("radio \(name): no advertising report for \(silence) while scanning; re-initialising the controller (restart \(counters.radioRestarts))")
+            log.warning("radio \(name): no advertising report for \(silence.secondsDescription) while scanning; re-initialising the controller (restart \(counters.radioRestarts))")
             start(now: now)
             statsOwed = true
         }
@@ -222,10 +222,10 @@ struct GatewayRadio<Radio: RadioSource & ~Copyable>: ~Copyable {
         case .closed, .adapterDown, .adapterNotFound, .os:
             // The descriptor is dead: the retry opens the source again.
             needsReopen = reopen != nil
-            log.error("radio \(name): \(error); opening it again in \(Self.retry)")
+            log.error("radio \(name): \(error); opening it again in \(Self.retry.secondsDescription)")
             retryAt = now + Self.retry
         default:
-            log.error("radio \(name): \(error); starting it again in \(Self.retry)")
+            log.error("radio \(name): \(error); starting it again in \(Self.retry.secondsDescription)")
             retryAt = now + Self.retry
         }
         statsOwed = true

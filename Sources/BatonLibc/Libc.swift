@@ -71,6 +71,27 @@ extension Duration {
         return seconds * 1_000_000 + attoseconds / 1_000_000_000_000
     }
 
+    /// The duration as full Swift's `description` writes it ("60.0 seconds", "0.25 seconds"),
+    /// in both builds: Embedded Swift has no description for a Duration and would write "(cannot
+    /// print value in embedded Swift)" into a log line or an answer's detail. Whole nanoseconds,
+    /// the trailing zeros dropped but one: from a tenth of a millisecond to years (every duration
+    /// the config holds), the digits full Swift writes.
+    public var secondsDescription: String {
+        var ns = nanoseconds
+        var text = ""
+        if ns < 0 {
+            text = "-"
+            ns = ns == .min ? .max : -ns
+        }
+        text += String(ns / 1_000_000_000)
+        var fraction = ns % 1_000_000_000
+        var digits = 9
+        while digits > 1 && fraction % 10 == 0 { fraction /= 10; digits -= 1 }
+        let padded = String(fraction)
+        text += "." + String(repeating: "0", count: digits - padded.count) + padded
+        return text + " seconds"
+    }
+
     /// The duration as poll(2)'s timeout: whole milliseconds rounded up (waking a hair early
     /// would spin a turn for nothing), 0 for none or less, at most `cap`. The one conversion
     /// every loop uses.

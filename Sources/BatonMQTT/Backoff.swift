@@ -20,7 +20,7 @@ struct Backoff: Sendable {
 
     /// `min` must be positive and `max >= min`; MQTTClient.init checks the configuration.
     init(min: Duration, max: Duration) {
-        precondition(min > .zero && max >= min, "Backoff(min: \(min), max: \(max)): checked by MQTTClient.init")
+        precondition(min > .zero && max >= min, "Backoff(min: \(min.secondsDescription), max: \(max.secondsDescription)): checked by MQTTClient.init")
         self.min = min
         self.max = max
         self.ceiling = min

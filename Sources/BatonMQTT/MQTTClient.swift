@@ -731,11 +731,11 @@ public struct MQTTClient: ~Copyable {
             throw bad("keepalive \(c.keepalive) s: use 0 (off) or 5 to 65535 seconds")
         }
         if !(0...2).contains(c.maxQoS) { throw bad("maxQoS \(c.maxQoS) is not 0, 1 or 2") }
-        if c.reconnectMin <= .zero { throw bad("reconnectMin must be more than zero, got \(c.reconnectMin)") }
+        if c.reconnectMin <= .zero { throw bad("reconnectMin must be more than zero, got \(c.reconnectMin.secondsDescription)") }
         if c.reconnectMax < c.reconnectMin {
-            throw bad("reconnectMax (\(c.reconnectMax)) is less than reconnectMin (\(c.reconnectMin))")
+            throw bad("reconnectMax (\(c.reconnectMax.secondsDescription)) is less than reconnectMin (\(c.reconnectMin.secondsDescription))")
         }
-        if c.reconnectMax > .seconds(86_400) { throw bad("reconnectMax is more than a day (\(c.reconnectMax))") }
+        if c.reconnectMax > .seconds(86_400) { throw bad("reconnectMax is more than a day (\(c.reconnectMax.secondsDescription))") }
         if c.password != nil && c.username == nil { throw bad("a password without a username; set broker.username too") }
         if let u = c.username { try rejectNUL(u, "the username") }
         if let p = c.password { try rejectNUL(p, "the password") }

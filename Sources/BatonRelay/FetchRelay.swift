@@ -581,7 +581,7 @@ public struct FetchRelay: ~Copyable {
         for i in tells.indices where tells[i].map({ $0.deadline <= now }) ?? false { dropTell(i) }
         for i in pending.indices {
             guard let p = pending[i], p.deadline <= now else { continue }
-            answer(slot: i, .timeout, detail: "the device did not answer within relay.fetch-timeout (\(config.fetchTimeout))", mqtt: &mqtt)
+            answer(slot: i, .timeout, detail: "the device did not answer within relay.fetch-timeout (\(config.fetchTimeout.secondsDescription))", mqtt: &mqtt)
             // The link let its last request time out (silent, or never opened): close it. A fetch
             // link carries one fetch at a time, so only a fresh link asks the device again, and
             // its slot may be what another device's request is waiting for.

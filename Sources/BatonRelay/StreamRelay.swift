@@ -693,7 +693,7 @@ public struct StreamRelay: ~Copyable {
                     // lets its device go.
                     publishReset(.cancelled, to: slot.topics.up, mqtt: &mqtt)
                     abort(s, .unreachable,
-                              "no gateway answered the stream open within 2 × relay.fetch-timeout (\(config.fetchTimeout * 2))",
+                              "no gateway answered the stream open within 2 × relay.fetch-timeout (\((config.fetchTimeout * 2).secondsDescription))",
                               toBroker: false, toLink: true, mqtt: &mqtt)
                     continue
                 }
@@ -702,7 +702,7 @@ public struct StreamRelay: ~Copyable {
                     slot.openAgainAt = now + config.streamRetry
                 }
             } else if slot.lastActivity + config.streamIdle <= now {
-                abort(s, .idle, "nothing moved for relay.stream-idle (\(config.streamIdle))", toBroker: true,
+                abort(s, .idle, "nothing moved for relay.stream-idle (\(config.streamIdle.secondsDescription))", toBroker: true,
                           toLink: true, mqtt: &mqtt)
                 continue
             }
