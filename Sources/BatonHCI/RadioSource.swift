@@ -120,7 +120,7 @@ public enum RadioError: Error, Sendable, Equatable, CustomStringConvertible {
     public var description: String {
         switch self {
         case .noBluetoothSupport:
-            "this kernel has no Bluetooth support (AF_BLUETOOTH unavailable): run on a machine with BlueZ, or give another radio source: radio.source in the config or --radio (capture:FILE replays a btsnoop or pcap capture, h4:/dev/ttyACM0 a serial controller; docs/config.md)"
+            "this kernel has no Bluetooth support, or a sandbox denies it (AF_BLUETOOTH unavailable; a systemd unit needs AF_BLUETOOTH in RestrictAddressFamilies=): run on a machine with BlueZ, or give another radio source: radio.source in the config or --radio (capture:FILE replays a btsnoop or pcap capture, h4:/dev/ttyACM0 a serial controller; docs/config.md)"
         case .adapterNotFound(let name):
             "no Bluetooth adapter named \(name) (`btmgmt info` or `bluetoothctl list` shows the adapters this machine has)"
         case .adapterDown(let name):

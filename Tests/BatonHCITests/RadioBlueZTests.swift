@@ -52,7 +52,7 @@ struct RadioBlueZTests {
                 } catch {
                     #expect(error == .noBluetoothSupport)
                     #expect(error.description ==
-                        "this kernel has no Bluetooth support (AF_BLUETOOTH unavailable): run on a machine with BlueZ, or give another radio source: radio.source in the config or --radio (capture:FILE replays a btsnoop or pcap capture, h4:/dev/ttyACM0 a serial controller; docs/config.md)")
+                        "this kernel has no Bluetooth support, or a sandbox denies it (AF_BLUETOOTH unavailable; a systemd unit needs AF_BLUETOOTH in RestrictAddressFamilies=): run on a machine with BlueZ, or give another radio source: radio.source in the config or --radio (capture:FILE replays a btsnoop or pcap capture, h4:/dev/ttyACM0 a serial controller; docs/config.md)")
                 }
             }
         } else {
