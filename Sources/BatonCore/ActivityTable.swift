@@ -368,11 +368,19 @@ public struct ActivityTable: ~Copyable {
 // MARK: - Shared by both tables
 
 /// An exponentially weighted moving average of RSSI (docs/table.md "RSSI"), integer only:
-/// 1/16 dBm fixed point, each new sample weighing 1/4. Room ownership (a later issue) compares
-/// these averages between gateways; a single faded or reflected report moves the average by a
-/// quarter of its error, and a step change (a person walking into the room) is 90 % followed
-/// after 8 reports.
+/// 1/16 dBm fixed point, each new sample weighing 1/4, or 1/2 for a device heard at most every
+/// `sparseInterval`. Room ownership compares these averages between gateways; a single faded or
+/// reflected report moves the average by a quarter of its error, and a step change (a person
+/// walking into the room) is 90 % followed after 8 reports (3.3 at the half weight).
 struct SmoothedRSSI {
+    /// The interval (ms, as `SilenceFade.track` measures it) from which a report weighs 1/2.
+    /// An average forgets at a time constant of interval / ln(1 / (1 − weight)): 0.35 s for a
+    /// phone heard every 100 ms at 1/4, but 3.5 s at 1 s and 17 s at 5 s, which held a sparse
+    /// advertiser's walk for tens of seconds. At 1/2 it is 1.0 s from 0.7 s on (1.4 s at 1 s,
+    /// 7.2 s at 5 s): a longer memory in time than a fast phone's still.
+    /// 0.7 s lies between the advertising intervals Apple's accessory guidelines list (546.25
+    /// and 760 ms), so a device does not sit on the edge.
+    static let sparseInterval: UInt16 = 700
     /// Core 5.4, Vol 4, Part E, §7.7.65.2: RSSI 127 is "not available"; it never enters the average.
     static let notAvailable: Int8 = 127
     /// The average in 1/16 dBm; `Int16.min` until the first sample.
@@ -396,10 +404,15 @@ struct SmoothedRSSI {
         guard sample != Self.notAvailable else { return }
         let x = Int16(sample) << 4
         guard q4 != .min else { q4 = x; return }
-        // Proof: x and q4 lie in −2048…2016, so x − q4 + 2 is within ±4066 and the sum stays in
-        // −2048…2016: nothing here can overflow Int16. `+ 2 >> 2` rounds the quarter to nearest,
-        // so the average settles within 2/16 dBm of a steady signal and reads back exactly.
-        q4 = q4 &+ ((x &- q4 &+ 2) >> 2)
+        // Proof: x and q4 lie in −2048…2016, so x − q4 + 2 is within ±4066, and a quarter or a
+        // half of it added to q4 stays between q4 and x (rounded): −2048…2016, nothing here can
+        // overflow Int16. `+ 2 >> 2` and `+ 1 >> 1` round to nearest, so the average settles
+        // within 2/16 dBm of a steady signal and reads back exactly.
+        if interval >= Self.sparseInterval {
+            q4 = q4 &+ ((x &- q4 &+ 1) >> 1)
+        } else {
+            q4 = q4 &+ ((x &- q4 &+ 2) >> 2)
+        }
     }
 
     /// Rounded to the nearest dBm; 127 (not available) before the first sample.

@@ -373,9 +373,10 @@ private func deviceIDs(_ table: borrowing ActivityTable) -> Set<UInt64> {
     }
 
     @Test func oneOutlierMovesTheAverageByAQuarter() {
+        // A device heard every 100 ms (a sparse one weighs a half: below).
         var table = ActivityTable(config: .init())
-        for s in 0..<10 { hear(&table, beacon(seq: 1), rssi: -60, at: at(s)) }
-        hear(&table, beacon(seq: 1), rssi: -100, at: at(10))
+        for tenth in 0..<10 { hear(&table, beacon(seq: 1), rssi: -60, at: at(ms: tenth * 100)) }
+        hear(&table, beacon(seq: 1), rssi: -100, at: at(ms: 1000))
         #expect(table.activity(deviceID: phone)?.rssi == -70)
         #expect(table.activity(deviceID: phone)?.lastRSSI == -100)
     }
@@ -386,14 +387,37 @@ private func deviceIDs(_ table: borrowing ActivityTable) -> Set<UInt64> {
         var table = ActivityTable(config: .init())
         hear(&table, beacon(seq: 1), rssi: -40, at: at(0))
         var readings: [Int8] = []
-        for s in 1...30 {
-            hear(&table, beacon(seq: 1), rssi: -80, at: at(s))
+        for tenth in 1...30 {
+            hear(&table, beacon(seq: 1), rssi: -80, at: at(ms: tenth * 100))
             readings.append(try #require(table.activity(deviceID: phone)?.rssi))
         }
         #expect(readings.first == -50)
         #expect(zip(readings, readings.dropFirst()).allSatisfy { $0 >= $1 && $1 >= -80 }, "\(readings)")
         #expect(readings[7] >= -77, "8 reports: 90 % of the way")
         #expect(readings.last == -80)
+    }
+
+    @Test func aDeviceHeardOnceASecondWeighsEachReportAHalf() throws {
+        // docs/table.md "RSSI": from an interval of 0.7 s a report weighs 1/2, so a sensor that
+        // walks is followed in 4 reports, where a quarter would take 8 (40 s at one in 5 s).
+        var table = ActivityTable(config: .init())
+        for s in 0..<3 { hear(&table, beacon(seq: 1), rssi: -40, at: at(s)) }
+        var readings: [Int8] = []
+        for s in 3..<9 {
+            hear(&table, beacon(seq: 1), rssi: -80, at: at(s))
+            readings.append(try #require(table.activity(deviceID: phone)?.rssi))
+        }
+        #expect(readings.first == -60, "half the way at once")
+        #expect(readings[3] >= -77 && readings[3] < -75, "4 reports: 90 % of the way")
+        #expect(zip(readings, readings.dropFirst()).allSatisfy { $0 >= $1 && $1 >= -80 }, "\(readings)")
+        #expect(table.activity(deviceID: phone)?.interval == 1000)
+    }
+
+    @Test func aPhoneHeardTenTimesASecondKeepsTheQuarter() throws {
+        var table = ActivityTable(config: .init())
+        for tenth in 0..<3 { hear(&table, beacon(seq: 1), rssi: -40, at: at(ms: tenth * 100)) }
+        hear(&table, beacon(seq: 1), rssi: -80, at: at(ms: 300))
+        #expect(table.activity(deviceID: phone)?.rssi == -50)
     }
 
     @Test func forEachVisitsEveryEntryOnce() {

@@ -241,11 +241,12 @@ func expire(_ table: inout AppleDeviceTable, at t: Instant) -> [AppleChange] {
 
     @Test func rssiIsSmoothedAnd127IsNoSample() throws {
         var table = AppleDeviceTable(config: .init())
-        try hear(&table, phoneReading, from: addressA, rssi: 127, at: at(0))
+        // A phone heard every 100 ms: each report weighs a quarter (docs/table.md "RSSI").
+        try hear(&table, phoneReading, from: addressA, rssi: 127, at: at(ms: 0))
         #expect(devices(table).first?.rssi == 127)
-        try hear(&table, phoneReading, from: addressA, rssi: -60, at: at(1))
-        try hear(&table, phoneReading, from: addressA, rssi: 127, at: at(2))
-        try hear(&table, phoneReading, from: addressA, rssi: -100, at: at(3))
+        try hear(&table, phoneReading, from: addressA, rssi: -60, at: at(ms: 100))
+        try hear(&table, phoneReading, from: addressA, rssi: 127, at: at(ms: 200))
+        try hear(&table, phoneReading, from: addressA, rssi: -100, at: at(ms: 300))
         #expect(devices(table).first?.rssi == -70)
     }
 

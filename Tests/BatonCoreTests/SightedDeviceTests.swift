@@ -64,9 +64,10 @@ struct SightedDeviceTests {
         #expect(schedule.nextDeadline(table, apple) == at(2.1), "the heartbeat")
         // Both keep being heard; the phone from its next address, a step of 3 dB louder.
         hear(&table, reader, rssi: -61, at: at(1.5))
-        hearPhone(&apple, rssi: -58, at: at(1.5), address: 0x4A11_2233_4455)  // −70 + (−58 + 70) / 4 = −67
+        // Heard 1.4 s apart, the report weighs a half (docs/table.md "RSSI"): −70 + (−58 + 70) / 2 = −64.
+        hearPhone(&apple, rssi: -58, at: at(1.5), address: 0x4A11_2233_4455)
         #expect(schedule.nextDeadline(table, apple) == at(0.6), "the phone moved by the step: due after minInterval")
-        #expect(due(&schedule, table, apple, at: at(1.5)) == [DueSighting(device: phoneInRooms, rssi: -67)])
+        #expect(due(&schedule, table, apple, at: at(1.5)) == [DueSighting(device: phoneInRooms, rssi: -64)])
         #expect(due(&schedule, table, apple, at: at(2.1)) == [DueSighting(device: reader, rssi: -61)])
         // The phone falls silent; the reader goes on.
         for s in stride(from: 2.0, through: 12, by: 1) { hear(&table, reader, rssi: -61, at: at(s)) }
@@ -78,7 +79,7 @@ struct SightedDeviceTests {
         }
         #expect(phoneSent.map(\.0) == [3.5, 5.5, 7.5, 9.5, 11.5], "heartbeats while within lostAfter, then lost")
         // Heard 1.4 s apart, then silent: past four intervals (7.1 s) it fades a dB an interval.
-        #expect(phoneSent.map(\.1) == [-67, -67, -67, -68, nil], "one null, 10 s after last heard at 1.5 s")
+        #expect(phoneSent.map(\.1) == [-64, -64, -64, -65, nil], "one null, 10 s after last heard at 1.5 s")
         #expect(readerSent == [4.1, 6.1, 8.1, 10.1, 12.1])
         #expect(schedule.count == 2)
     }

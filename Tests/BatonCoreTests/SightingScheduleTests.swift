@@ -103,7 +103,8 @@ struct SightingScheduleTests {
         // Heard again: due at once, like a first hearing.
         g.hear(rssi: -70, at: at(31))
         #expect(g.schedule.nextDeadline(table: g.table).map { $0 <= at(31) } == true)
-        #expect(g.due(at: at(31)) == [DueSighting(device: phone, rssi: -63)], "smoothed: −61 + (−70 + 61) / 4")
+        #expect(g.due(at: at(31)) == [DueSighting(device: phone, rssi: -65)],
+                "smoothed, a report 31 s after the last weighing a half (docs/table.md \"RSSI\"): −61 + (−70 + 61) / 2")
     }
 
     @Test func aDeviceThatLeftTheTableGetsOneNull() {
