@@ -371,7 +371,7 @@ public struct ActivityTable: ~Copyable {
 /// 1/16 dBm fixed point, each new sample weighing 1/4, or 1/2 for a device heard at most every
 /// `sparseInterval`. Room ownership compares these averages between gateways; a single faded or
 /// reflected report moves the average by a quarter of its error, and a step change (a person
-/// walking into the room) is 90 % followed after 8 reports (3.3 at the half weight).
+/// walking into the room) is 90 % followed after 8 reports (4 at the half weight).
 struct SmoothedRSSI {
     /// The interval (ms, as `SilenceFade.track` measures it) from which a report weighs 1/2.
     /// An average forgets at a time constant of interval / ln(1 / (1 − weight)): 0.35 s for a

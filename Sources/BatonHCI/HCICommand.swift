@@ -12,6 +12,7 @@
 // `WireError` (the bytes were fine, the controller said no).
 
 public import BatonWire
+import BatonLibc
 
 // MARK: - Opcodes
 
@@ -164,9 +165,9 @@ public enum ControllerError: Error, Equatable, Sendable, CustomStringConvertible
         case .commandFailed(let op, let status):
             "the Bluetooth controller refused \(op): \(status)"
         case .commandTimeout(let op, let after):
-            "the Bluetooth controller did not answer \(op) within \(after)"
+            "the Bluetooth controller did not answer \(op) within \(after.secondsDescription)"
         case .noCommandCredit(let op, let after):
-            "the Bluetooth controller granted no command credit for \(after), so \(op) could not be sent"
+            "the Bluetooth controller granted no command credit for \(after.secondsDescription), so \(op) could not be sent"
         case .hardwareError(let code):
             "the Bluetooth controller reported a hardware error (code 0x\(Hex.text(code, digits: 2, uppercase: true)))"
         }

@@ -298,7 +298,7 @@ public enum ManagementError: Error, Sendable, Equatable, CustomStringConvertible
     public var description: String {
         switch self {
         case .noBluetoothSupport:
-            "this kernel has no Bluetooth support (AF_BLUETOOTH unavailable): run on a machine with BlueZ"
+            "this kernel has no Bluetooth support, or a sandbox denies it (AF_BLUETOOTH unavailable; a systemd unit needs AF_BLUETOOTH in RestrictAddressFamilies=): run on a machine with BlueZ"
         case .adapterNotFound(let name):
             "no Bluetooth adapter named \(name) (`btmgmt info` or `bluetoothctl list` shows the adapters this machine has)"
         case .permissionDenied(let adapter, let command):

@@ -203,7 +203,7 @@ public struct LinkMessage: Sendable, Equatable {
     /// Bytes this message takes with a body of `bodyCount` bytes. A message without a body
     /// (`hasBody` false) takes a `bodyCount` of 0; anything else is the caller's bug.
     public static func encodedCount(_ type: LinkMessageType, bodyCount: Int) -> Int {
-        precondition(bodyCount >= 0 && (bodyCount == 0 || hasBody(type)), "\(type) has no body of \(bodyCount) bytes")
+        precondition(bodyCount >= 0 && (bodyCount == 0 || hasBody(type)), "message type 0x\(Hex.text(type.rawValue, digits: 2, uppercase: true)) has no body of \(bodyCount) bytes")
         // Proof: fixedCount <= 6 and bodyCount is a count of bytes in memory, far below Int.max.
         return 1 &+ fixedCount(type) &+ bodyCount
     }

@@ -605,7 +605,7 @@ final class FaultRig<Broker: FaultBroker> {
         }
         func seconds(_ s: Double?) -> String { s.map { String(format: "%.2f s", $0) } ?? "never" }
         // Which devices stayed, and what the rooms hear of them, is where a failure starts.
-        let stayed = movedAt == nil ? " (still its at the end: \(left.sorted().joined(separator: ", ")))" : ""
+        let stayed = movedAt == nil ? " (still its at the last read: \(left.sorted().joined(separator: ", ")))" : ""
         report("\(gateway): its devices moved after \(seconds(movedAt))\(stayed), its status offline after \(seconds(willAt))")
         return (movedAt, willAt)
     }

@@ -218,7 +218,7 @@ struct ManagementTests {
             try #require(probeErrno == EAFNOSUPPORT, "socket(AF_BLUETOOTH) failed with errno \(probeErrno), not EAFNOSUPPORT")
             #expect(throws: ManagementError.noBluetoothSupport) { _ = try ManagementSocket(adapter: "hci0") }
             #expect(ManagementError.noBluetoothSupport.description
-                == "this kernel has no Bluetooth support (AF_BLUETOOTH unavailable): run on a machine with BlueZ")
+                == "this kernel has no Bluetooth support, or a sandbox denies it (AF_BLUETOOTH unavailable; a systemd unit needs AF_BLUETOOTH in RestrictAddressFamilies=): run on a machine with BlueZ")
         } else {
             Glibc.close(probe)
             // The kernel answers a command for a controller it does not have with Invalid Index.
