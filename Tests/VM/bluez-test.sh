@@ -23,35 +23,18 @@ DEVICE=5a123456789a          # the device's fixed id (open group: docs/protocol.
 TOPIC=$PREFIX/activities/$DEVICE
 pids=()
 
-elapsed() { awk -v a="$T0" -v b="$(date +%s.%N)" 'BEGIN{printf "%5.1fs", b-a}'; }
-step() { echo "[$(elapsed)] $*"; }
-pass() { echo "[$(elapsed)] PASS: $*"; }
+. "$(dirname "$0")/lib.sh"
 fail() {
   echo "[$(elapsed)] FAIL: $*"
-  for f in "$W"/*.log; do echo "---- $(basename "$f") (last 25 lines)"; tail -25 "$f"; done
+  show_logs
   echo "---- dmesg (Bluetooth)"; dmesg | grep -i bluetooth | tail -10
   finish 1
 }
-finish() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
-  cp "$W"/*.log "$OUT"/ 2>/dev/null
-  exit "$1"
-}
-mg() { script -qec "btmgmt $*" /dev/null | tr -d '\r'; }   # btmgmt prints nothing without a tty
 
 # The retained activity, or nothing after $1 seconds.
-activity() { mosquitto_sub -h 127.0.0.1 -t "$TOPIC" -C 1 -W "$1" 2>/dev/null; }
+activity() { retained "$TOPIC" "$1"; }
 # Waits up to $1 s for the retained activity to match the regex $2; prints the last message seen.
-wait_activity() {
-  local end=$((SECONDS + $1)) msg=""
-  while [ $SECONDS -lt $end ]; do
-    msg=$(activity 2)
-    if [[ "$msg" =~ $2 ]]; then echo "$msg"; return 0; fi
-    sleep 0.3
-  done
-  echo "$msg"
-  return 1
-}
+wait_activity() { wait_retained "$TOPIC" "$1" "$2"; }
 # Waits up to $1 s for the topic to have no retained message (cleared).
 wait_cleared() {
   local end=$((SECONDS + $1))

@@ -21,35 +21,14 @@ BROKER=mqtt://127.0.0.1:1883
 CONFIG=/etc/baton/baton.yaml
 pids=()
 
-elapsed() { awk -v a="$T0" -v b="$(date +%s.%N)" 'BEGIN{printf "%5.1fs", b-a}'; }
-step() { echo "[$(elapsed)] $*"; }
-pass() { echo "[$(elapsed)] PASS: $*"; }
+. "$(dirname "$0")/lib.sh"
 fail() {
   echo "[$(elapsed)] FAIL: $*"
-  for f in "$W"/*.log; do echo "---- $(basename "$f") (last 25 lines)"; tail -25 "$f"; done
+  show_logs
   echo "---- journalctl -u baton (last 30 lines)"; journalctl -u baton --no-pager -n 30 2>&1
   echo "---- systemctl status baton"; systemctl status baton --no-pager 2>&1 | head -15
-  finish 1
-}
-finish() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
   journalctl -u baton --no-pager >"$W/journal-baton.log" 2>&1
-  cp "$W"/*.log "$OUT"/ 2>/dev/null
-  exit "$1"
-}
-mg() { script -qec "btmgmt $*" /dev/null | tr -d '\r'; }   # btmgmt prints nothing without a tty
-# The retained message on topic $1, or nothing after $2 seconds.
-retained() { mosquitto_sub -h 127.0.0.1 -t "$1" -C 1 -W "$2" 2>/dev/null; }
-# Waits up to $2 s for the retained message on $1 to match the regex $3; prints the last one seen.
-wait_retained() {
-  local end=$((SECONDS + $2)) msg=""
-  while [ $SECONDS -lt $end ]; do
-    msg=$(retained "$1" 2)
-    if [[ "$msg" =~ $3 ]]; then echo "$msg"; return 0; fi
-    sleep 0.3
-  done
-  echo "$msg"
-  return 1
+  finish 1
 }
 # One property of the unit (systemctl show --value).
 prop() { systemctl show baton -p "$1" --value; }
