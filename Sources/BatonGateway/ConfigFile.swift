@@ -39,7 +39,7 @@ enum ConfigSchema {
         ("status", ["interval"]),
         ("log", ["level"]),
         ("esphome", ["encryption-key", "encryption", "address", "port", "clients", "name", "friendly-name", "mac",
-                     "mdns-service-file"]),
+                     "mdns-service-file", "scan-mode"]),
     ]
 
     static func keys(of path: String) -> [String] {
@@ -514,6 +514,10 @@ struct ConfigFileReader {
         }
         if let e = s["mdns-service-file"], let t = text(e, expected: "a file path, or \"\" for none") {
             settings.mdnsServiceFile = t.isEmpty ? "" : resolve(t)
+        }
+        if let e = s["scan-mode"],
+           let m = choice(e, [("auto", ProxyScanMode.onRequest), ("passive", .passive), ("active", .active)]) {
+            settings.scanMode = m
         }
         c.esphome = settings
     }

@@ -208,7 +208,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
             publishStats(now: now)
         }
         // Home Assistant shows the scanner's state (docs/esphome.md §3.5); told on a change only.
-        if proxy != nil { proxy?.setScannerState(radio.scannerState) }
+        if proxy != nil { proxy?.setScannerState(radio.scannerState, mode: radio.scannerMode) }
 
         broker.serve(ready: loop.ready(brokerPart), now: now)
         if !broker.events.isEmpty { handleBrokerEvents(now: now) }
@@ -230,6 +230,8 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         // Home Assistant's clients: requests, then this turn's advertisements as they arrived
         // (a batch goes out every turn, not every N seconds).
         if let proxyPart, loop.hasWork(proxyPart) { proxy!.handle(ready: loop.ready(proxyPart), now: now) }
+        // Active scanning while Home Assistant asks for it (docs/esphome.md "Active scanning").
+        if let wanted = proxy?.wantedScanMode { radio.ask(wanted == ScannerMode.active ? .active : .passive, now: now) }
         proxy?.flush(now: now)
 
         runTimers(now: now)

@@ -51,6 +51,9 @@ struct GatewayRadio<Radio: RadioSource & ~Copyable>: ~Copyable {
     /// Advertising reports the last read found.
     var lastReadReports = 0
     var announcedFinish = false
+    /// The scan type asked of the source (the ESPHome server's, docs/esphome.md "Active
+    /// scanning"); a source opened again is asked again.
+    var scanType: ScanType = .passive
     /// An error no retry can fix: the loop ends with it.
     var fatalError: String?
     /// Something the stats topic should say at once (an error, a restart).
@@ -95,6 +98,7 @@ struct GatewayRadio<Radio: RadioSource & ~Copyable>: ~Copyable {
                 source = try reopen()
                 needsReopen = false
                 log.info("radio \(name): opened again")
+                if scanType != .passive { try source.setScanType(scanType, now: now) }
             }
             try source.start(now: now)
             watchdogFrom = now
@@ -180,7 +184,7 @@ struct GatewayRadio<Radio: RadioSource & ~Copyable>: ~Copyable {
             let r = heard.report
             // Home Assistant hears every advertisement, as an ESPHome proxy passes them on
             // (docs/esphome.md): batched until the end of the turn, nothing allocated.
-            proxy?.heard(address: r.address, addressType: r.addressType, rssi: r.rssi, data: r.data)
+            proxy?.heard(address: r.address, addressType: r.addressType, rssi: r.rssi, data: r.data, eventType: r.eventType)
             if var beacon = heard.content.beacon {
                 // A relayed copy is for phones, not rooms (docs/table.md): before verification,
                 // so it is counted as what it is.
@@ -209,6 +213,19 @@ struct GatewayRadio<Radio: RadioSource & ~Copyable>: ~Copyable {
                     publisher.appleChanged(&mqtt, change, owned: Gateway<Radio>.owns(change.device, ownership))
                 }
             }
+        }
+    }
+
+    /// Asks the source for `type` when it is not what was asked last. A source waiting for its
+    /// retry takes it at its next start.
+    mutating func ask(_ type: ScanType, now: Instant) {
+        guard type != scanType else { return }
+        scanType = type
+        log.info("radio \(name): \(type == .active ? "active" : "passive") scanning, for Home Assistant")
+        do throws(RadioError) {
+            try source.setScanType(type, now: now)
+        } catch {
+            failed(error, now: now)
         }
     }
 
@@ -259,6 +276,10 @@ struct GatewayRadio<Radio: RadioSource & ~Copyable>: ~Copyable {
 
     /// The radio as ESPHome's scanner states say it (docs/esphome.md §3.5): a source waiting
     /// for its retry has failed; a replayed capture that ended has stopped.
+    /// The mode ESPHome's scanner state says (§3.5): active once the controller accepted
+    /// active parameters; a capture replay is passive.
+    var scannerMode: UInt32 { source.scanType == .active ? ScannerMode.active : ScannerMode.passive }
+
     var scannerState: UInt32 {
         if retryAt != nil || fatalError != nil { return ScannerState.failed }
         switch source.state {

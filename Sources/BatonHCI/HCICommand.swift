@@ -228,6 +228,11 @@ public struct ScanParameters: Sendable, Equatable {
         try self.init(type: type, interval: UInt16(ms / 0.625))
     }
 
+    /// The same parameters with another scan type (Home Assistant's active windows).
+    public func with(type: ScanType) -> ScanParameters {
+        ScanParameters(unchecked: type, interval: interval, ownAddressType: ownAddressType, filterPolicy: filterPolicy)
+    }
+
     private init(unchecked type: ScanType, interval: UInt16, ownAddressType: UInt8, filterPolicy: UInt8) {
         self.type = type
         self.interval = interval

@@ -146,6 +146,17 @@ public struct RadioBlueZ: RadioSource, ~Copyable {
     public var localVersion: HCILocalVersion? { flow.localVersion }
     public var leFeatures: LEFeatures? { flow.leFeatures }
     public var usesExtendedScanning: Bool { flow.usesExtendedScanning }
+    public var scanType: ScanType? { flow.appliedScanType }
+
+    public mutating func setScanType(_ type: ScanType, now: Instant) throws(RadioError) {
+        flow.setScanType(type, now: now)
+        do {
+            try pump(now: now)
+        } catch {
+            flow.fail()
+            throw error
+        }
+    }
 
     public mutating func start(now: Instant) throws(RadioError) {
         // A datagram is written whole or not at all, so nothing is ever half sent here.

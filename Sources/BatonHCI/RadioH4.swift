@@ -78,6 +78,17 @@ public struct RadioH4: RadioSource, ~Copyable {
     public var leFeatures: LEFeatures? { flow.leFeatures }
     /// Whether the last init chose extended scanning (§7.8.64/§7.8.65).
     public var usesExtendedScanning: Bool { flow.usesExtendedScanning }
+    public var scanType: ScanType? { flow.appliedScanType }
+
+    public mutating func setScanType(_ type: ScanType, now: Instant) throws(RadioError) {
+        flow.setScanType(type, now: now)
+        do {
+            try pump(now: now)
+        } catch {
+            flow.fail()
+            throw error
+        }
+    }
     /// Framing counters (garbage bytes skipped while hunting for an indicator).
     public var framerStats: H4FramerStats { framer.stats }
 

@@ -47,10 +47,22 @@ public protocol RadioSource: ~Copyable {
     /// For a finite source: where its input stopped being readable (a capture cut off by a
     /// power loss), if it did. What came before was delivered.
     var damage: WireError? { get }
+
+    /// The scan type the controller accepted last (LE_Scan_Type, §7.8.10); nil while none is
+    /// known (before the init sets it, after an error) and for sources with no controller.
+    var scanType: ScanType? { get }
+
+    /// Asks for passive or active scanning from now on (docs/esphome.md "Active scanning"). A
+    /// scanning controller is changed at once (disable, parameters, enable); otherwise the
+    /// next init uses it. Does not wait.
+    mutating func setScanType(_ type: ScanType, now: Instant) throws(RadioError)
 }
 
 extension RadioSource where Self: ~Copyable {
     public var damage: WireError? { nil }
+    /// A source with no controller (a capture replay) scans as it was captured.
+    public var scanType: ScanType? { nil }
+    public mutating func setScanType(_ type: ScanType, now: Instant) throws(RadioError) {}
 }
 
 public enum RadioState: Sendable, Equatable {
@@ -163,7 +175,13 @@ struct CommandFlow: Sendable {
     /// Sources that own the controller (H4) reset it and set its event masks; under BlueZ the
     /// kernel did both, and a raw Reset would leave the kernel's view of the controller stale.
     let ownsController: Bool
-    let config: RadioConfig
+    /// The configuration; its scan type is the one wanted now (`setScanType`).
+    private(set) var config: RadioConfig
+    /// The scan type the controller last accepted in its scan parameters; nil before that, and
+    /// after a failure (the controller's state is then unknown).
+    private(set) var appliedScanType: ScanType? = nil
+    /// The type in the scan parameters sent and not yet answered.
+    private var sentScanType: ScanType = .passive
 
     private(set) var phase: Phase = .idle
     private var plan = InlineArray<8, Step>(repeating: .reset)
@@ -211,7 +229,35 @@ struct CommandFlow: Sendable {
         localVersion = nil
         leFeatures = nil
         usesExtendedScanning = config.mode == .extended
+        appliedScanType = nil
         commandsSent = 0
+        phase = .running
+    }
+
+    /// Asks for `type` (Home Assistant's active window, docs/esphome.md "Active scanning").
+    /// §7.8.10 and §7.8.64 refuse new parameters while scanning (Command Disallowed), so a
+    /// controller that is scanning gets the three commands that change it: disable, parameters,
+    /// enable. Version and features stay as the init read them; nothing is reset. During an
+    /// init the new type goes into its parameters if they are not sent yet, or into a change
+    /// that follows it; a stopped flow takes it at its next start.
+    mutating func setScanType(_ type: ScanType, now: Instant) {
+        guard type != config.scan.type else {
+            // Back to what the controller has (or is about to get): nothing to change.
+            return
+        }
+        config.scan = config.scan.with(type: type)
+        if phase == .done { beginScanChange(now: now) }
+    }
+
+    /// The plan that changes the scan parameters of a scanning controller.
+    private mutating func beginScanChange(now: Instant) {
+        plan[0] = .scanDisable
+        plan[1] = .scanParameters
+        plan[2] = .scanEnable
+        planCount = 3
+        index = 0
+        outstanding = nil
+        deadline = creditDeadline(now: now)
         phase = .running
     }
 
@@ -220,6 +266,7 @@ struct CommandFlow: Sendable {
         phase = .failed
         deadline = nil
         outstanding = nil
+        appliedScanType = nil
     }
 
     /// The command to send now, if any: the sequence is running, nothing is outstanding, and
@@ -227,6 +274,7 @@ struct CommandFlow: Sendable {
     mutating func nextCommand(now: Instant) -> HCICommand? {
         guard phase == .running, outstanding == nil, index < planCount, credits > 0 else { return nil }
         let command = command(for: plan[index])
+        if plan[index] == .scanParameters { sentScanType = config.scan.type }
         outstanding = command.opcode
         credits &-= 1
         commandsSent &+= 1
@@ -326,6 +374,7 @@ struct CommandFlow: Sendable {
                 throw .wire(error)
             }
         }
+        if step == .scanParameters { appliedScanType = sentScanType }
         // A Command Status with success for a command that completes with Command Complete is
         // off-spec (§7.7.15); it is taken as done, with no return parameters: unknown features
         // mean legacy scanning, which every LE controller has.
@@ -333,6 +382,8 @@ struct CommandFlow: Sendable {
         if index == planCount {
             phase = .done
             deadline = nil
+            // A type asked for after these parameters went out (an init, or a change, in flight).
+            if appliedScanType != config.scan.type { beginScanChange(now: now) }
         } else {
             deadline = creditDeadline(now: now)
         }

@@ -258,6 +258,11 @@ public struct ScannerStateResponse: ServerMessage {
 /// integer, most significant byte first as written), rssi (sint32, 2), address_type (uint32, 3),
 /// data (bytes, 4: at most 62, ESPHome's `fixed_array_size`).
 public enum RawAdvertisement {
+    /// `AdvertisingReport.eventType` bits (Core 5.4, Vol 4, Part E, §7.7.65.13 Event_Type):
+    /// bit 1 scannable, bit 3 scan response; 0x10 a legacy ADV_NONCONN_IND.
+    public static let scannableBit: UInt16 = 1 << 1
+    public static let scanResponseBit: UInt16 = 1 << 3
+    public static let nonConnectable: UInt16 = 0x10
     /// ESPHome's batch: `BLUETOOTH_PROXY_ADVERTISEMENT_BATCH_SIZE`, 16.
     public static let batchLimit = 16
     /// ESPHome's `data` array: 31 bytes of advertising data + 31 of scan response.

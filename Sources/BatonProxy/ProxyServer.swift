@@ -50,6 +50,10 @@ public struct ProxyServer: ~Copyable, LoopPart {
     public var log: (ProxyLogLevel, String) -> Void
     /// What a scanner-state message reports: the gateway sets it from its radio.
     public private(set) var scannerState: UInt32 = ScannerState.running
+    /// The mode the radio scans in (`ScannerMode`), as the gateway last set it from the radio.
+    public private(set) var scannerMode: UInt32 = ScannerMode.passive
+    /// Scan responses waiting to be sent with their advertisement (active scanning only).
+    public var scanResponses = ScanResponses()
     /// How long a client has to finish the Noise handshake and say hello.
     public var handshakeTimeout: Duration = .seconds(10)
     /// Our Noise ephemeral private key for every handshake, for the byte vectors of tests and
@@ -123,12 +127,33 @@ public struct ProxyServer: ~Copyable, LoopPart {
         return false
     }
 
-    /// The scanner's state as the gateway sees its radio (`ScannerState`); subscribed clients
-    /// are told when it changes.
-    public mutating func setScannerState(_ state: UInt32) {
-        guard state != scannerState else { return }
+    /// The scanner's state and mode as the gateway sees its radio (`ScannerState`,
+    /// `ScannerMode`); subscribed clients are told when either changes.
+    public mutating func setScannerState(_ state: UInt32, mode: UInt32 = ScannerMode.passive) {
+        guard state != scannerState || mode != scannerMode else { return }
+        if mode != scannerMode, mode == ScannerMode.passive { scanResponses.clear() }
         scannerState = state
+        scannerMode = mode
         for i in slots.indices where slots[i].phase == .ready && slots[i].subscribed { sendScannerState(i) }
+    }
+
+    /// The mode the radio should scan in (docs/esphome.md "Active scanning"): what
+    /// `esphome.scan-mode` pins, else active while a connected client has asked for it and not
+    /// asked for passive since, else passive. The gateway applies it every turn.
+    public var wantedScanMode: UInt32 {
+        switch settings.scanMode {
+        case .passive: return ScannerMode.passive
+        case .active: return ScannerMode.active
+        case .onRequest:
+            for s in slots where s.fd >= 0 && s.wantsActive { return ScannerMode.active }
+            return ScannerMode.passive
+        }
+    }
+
+    /// `configured_mode` (api.proto `BluetoothScannerStateResponse`): the mode the scanner
+    /// keeps when nobody asks: the pinned one, or passive.
+    public var configuredScanMode: UInt32 {
+        settings.scanMode == .active ? ScannerMode.active : ScannerMode.passive
     }
 
     // MARK: The loop
@@ -177,9 +202,32 @@ public struct ProxyServer: ~Copyable, LoopPart {
     /// 0xAABB… (`AdvertisingReport.address` as it is), `addressType` HCI's (0 public, 1 random,
     /// 2 and 3 identity; 0xFF anonymous is skipped), `data` the report's data as received (at
     /// most 62 bytes; longer is counted as `too_long` and skipped).
-    public mutating func heard(address: UInt64, addressType: UInt8, rssi: Int8, data: UnsafeRawBufferPointer) {
+    ///
+    /// `eventType` is the report's (§7.7.65.13 bits, legacy ones mapped: `AdvertisingReport.eventType`).
+    /// While scanning actively a scannable advertisement is remembered, and its scan response
+    /// is sent with it: the advertisement's data, then the scan response's, as an ESP32 sends
+    /// them (`ScanResponses`).
+    public mutating func heard(address: UInt64, addressType: UInt8, rssi: Int8, data: UnsafeRawBufferPointer,
+                               eventType: UInt16 = RawAdvertisement.nonConnectable) {
         // 0xFF: an anonymous extended advertisement, no address to report.
         guard subscribers > 0, addressType != 0xFF else { return }
+        guard data.count <= RawAdvertisement.dataLimit else {
+            counters.tooLong &+= 1
+            return
+        }
+        if scannerMode == ScannerMode.active {
+            if eventType & RawAdvertisement.scanResponseBit != 0 {
+                let whole = scanResponses.answered(address: address, addressType: addressType, data: data)
+                return append(address: address, addressType: addressType, rssi: rssi, data: whole)
+            }
+            if eventType & RawAdvertisement.scannableBit != 0 {
+                scanResponses.advertised(address: address, addressType: addressType, data: data)
+            }
+        }
+        append(address: address, addressType: addressType, rssi: rssi, data: data)
+    }
+
+    mutating func append(address: UInt64, addressType: UInt8, rssi: Int8, data: UnsafeRawBufferPointer) {
         guard data.count <= RawAdvertisement.dataLimit else {
             counters.tooLong &+= 1
             return
@@ -402,16 +450,30 @@ public struct ProxyServer: ~Copyable, LoopPart {
         case .unsubscribeAdvertisements:
             unsubscribe(i)
         case .setScannerMode(let mode):
-            if mode != ScannerMode.passive {
-                log(.info, "esphome: \(slots[i].peer) asked for active scanning; the gateway scans passively")
+            // api.proto: 0 passive, 1 active; anything else is not a mode and changes nothing.
+            guard mode == ScannerMode.passive || mode == ScannerMode.active else {
+                log(.notice, "esphome: \(slots[i].peer) asked for scanner mode \(mode), which is neither passive (0) nor active (1)")
+                return sendScannerState(i)
             }
+            let active = mode == ScannerMode.active
+            if active != slots[i].wantsActive {
+                slots[i].wantsActive = active
+                switch settings.scanMode {
+                case .onRequest:
+                    log(.info, "esphome: \(slots[i].peer) asked for \(active ? "active" : "passive") scanning")
+                case .passive, .active:
+                    log(.info, "esphome: \(slots[i].peer) asked for \(active ? "active" : "passive") scanning; esphome.scan-mode keeps it \(settings.scanMode == .active ? "active" : "passive")")
+                }
+            }
+            // The state follows once the radio has changed (`setScannerState`); this answer says
+            // where it is now.
             sendScannerState(i)
         }
     }
 
     mutating func sendScannerState(_ i: Int) {
         enqueue(i, type: MessageType.bluetoothScannerStateResponse,
-                ScannerStateResponse(state: scannerState, mode: ScannerMode.passive, configuredMode: ScannerMode.passive))
+                ScannerStateResponse(state: scannerState, mode: scannerMode, configuredMode: configuredScanMode))
     }
 
     mutating func unsubscribe(_ i: Int) {
@@ -565,6 +627,9 @@ public struct ProxyServer: ~Copyable, LoopPart {
         try w.key("batches"); try w.int(Int64(counters.batchesSent))
         try w.key("dropped"); try w.int(Int64(counters.advertisementsDropped))
         try w.key("too_long"); try w.int(Int64(counters.tooLong))
+        try w.key("scan_mode"); try w.string(scannerMode == ScannerMode.active ? "active" : "passive")
+        try w.key("scan_responses_merged"); try w.int(Int64(scanResponses.merged))
+        try w.key("scan_responses_alone"); try w.int(Int64(scanResponses.alone))
         try w.endObject()
     }
 
@@ -685,6 +750,8 @@ struct ClientSlot {
     var sendEnd = 0
     var transport: NoiseTransport? = nil
     var subscribed = false
+    /// It asked for active scanning (`BluetoothScannerSetModeRequest`) and not since for passive.
+    var wantsActive = false
     var helloed = false
     /// Close once the send buffer is written (after a DisconnectResponse).
     var closing = false
@@ -720,6 +787,7 @@ struct ClientSlot {
         sendEnd = 0
         transport = nil
         subscribed = false
+        wantsActive = false
         helloed = false
         closing = false
         stalledSince = nil

@@ -8,6 +8,16 @@ public enum ProxyEncryption: Sendable, Equatable {
     case none
 }
 
+/// `esphome.scan-mode`: who decides between passive and active scanning.
+public enum ProxyScanMode: Sendable, Equatable {
+    /// Passive, active while Home Assistant asks (`BluetoothScannerSetModeRequest`).
+    case onRequest
+    /// Always passive: requests are answered with the state, and change nothing.
+    case passive
+    /// Always active.
+    case active
+}
+
 public struct ProxySettings: Sendable, Equatable {
     /// Where the server listens. Home Assistant runs on another machine of the LAN, so the
     /// default is every IPv4 address; `127.0.0.1` keeps it to this machine.
@@ -42,6 +52,8 @@ public struct ProxySettings: Sendable, Equatable {
     public static let defaultServiceFile = "/etc/avahi/services/baton-esphome.service"
     /// `DeviceInfoResponse.mac_address`, "AA:BB:CC:DD:EE:FF"; nil: derived at start.
     public var mac: String? = nil
+    /// Who sets the scan type (docs/esphome.md "Active scanning").
+    public var scanMode: ProxyScanMode = .onRequest
 
     public init(encryption: ProxyEncryption) { self.encryption = encryption }
 

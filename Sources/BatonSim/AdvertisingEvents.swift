@@ -47,7 +47,7 @@ public enum AdvertisingEvents {
                 out.append(UInt8(r.data.count))
                 out += r.data
             } else {
-                out += [legacyEventType(r.kind), r.addressType]
+                out += [r.legacyEventType ?? legacyEventType(r.kind), r.addressType]
                 out += address(r.address)
                 out.append(UInt8(r.data.count))
                 out += r.data

@@ -49,6 +49,22 @@ public struct GeneratedReport: Sendable {
     public var data: [UInt8]
     /// §7.7.65.13 Data_Status (extended reports): 0 complete, 1 more to come, 2 truncated.
     public var dataStatus: UInt8 = 0
+    /// A legacy Event_Type other than the kind's (§7.7.65.2): 0x02 ADV_SCAN_IND, 0x04 SCAN_RSP.
+    public var legacyEventType: UInt8? = nil
+
+    public init(timestamp: Int64, device: Int, kind: SimulatedDevice.Kind, address: UInt64, addressType: UInt8,
+                rssi: Int8, extended: Bool, data: [UInt8], dataStatus: UInt8 = 0, legacyEventType: UInt8? = nil) {
+        self.timestamp = timestamp
+        self.device = device
+        self.kind = kind
+        self.address = address
+        self.addressType = addressType
+        self.rssi = rssi
+        self.extended = extended
+        self.data = data
+        self.dataStatus = dataStatus
+        self.legacyEventType = legacyEventType
+    }
 }
 
 public struct CaptureGenerator {

@@ -10,6 +10,11 @@
 // Extended Advertising (Vol 6, Part B, §4.6, bit 12) as Bluetooth 5 controllers do, the gateway
 // scans with the extended commands, and every advertisement arrives as an LE Extended
 // Advertising Report (§7.7.65.13): one longer than 229 bytes as a chain of reports.
+//
+// Active scanning (LE_Scan_Type 1 in §7.8.10 or §7.8.64): a device given a scan response in
+// `scanResponses` advertises scannably (ADV_IND stays, anything else becomes ADV_SCAN_IND), and
+// while the gateway scans actively each of its advertisements is followed by a SCAN_RSP report
+// (Event_Type 0x04), as the scan request a real controller sends would bring. Legacy reports only.
 import BatonLibc
 import BatonHCI
 import BatonWire
@@ -22,6 +27,12 @@ public final class VirtualController {
     /// Answers and reports not yet taken by the socket (the gateway reads in its own time).
     private var outbox: [UInt8] = []
     public private(set) var scanning = false
+    /// LE_Scan_Type of the last scan parameters: true for active.
+    public private(set) var activeScanning = false
+    /// Scan response data by device address (at most 31 bytes each).
+    public var scanResponses: [UInt64: [UInt8]] = [:]
+    /// SCAN_RSP reports delivered.
+    public private(set) var scanResponsesDelivered = 0
     /// Opcodes of the commands received, in order (commands are few: the init sequence).
     public private(set) var opcodes: [UInt16] = []
     public private(set) var resets = 0
@@ -64,6 +75,7 @@ public final class VirtualController {
             if n < 0 { if errno == EINTR { continue }; if errno != EAGAIN { closed = true }; break }
             var answers: [UInt16] = []
             var enables: [Bool?] = []
+            var scanTypes: [Bool] = []
             framer.push(UnsafeRawBufferPointer(rebasing: UnsafeRawBufferPointer(rx)[..<n])) { packet in
                 guard packet.type == .command, packet.bytes.count >= 3 else { return }
                 let opcode = UInt16(packet.bytes[0]) | UInt16(packet.bytes[1]) << 8
@@ -75,7 +87,12 @@ public final class VirtualController {
                 } else {
                     enables.append(nil)
                 }
+                // LE Set Scan Parameters: LE_Scan_Type first; LE Set Extended Scan Parameters:
+                // Own_Address_Type, Scanning_Filter_Policy, Scanning_PHYs, then Scan_Type[0].
+                if opcode == 0x200B, packet.bytes.count >= 4 { scanTypes.append(packet.bytes[3] == 1) }
+                if opcode == 0x2041, packet.bytes.count >= 7 { scanTypes.append(packet.bytes[6] == 1) }
             }
+            if let last = scanTypes.last { activeScanning = last }
             for (opcode, enable) in zip(answers, enables) {
                 opcodes.append(opcode)
                 if opcode == 0x0C03 { resets += 1; scanning = false }
@@ -127,8 +144,19 @@ public final class VirtualController {
         guard outbox.count < Self.outboxLimit else { return }
         var legacy = report
         legacy.extended = false
+        let response = scanResponses[report.address]
+        if response != nil, legacy.legacyEventType == nil, AdvertisingEvents.legacyEventType(report.kind) != 0x00 {
+            legacy.legacyEventType = 0x02  // ADV_SCAN_IND
+        }
         outbox += [0x04] + AdvertisingEvents.event([legacy][...])
         reportsDelivered += 1
+        if activeScanning, let response {
+            var answer = legacy
+            answer.legacyEventType = 0x04  // SCAN_RSP
+            answer.data = Array(response.prefix(31))
+            outbox += [0x04] + AdvertisingEvents.event([answer][...])
+            scanResponsesDelivered += 1
+        }
     }
 
     /// Sends one H4 packet as is (a test's own event, a report outside the generator).

@@ -59,4 +59,14 @@ private let key = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
         #expect(String(decoding: id.info.macAddress, as: UTF8.self) == "02:BA:70:12:34:56")
         #expect(s.mdnsServiceFile.isEmpty)
     }
+
+    /// docs/esphome.md "Active scanning": auto follows Home Assistant's requests; passive and
+    /// active pin the radio.
+    @Test func theScanModeIsAutoUnlessPinned() throws {
+        #expect(try #require(try load("esphome:\n  encryption: none\n").esphome).scanMode == .onRequest)
+        #expect(try #require(try load("esphome:\n  encryption: none\n  scan-mode: passive\n").esphome).scanMode == .passive)
+        #expect(try #require(try load("esphome:\n  encryption: none\n  scan-mode: Active\n").esphome).scanMode == .active)
+        #expect(problem("esphome:\n  encryption: none\n  scan-mode: on\n")
+                == "/etc/baton/baton.yaml:3: esphome.scan-mode: expected auto, passive or active, got \"on\"")
+    }
 }

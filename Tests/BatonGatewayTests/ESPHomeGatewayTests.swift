@@ -25,13 +25,23 @@ struct ESPHomeGatewayTests {
         var lines: [[String: Any]] = []
         var delivered: [GeneratedReport] = []
         var stats: [String: Any]?
+        /// LE_Scan_Type of the controller's last scan parameters, each time it changed.
+        var controllerActive: [Bool] = []
         func first(_ key: String) -> Any? { lines.first { $0[key] != nil }?[key] }
     }
+
+    /// The device of the active-scan session: a thermometer whose name is only in its scan
+    /// response, as many sensors send it (Core Supplement, Part A, §1.2 Local Name).
+    static let sensor: UInt64 = 0xA4C1_3800_5C01
+    /// Flags (LE General Discoverable, BR/EDR not supported), then 16-bit service data 0xFCD2.
+    static let sensorAdvertisement: [UInt8] = [0x02, 0x01, 0x06, 0x06, 0x16, 0xD2, 0xFC, 0x40, 0x02, 0xC4]
+    /// Complete Local Name "hall-thermo".
+    static let sensorScanResponse: [UInt8] = [0x0C, 0x09] + Array("hall-thermo".utf8)
 
     /// Runs a gateway with `esphome: encryption-key` and the client with `clientKey` until the
     /// client exits (bounded: 30 s); the room's controller delivers one advertisement a turn
     /// once Home Assistant has subscribed, `want` in all.
-    func session(clientKey: String, want: Int) throws -> Session {
+    func session(clientKey: String, want: Int, scanMode: ProxyScanMode? = nil) throws -> Session {
         let broker = try MosquittoBroker()
         let dir = try scratchDirectory("esphome-gateway")
         var config = GatewayConfig.defaults(hostName: "hall")
@@ -42,6 +52,7 @@ struct ESPHomeGatewayTests {
         settings.address = "127.0.0.1"
         settings.port = 0  // a free port; the config file says 1 to 65535
         settings.mdnsServiceFile = ""
+        if let scanMode { settings.scanMode = scanMode }
         config.esphome = settings
 
         var h4: [Int32] = [-1, -1]
@@ -59,17 +70,28 @@ struct ESPHomeGatewayTests {
         let port = proxy.port
         var gateway = Gateway(config: config, radio: radio, mqtt: mqtt, proxy: proxy, log: Logger(), environment: [:],
                               now: start, unixMicroseconds: 1_790_000_000_000_000)
+        let active = scanMode != nil
         let client = try ChildProcess(python, [repoRoot + "/Tests/BatonProxyTests/Interop/esphome_client.py", "\(port)",
-                                               clientKey, "\(want)"],
+                                               clientKey, "\(want)"] + (active ? ["active"] : []),
                                       stdout: dir.path + "/out", stderr: dir.path + "/err")
         var s = Session()
         var traffic = CaptureGenerator(devices: 6, seed: 31)
+        if active { room.scanResponses[Self.sensor] = Self.sensorScanResponse }
+        var nextSensor = Instant.now
         let end = Instant.now + .seconds(30)
         while client.isRunning, Instant.now < end {
             room.poll()
+            if s.controllerActive.last != room.activeScanning { s.controllerActive.append(room.activeScanning) }
             // Advertisements before Home Assistant subscribed are not its (ESPHome sends none
             // either): the room starts talking once the gateway has a subscriber.
-            if room.scanning, s.delivered.count < want, (gateway.proxy?.subscriberCount ?? 0) > 0 {
+            let subscribed = (gateway.proxy?.subscriberCount ?? 0) > 0
+            if active, room.scanning, subscribed, Instant.now >= nextSensor {
+                // The sensor advertises every 20 ms while the client runs through its modes.
+                nextSensor = Instant.now + .milliseconds(20)
+                room.deliver(GeneratedReport(timestamp: 0, device: 0, kind: .ordinary(name: "hall-thermo"),
+                                             address: Self.sensor, addressType: 0, rssi: -61, extended: false,
+                                             data: Self.sensorAdvertisement))
+            } else if !active, room.scanning, s.delivered.count < want, subscribed {
                 var r = traffic.next()
                 while r.extended || r.data.count > 31 { r = traffic.next() }
                 room.deliver(r)
@@ -114,11 +136,47 @@ struct ESPHomeGatewayTests {
             #expect(got["data"] as? String == hexString(sent.data))
         }
         // The scanner's state follows the radio: running (2), passive (0), once it scans.
-        #expect((s.first("scanner") as? [[Int]])?.last == [2, 0], "\(s.lines)")
+        #expect((s.first("scanner") as? [[Int]])?.last == [2, 0, 0], "\(s.lines)")
         #expect(s.first("disconnected") as? Bool == true)
         let esphome = s.stats?["esphome"] as? [String: Any]
         #expect(esphome?["advertisements"] as? Int == 10, "\(String(describing: s.stats))")
         #expect(esphome?["wrong_key"] as? Int == 0)
+    }
+
+    /// Issue 32 item 2: Home Assistant's active window. Passive scanning hears the sensor's
+    /// advertisement only; asked for active, the controller is set to active scanning, the
+    /// scanner state says so, and the sensor's scan response arrives with its advertisement in
+    /// one raw advertisement (the advertisement's bytes, then the scan response's, as an ESP32
+    /// sends them); asked for passive again, the controller and the state go back.
+    @Test func anActiveScanRequestBringsTheScanResponsesPassiveScanningMisses() throws {
+        let s = try session(clientKey: key, want: 5, scanMode: .onRequest)
+        #expect(s.first("error") == nil, "\(s.lines)")
+        let advertisement = hexString(Self.sensorAdvertisement)
+        let merged = hexString(Self.sensorAdvertisement + Self.sensorScanResponse)
+        func datas(_ key: String) -> [String] {
+            (s.first(key) as? [[String: Any]] ?? []).filter { $0["address"] as? UInt64 == Self.sensor }
+                .compactMap { $0["data"] as? String }
+        }
+        let passive = datas("advertisements"), active = datas("active"), again = datas("passive_again")
+        #expect(passive.count >= 5 && passive.allSatisfy { $0 == advertisement }, "\(passive)")
+        #expect(active.contains(merged), "no scan response while active: \(active)")
+        #expect(active.allSatisfy { $0 == advertisement || $0 == merged }, "\(active)")
+        #expect(again.count >= 5 && again.allSatisfy { $0 == advertisement }, "\(again)")
+        // The controller: passive, active, passive; the state: running passive, running active,
+        // running passive, configured passive throughout (esphome.scan-mode: auto).
+        #expect(s.controllerActive == [false, true, false], "\(s.controllerActive)")
+        let states = s.lines.last { $0["scanner"] != nil }?["scanner"] as? [[Int]] ?? []
+        let running = states.filter { $0[0] == 2 }.map { $0[1] }
+        #expect(running.first == 0 && running.contains(1) && running.last == 0, "\(states)")
+        #expect(states.allSatisfy { $0[2] == 0 }, "\(states)")
+    }
+
+    /// `esphome.scan-mode: passive` keeps the radio passive whatever Home Assistant asks.
+    @Test func aPinnedPassiveModeIgnoresTheRequest() throws {
+        let s = try session(clientKey: key, want: 5, scanMode: .passive)
+        #expect(s.controllerActive == [false], "\(s.controllerActive)")
+        // The client waited for an active state that never came.
+        #expect(s.lines.contains { $0.keys.contains("active") && $0["active"] is NSNull }, "\(s.lines)")
     }
 
     @Test func aWrongKeyIsRefusedAndCounted() throws {

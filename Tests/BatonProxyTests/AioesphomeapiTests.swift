@@ -113,7 +113,7 @@ struct AioesphomeapiTests {
             #expect(got["data"] as? String == hexString(sent.data))
         }
         // RUNNING (2), PASSIVE (0): sent with the subscription.
-        #expect((run.first("scanner") as? [[Int]])?.first == [2, 0])
+        #expect((run.first("scanner") as? [[Int]])?.first == [2, 0, 0])
         #expect(run.first("disconnected") as? Bool == true)
         #expect(run.server.advertisementsSent == 3 && run.server.batchesSent == 1)
         #expect(run.server.badFrames == 0 && run.server.wrongKey == 0)

@@ -151,6 +151,59 @@ func received(_ fd: Int32) -> [UInt8]? {
         #expect(b.server.subscriberCount == 0)
     }
 
+    /// "Active scanning": a request (127, mode 1) makes the wanted mode active; the state says
+    /// passive until the gateway has changed the radio; then a scannable advertisement and its
+    /// scan response go out as one entry, advertising data first (field 4, 10 + 13 bytes). A
+    /// client that leaves takes its request with it.
+    @Test func anActiveRequestAndTheScanResponseSentWithItsAdvertisement() throws {
+        var b = try Bench()
+        let c = b.connectClient()
+        sendAll(c, hx("00 02 42 08 01"))
+        b.turn()
+        #expect(received(c) == hx("00 02 7e 08 02"))
+        #expect(b.server.wantedScanMode == ScannerMode.passive)
+        sendAll(c, hx("00 02 7f 08 01"))  // BluetoothScannerSetModeRequest: active
+        b.turn()
+        #expect(b.server.wantedScanMode == ScannerMode.active)
+        #expect(received(c) == hx("00 02 7e 08 02"), "still passive: the radio has not changed yet")
+        b.server.setScannerState(ScannerState.running, mode: ScannerMode.active)
+        b.server.flush(now: .now)
+        #expect(received(c) == hx("00 04 7e 08 02 10 01"), "running, active, configured passive")
+
+        let adv = hx("02 01 06 06 16 d2 fc 40 02 c4"), rsp = hx("0c 09") + Array("hall-thermo".utf8)
+        adv.withUnsafeBytes { b.server.heard(address: 0xA4C1_3800_5C01, addressType: 0, rssi: -61, data: $0, eventType: 0x12) }
+        rsp.withUnsafeBytes { b.server.heard(address: 0xA4C1_3800_5C01, addressType: 0, rssi: -60, data: $0, eventType: 0x1A) }
+        // A scan response of a device whose advertisement was not heard goes alone.
+        rsp.withUnsafeBytes { b.server.heard(address: 0xA4C1_3800_5C02, addressType: 0, rssi: -70, data: $0, eventType: 0x1A) }
+        b.server.flush(now: .now)
+        // 89 bytes, type 93; address A4:C1:38:00:5C:01 is the varint 81b881c0939829.
+        #expect(received(c) == hx("00 59 5d")
+            + hx("0a 16 08 81b881c0939829 10 79 22 0a") + adv
+            + hx("0a 23 08 81b881c0939829 10 77 22 17") + adv + rsp
+            + hx("0a 1a 08 82b881c0939829 10 8b01 22 0d") + rsp)
+        #expect(b.server.scanResponses.merged == 1 && b.server.scanResponses.alone == 1)
+
+        sendAll(c, hx("00 02 7f 08 07"))  // not a mode: changes nothing
+        b.turn()
+        #expect(b.server.wantedScanMode == ScannerMode.active)
+        close(c)
+        b.turn()
+        #expect(b.server.clientCount == 0)
+        #expect(b.server.wantedScanMode == ScannerMode.passive, "a client that left takes its request with it")
+    }
+
+    @Test func aPinnedModeIsWhatTheRadioIsAskedWhateverTheRequest() throws {
+        var settings = ProxySettings(encryption: .none)
+        settings.address = "127.0.0.1"
+        settings.port = 0
+        settings.scanMode = .active
+        var server = try ProxyServer(settings: settings, info: hallInfo, compactMAC: "02ba70000001")
+        #expect(server.wantedScanMode == ScannerMode.active && server.configuredScanMode == ScannerMode.active)
+        settings.scanMode = .passive
+        server = try ProxyServer(settings: settings, info: hallInfo, compactMAC: "02ba70000001")
+        #expect(server.wantedScanMode == ScannerMode.passive && server.configuredScanMode == ScannerMode.passive)
+    }
+
     @Test func garbageIsDisconnectedAndCounted() throws {
         var b = try Bench()
         let c = b.connectClient()
@@ -243,7 +296,7 @@ func received(_ fd: Int32) -> [UInt8]? {
             try b.server.writeStats(into: &w)
             return String(decoding: w.written, as: UTF8.self)
         }
-        #expect(text == "{\"port\":\(b.server.port),\"encryption\":\"none\",\"clients\":0,\"slots\":2,\"subscribed\":0,\"accepted\":0,\"refused_full\":0,\"wrong_key\":0,\"bad_frames\":0,\"stalled\":0,\"timed_out\":0,\"advertisements\":0,\"batches\":0,\"dropped\":0,\"too_long\":0}")
+        #expect(text == "{\"port\":\(b.server.port),\"encryption\":\"none\",\"clients\":0,\"slots\":2,\"subscribed\":0,\"accepted\":0,\"refused_full\":0,\"wrong_key\":0,\"bad_frames\":0,\"stalled\":0,\"timed_out\":0,\"advertisements\":0,\"batches\":0,\"dropped\":0,\"too_long\":0,\"scan_mode\":\"passive\",\"scan_responses_merged\":0,\"scan_responses_alone\":0}")
     }
 
     @Test func theAvahiServiceFileSection7() {

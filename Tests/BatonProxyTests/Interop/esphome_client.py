@@ -5,13 +5,17 @@ way Home Assistant's ESPHome integration does: hello (and the Noise handshake wh
 given), device info, a subscription to raw advertisements and to the scanner state. Prints one
 JSON line per step on stdout; the Swift test reads them after the process exits.
 
-    esphome_client.py PORT KEY|- ADVERTISEMENTS
+    esphome_client.py PORT KEY|- ADVERTISEMENTS [active]
+
+With `active` it then asks for active scanning, as Home Assistant does for a window, takes as
+many advertisements again once the scanner says it is active, and asks for passive again.
 """
 import asyncio
 import json
 import sys
 
 from aioesphomeapi import APIClient
+from aioesphomeapi.model import BluetoothScannerMode
 
 
 def say(**kw):
@@ -20,6 +24,7 @@ def say(**kw):
 
 async def main() -> None:
     port, key, want = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    active = len(sys.argv) > 4 and sys.argv[4] == "active"
     client = APIClient("127.0.0.1", port, None, noise_psk=None if key == "-" else key,
                        client_info="baton-test", keepalive=60)
     try:
@@ -38,9 +43,13 @@ async def main() -> None:
     })
     got, states = [], []
     done = asyncio.Event()
+    mode_seen = asyncio.Event()
+    mode_wanted = [0]
 
     def on_state(s):
-        states.append([int(s.state), int(s.mode)])
+        states.append([int(s.state), int(s.mode), int(s.configured_mode)])
+        if int(s.state) == 2 and int(s.mode) == mode_wanted[0]:
+            mode_seen.set()
 
     def on_raw(resp):
         for a in resp.advertisements:
@@ -57,6 +66,23 @@ async def main() -> None:
         pass
     await asyncio.sleep(0.2)  # a scanner state sent with the subscription
     say(advertisements=got, scanner=states)
+    if active:
+        for mode, name in ((BluetoothScannerMode.ACTIVE, "active"), (BluetoothScannerMode.PASSIVE, "passive_again")):
+            mode_wanted[0] = int(mode)
+            mode_seen.clear()
+            client.bluetooth_scanner_set_mode(mode)
+            try:
+                await asyncio.wait_for(mode_seen.wait(), 5)
+            except TimeoutError:
+                say(**{name: None, "scanner": states})
+                break
+            got.clear()
+            done.clear()
+            try:
+                await asyncio.wait_for(done.wait(), 15)
+            except TimeoutError:
+                pass
+            say(**{name: list(got), "scanner": states})
     await client.disconnect()
     say(disconnected=True)
 
