@@ -303,6 +303,56 @@ exec 4>&-
 for i in $(seq 1 100); do kill -0 "$KDEV" 2>/dev/null || break; sleep 0.1; done
 pass "the keyed device ended: $(tail -1 "$W/keyed-device.log")"
 
+step "Home Assistant's active window: an office gateway with esphome: on $OFFICE, a thermometer on $PHONE (docs/esphome.md §3.6)"
+# The thermometer: BTHome service data in its advertisement, its name only in its scan response
+# (what many sensors do). Connectable (ADV_IND), so the kernel advertises from the public
+# address: a non-connectable one takes a fresh random address, which a controller that still
+# scans for the kernel refuses (LE Set Random Address, Command Disallowed). Nobody connects.
+SENSOR_ADV=0616d2fc4002c4
+SENSOR_RSP=0c0968616c6c2d746865726d6f   # Complete Local Name "hall-thermo"
+mg -i $PHONE add-adv -c -d $SENSOR_ADV -s $SENSOR_RSP 1 >"$W/sensor-adv.log" 2>&1
+grep -q 'Instance added' "$W/sensor-adv.log" || fail "btmgmt add-adv with a scan response failed: $(cat "$W/sensor-adv.log")"
+printf 'esphome:\n  encryption: none\n  address: 127.0.0.1\n  port: 6053\n  mdns-service-file: ""\n' >"$W/esphome.yaml"
+"$GATEWAY" gateway --broker "$BROKER" --radio $OFFICE --room Office --id office --config "$W/esphome.yaml" >>"$W/esphome-gateway.log" 2>&1 &
+EGW=$!
+pids+=("$EGW")
+ESPHOME_PYTHON="${BATON_ESPHOME_PYTHON:-$PWD/.build/esphome-venv/bin/python}"
+[ -x "$ESPHOME_PYTHON" ] || fail "no aioesphomeapi venv at $ESPHOME_PYTHON (scripts/esphome-venv makes it)"
+for i in $(seq 1 50); do grep -q 'esphome: listening' "$W/esphome-gateway.log" && break; sleep 0.2; done
+# btvirt's controllers send an advertising report when the advertiser enables advertising or
+# the scanner enables scanning, not on every advertising interval as a radio does (BlueZ
+# emulator/btdev.c): so the sensor's advertisement is added again every ~0.5 s while the client
+# runs, each time one report (and, to an active scanner, one scan response).
+( while :; do mg -i $PHONE remove-adv 1 >/dev/null; mg -i $PHONE add-adv -c -d $SENSOR_ADV -s $SENSOR_RSP 1 >/dev/null; sleep 0.3; done ) &
+READVERTISE=$!
+pids+=("$READVERTISE")
+# The client: 3 advertisements passive, then asks for active and takes 3, then passive again.
+timeout 60 "$ESPHOME_PYTHON" Tests/BatonProxyTests/Interop/esphome_client.py 6053 - 3 active >"$W/esphome-client-out.log" 2>"$W/esphome-client.log" ||
+  fail "the aioesphomeapi client failed (exit $?): $(tail -5 "$W/esphome-client.log")"
+kill "$READVERTISE" 2>/dev/null
+verdict=$("$ESPHOME_PYTHON" - "$W/esphome-client-out.log" "$SENSOR_ADV" "$SENSOR_RSP" <<'PY'
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+adv, rsp = sys.argv[2], sys.argv[3]
+phase = {k: l[k] for l in lines for k in ("advertisements", "active", "passive_again") if k in l}
+# The kernel puts its Flags (02 01 04) in front of the data it was given.
+def sensor(k): return [a["data"] for a in (phase.get(k) or []) if adv in a["data"] or rsp in a["data"]]
+p, a, q = sensor("advertisements"), sensor("active"), sensor("passive_again")
+states = [l["scanner"] for l in lines if "scanner" in l][-1]
+problems = []
+if not p or any(rsp in d for d in p): problems.append(f"passive: {p}")
+if not any(d.endswith(adv + rsp) for d in a): problems.append(f"no merged scan response while active: {a}")
+if not q or any(rsp in d for d in q): problems.append(f"passive again: {q}")
+if [2, 1, 0] not in states or states[-1][:2] != [2, 0]: problems.append(f"scanner states {states}")
+print("FAIL " + "; ".join(problems) if problems else
+      f"passive {len(p)}x the advertisement alone, active {sum(d.endswith(adv + rsp) for d in a)}x merged with its scan response ({a[-1]}), passive again {len(q)}x alone; scanner states {states}")
+PY
+)
+[[ "$verdict" == FAIL* ]] && fail "active scanning through the gateway: ${verdict#FAIL }"
+grep -q 'radio hci3: active scanning, for Home Assistant' "$W/esphome-gateway.log" || fail "the gateway did not log its active scan"
+pass "$verdict"
+kill -TERM "$EGW" 2>/dev/null; wait "$EGW" 2>/dev/null
+
 stop_gateway
 step "done"
 finish 0

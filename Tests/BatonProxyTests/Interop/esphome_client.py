@@ -48,7 +48,11 @@ async def main() -> None:
 
     def on_state(s):
         states.append([int(s.state), int(s.mode), int(s.configured_mode)])
-        if int(s.state) == 2 and int(s.mode) == mode_wanted[0]:
+        if int(s.state) == 2 and int(s.mode) == mode_wanted[0] and not mode_seen.is_set():
+            # What arrives after this message was heard in the new mode: collected from here,
+            # in the same callback (the batch may follow in the same read).
+            got.clear()
+            done.clear()
             mode_seen.set()
 
     def on_raw(resp):
@@ -70,14 +74,13 @@ async def main() -> None:
         for mode, name in ((BluetoothScannerMode.ACTIVE, "active"), (BluetoothScannerMode.PASSIVE, "passive_again")):
             mode_wanted[0] = int(mode)
             mode_seen.clear()
+            say(asking=name)
             client.bluetooth_scanner_set_mode(mode)
             try:
                 await asyncio.wait_for(mode_seen.wait(), 5)
             except TimeoutError:
                 say(**{name: None, "scanner": states})
                 break
-            got.clear()
-            done.clear()
             try:
                 await asyncio.wait_for(done.wait(), 15)
             except TimeoutError:
