@@ -116,7 +116,13 @@ public struct CaptureGenerator {
             default:
                 kind = .ordinary(name: "Sensor \(i)")
             }
-            devices.append(SimulatedDevice(kind: kind, address: address, addressType: i % 3 == 2 ? 0 : 1,
+            // Random addresses carry their sub-type in the top two bits (Core 5.4, Vol 6, Part B,
+            // §1.3.2): an Apple device's is resolvable (0b01), as iPhones advertise; a Baton
+            // device's static (0b11). 0b10 is reserved, and Home Assistant's clients read the bits.
+            let random: UInt64
+            if case .apple = kind { random = address & 0x3FFF_FFFF_FFFF | 0x4000_0000_0000 }
+            else { random = address | 0xC000_0000_0000 }
+            devices.append(SimulatedDevice(kind: kind, address: i % 3 == 2 ? address : random, addressType: i % 3 == 2 ? 0 : 1,
                                            rssi: rssi, extended: i % 5 == 4))
         }
         self.devices = devices
