@@ -183,8 +183,14 @@ struct GatewayRadio<Radio: RadioSource & ~Copyable>: ~Copyable {
         decoder.decode(event: event, timestamp: timestamp) { heard in
             let r = heard.report
             // Home Assistant hears every advertisement, as an ESPHome proxy passes them on
-            // (docs/esphome.md): batched until the end of the turn, nothing allocated.
-            proxy?.heard(address: r.address, addressType: r.addressType, rssi: r.rssi, data: r.data, eventType: r.eventType)
+            // (docs/esphome.md): batched until the end of the turn, nothing allocated. Baton's
+            // own beacons are withheld: the gateway publishes what they say, no integration of
+            // Home Assistant reads them, and Kegtron's matches their test company id (§3.7).
+            if heard.content.beacon == nil {
+                proxy?.heard(address: r.address, addressType: r.addressType, rssi: r.rssi, data: r.data, eventType: r.eventType)
+            } else {
+                proxy?.withholdBatonBeacon()
+            }
             if var beacon = heard.content.beacon {
                 // A relayed copy is for phones, not rooms (docs/table.md): before verification,
                 // so it is counted as what it is.

@@ -171,7 +171,8 @@ public enum GatewayLauncher {
             } catch {}
             return .off
         }
-        let identity = ProxyIdentity(settings: settings, gatewayID: config.gatewayID, room: config.room)
+        let identity = ProxyIdentity(settings: settings, gatewayID: config.gatewayID, room: config.room,
+                                     version: BatonVersion.current)
         let server: ProxyServer
         do throws(ProxyStartError) {
             server = try ProxyServer(settings: settings, identity: identity) { level, line in

@@ -183,6 +183,13 @@ public struct DeviceInfo: Sendable, Equatable {
     public var esphomeVersion: [UInt8]
     /// `model` (6), `manufacturer` (12), `friendly_name` (13).
     public var model: [UInt8]
+    /// `project_name` (8), "author.project", and `project_version` (9). Home Assistant takes
+    /// the device's manufacturer and model from the name's two parts, shows the version as
+    /// "0.4.0 (ESPHome 2025.5.0)", and leaves a named project's firmware to the project: no
+    /// "outdated ESPHome firmware" repair for `esphome_version` (homeassistant/components/
+    /// esphome/manager.py `_async_check_firmware_version`, 2025.4.4). Empty: not sent.
+    public var projectName: [UInt8]
+    public var projectVersion: [UInt8]
     public var manufacturer: [UInt8]
     public var friendlyName: [UInt8]
     /// `bluetooth_mac_address` (18): the Bluetooth controller's address, same format.
@@ -194,11 +201,13 @@ public struct DeviceInfo: Sendable, Equatable {
 
     public init(name: String, macAddress: String, esphomeVersion: String, model: String, manufacturer: String,
                 friendlyName: String, bluetoothMacAddress: String, featureFlags: UInt32 = ProxyFeature.baton,
-                encryptionSupported: Bool) {
+                encryptionSupported: Bool, projectName: String = "", projectVersion: String = "") {
         self.name = Array(name.utf8)
         self.macAddress = Array(macAddress.utf8)
         self.esphomeVersion = Array(esphomeVersion.utf8)
         self.model = Array(model.utf8)
+        self.projectName = Array(projectName.utf8)
+        self.projectVersion = Array(projectVersion.utf8)
         self.manufacturer = Array(manufacturer.utf8)
         self.friendlyName = Array(friendlyName.utf8)
         self.bluetoothMacAddress = Array(bluetoothMacAddress.utf8)
@@ -215,6 +224,7 @@ public struct DeviceInfoResponse: ServerMessage {
     public var bodySize: Int {
         Protobuf.bytesFieldSize(2, info.name.count) &+ Protobuf.bytesFieldSize(3, info.macAddress.count)
             &+ Protobuf.bytesFieldSize(4, info.esphomeVersion.count) &+ Protobuf.bytesFieldSize(6, info.model.count)
+            &+ Protobuf.bytesFieldSize(8, info.projectName.count) &+ Protobuf.bytesFieldSize(9, info.projectVersion.count)
             &+ Protobuf.bytesFieldSize(12, info.manufacturer.count) &+ Protobuf.bytesFieldSize(13, info.friendlyName.count)
             &+ Protobuf.varintFieldSize(15, UInt64(info.featureFlags))
             &+ Protobuf.bytesFieldSize(18, info.bluetoothMacAddress.count)
@@ -226,6 +236,8 @@ public struct DeviceInfoResponse: ServerMessage {
         info.macAddress.withUnsafeBytes { Protobuf.writeBytesField(3, $0, &w) }
         info.esphomeVersion.withUnsafeBytes { Protobuf.writeBytesField(4, $0, &w) }
         info.model.withUnsafeBytes { Protobuf.writeBytesField(6, $0, &w) }
+        info.projectName.withUnsafeBytes { Protobuf.writeBytesField(8, $0, &w) }
+        info.projectVersion.withUnsafeBytes { Protobuf.writeBytesField(9, $0, &w) }
         info.manufacturer.withUnsafeBytes { Protobuf.writeBytesField(12, $0, &w) }
         info.friendlyName.withUnsafeBytes { Protobuf.writeBytesField(13, $0, &w) }
         Protobuf.writeVarintField(15, UInt64(info.featureFlags), &w)

@@ -39,6 +39,8 @@ public struct ProxyCounters: Sendable, Equatable {
     /// Advertisements with more than 62 bytes of data (extended advertising): ESPHome's message
     /// has no room for them.
     public var tooLong = 0
+    /// Baton's own activity beacons, not passed on (docs/esphome.md §3.7), while a client was subscribed.
+    public var batonBeaconsWithheld = 0
 }
 
 public struct ProxyServer: ~Copyable, LoopPart {
@@ -225,6 +227,11 @@ public struct ProxyServer: ~Copyable, LoopPart {
             }
         }
         append(address: address, addressType: addressType, rssi: rssi, data: data)
+    }
+
+    /// One of Baton's own beacons was heard: not for Home Assistant (docs/esphome.md §3.7), counted.
+    public mutating func withholdBatonBeacon() {
+        if subscribers > 0 { counters.batonBeaconsWithheld &+= 1 }
     }
 
     mutating func append(address: UInt64, addressType: UInt8, rssi: Int8, data: UnsafeRawBufferPointer) {
@@ -630,6 +637,7 @@ public struct ProxyServer: ~Copyable, LoopPart {
         try w.key("scan_mode"); try w.string(scannerMode == ScannerMode.active ? "active" : "passive")
         try w.key("scan_responses_merged"); try w.int(Int64(scanResponses.merged))
         try w.key("scan_responses_alone"); try w.int(Int64(scanResponses.alone))
+        try w.key("baton_beacons_withheld"); try w.int(Int64(counters.batonBeaconsWithheld))
         try w.endObject()
     }
 

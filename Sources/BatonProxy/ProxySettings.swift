@@ -135,11 +135,14 @@ public struct ProxyIdentity: Sendable, Equatable {
     /// The ESPHome release whose API this server follows, reported as `esphome_version`:
     /// Home Assistant shows it as the device's software version.
     public static let esphomeVersion = "2025.5.0"
+    /// `project_name`: Home Assistant shows manufacturer "Baton", model "Baton gateway" (§3.2).
+    public static let projectName = "Baton.Baton gateway"
 
     /// `name` and `friendlyName` default to the gateway id and the room; `mac` to
     /// `ProxySettings.derivedMAC(gatewayID:)`; `bluetoothAddress` (the controller's, when the
     /// gateway knows it) to the same MAC.
-    public init(settings: ProxySettings, gatewayID: String, room: String, bluetoothAddress: UInt64? = nil) {
+    public init(settings: ProxySettings, gatewayID: String, room: String, bluetoothAddress: UInt64? = nil,
+                version: String = "") {
         let mac = settings.mac.flatMap(ProxySettings.parseMAC) ?? ProxySettings.derivedMAC(gatewayID: gatewayID)
         self.mac = mac
         let encrypted: Bool
@@ -147,7 +150,8 @@ public struct ProxyIdentity: Sendable, Equatable {
         info = DeviceInfo(name: settings.name.isEmpty ? gatewayID : settings.name, macAddress: ProxySettings.macText(mac),
                           esphomeVersion: Self.esphomeVersion, model: "Baton gateway", manufacturer: "Baton",
                           friendlyName: settings.friendlyName.isEmpty ? room : settings.friendlyName,
-                          bluetoothMacAddress: ProxySettings.macText(bluetoothAddress ?? mac), encryptionSupported: encrypted)
+                          bluetoothMacAddress: ProxySettings.macText(bluetoothAddress ?? mac), encryptionSupported: encrypted,
+                          projectName: Self.projectName, projectVersion: version)
     }
 
     public var compactMAC: String { ProxySettings.compactMAC(mac) }

@@ -35,6 +35,11 @@ struct ESPHomeGatewayTests {
     static let sensor: UInt64 = 0xA4C1_3800_5C01
     /// Flags (LE General Discoverable, BR/EDR not supported), then 16-bit service data 0xFCD2.
     static let sensorAdvertisement: [UInt8] = [0x02, 0x01, 0x06, 0x06, 0x16, 0xD2, 0xFC, 0x40, 0x02, 0xC4]
+    static func isBaton(_ r: GeneratedReport) -> Bool {
+        if case .baton = r.kind { return true }
+        return false
+    }
+
     /// Complete Local Name "hall-thermo".
     static let sensorScanResponse: [UInt8] = [0x0C, 0x09] + Array("hall-thermo".utf8)
 
@@ -91,7 +96,7 @@ struct ESPHomeGatewayTests {
                 room.deliver(GeneratedReport(timestamp: 0, device: 0, kind: .ordinary(name: "hall-thermo"),
                                              address: Self.sensor, addressType: 0, rssi: -61, extended: false,
                                              data: Self.sensorAdvertisement))
-            } else if !active, room.scanning, s.delivered.count < want, subscribed {
+            } else if !active, room.scanning, s.delivered.filter({ !Self.isBaton($0) }).count < want, subscribed {
                 var r = traffic.next()
                 while r.extended || r.data.count > 31 { r = traffic.next() }
                 room.deliver(r)
@@ -126,10 +131,18 @@ struct ESPHomeGatewayTests {
         // Passive scan 1, raw advertisements 32, state and mode 64 (docs/esphome.md §3).
         #expect(info["bluetooth_proxy_feature_flags"] as? Int == 97)
         #expect(info["api_encryption_supported"] as? Bool == true)
+        // Home Assistant's device page: "Baton gateway by Baton", firmware "0.4.0 (ESPHome
+        // 2025.5.0)", and no "outdated ESPHome firmware" repair for a named project (§3.2).
+        #expect(info["project_name"] as? String == "Baton.Baton gateway")
+        #expect(info["project_version"] as? String == BatonVersion.current)
         #expect(info["mac_address"] as? String == ProxySettings.macText(ProxySettings.derivedMAC(gatewayID: "hall")))
+        // Everything but Baton's own beacons (§3.7), which the stats count.
         let ads = s.first("advertisements") as? [[String: Any]] ?? []
-        #expect(ads.count == s.delivered.count && ads.count == 10, "\(s.lines)")
-        for (got, sent) in zip(ads, s.delivered) {
+        let forwarded = s.delivered.filter { !Self.isBaton($0) }
+        let withheld = s.delivered.count - forwarded.count
+        #expect(withheld > 0, "the room's traffic has Baton beacons")
+        #expect(ads.count == forwarded.count && ads.count == 10, "\(s.lines)")
+        for (got, sent) in zip(ads, forwarded) {
             #expect(got["address"] as? UInt64 == sent.address)
             #expect(got["address_type"] as? Int == Int(sent.addressType))
             #expect(got["rssi"] as? Int == Int(sent.rssi))
@@ -140,6 +153,7 @@ struct ESPHomeGatewayTests {
         #expect(s.first("disconnected") as? Bool == true)
         let esphome = s.stats?["esphome"] as? [String: Any]
         #expect(esphome?["advertisements"] as? Int == 10, "\(String(describing: s.stats))")
+        #expect(esphome?["baton_beacons_withheld"] as? Int == withheld, "\(String(describing: s.stats))")
         #expect(esphome?["wrong_key"] as? Int == 0)
     }
 

@@ -18,7 +18,7 @@ func written<M: ServerMessage>(type: UInt32, _ m: M, capacity: Int = 512) throws
 
 let hallInfo = DeviceInfo(name: "hall", macAddress: "02:BA:70:00:00:01", esphomeVersion: "2025.5.0", model: "Baton gateway",
                           manufacturer: "Baton", friendlyName: "Hall", bluetoothMacAddress: "00:1A:7D:DA:71:13",
-                          encryptionSupported: true)
+                          encryptionSupported: true, projectName: "Baton.Baton gateway", projectVersion: "0.4.0")
 
 /// §3.4: one advertisement of a BTHome v2 sensor (service data 0xFCD2: temperature 25.00 °C,
 /// humidity 50.55 %) from A4:C1:38:AB:CD:EF, public, at −67 dBm.
@@ -40,11 +40,13 @@ let bthomeData = hx("02 01 06  0b 16 d2fc 40 00c4 02ca09 03bf13")
     @Test func deviceInfoResponseSection3_2CarriesTheFeatureFlags() throws {
         let frame = try written(type: MessageType.deviceInfoResponse, DeviceInfoResponse(hallInfo))
         #expect(frame == hx("""
-            00 58 0a
+            00 74 0a
             12 04 68616c6c
             1a 11 30323a42413a37303a30303a30303a3031
             22 08 323032352e352e30
             32 0d 4261746f6e2067617465776179
+            42 13 4261746f6e2e4261746f6e2067617465776179
+            4a 05 302e342e30
             62 05 4261746f6e
             6a 04 48616c6c
             78 61
@@ -80,7 +82,7 @@ let bthomeData = hx("02 01 06  0b 16 d2fc 40 00c4 02ca09 03bf13")
     }
 
     @Test func anEncoderWithoutRoomThrowsNoRoomAndWritesNothing() throws {
-        #expect(throws: WireError.noRoom(need: 91, have: 50)) {
+        #expect(throws: WireError.noRoom(need: 119, have: 50)) {
             _ = try written(type: MessageType.deviceInfoResponse, DeviceInfoResponse(hallInfo), capacity: 50)
         }
     }

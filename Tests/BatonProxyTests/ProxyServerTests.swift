@@ -296,7 +296,7 @@ func received(_ fd: Int32) -> [UInt8]? {
             try b.server.writeStats(into: &w)
             return String(decoding: w.written, as: UTF8.self)
         }
-        #expect(text == "{\"port\":\(b.server.port),\"encryption\":\"none\",\"clients\":0,\"slots\":2,\"subscribed\":0,\"accepted\":0,\"refused_full\":0,\"wrong_key\":0,\"bad_frames\":0,\"stalled\":0,\"timed_out\":0,\"advertisements\":0,\"batches\":0,\"dropped\":0,\"too_long\":0,\"scan_mode\":\"passive\",\"scan_responses_merged\":0,\"scan_responses_alone\":0}")
+        #expect(text == "{\"port\":\(b.server.port),\"encryption\":\"none\",\"clients\":0,\"slots\":2,\"subscribed\":0,\"accepted\":0,\"refused_full\":0,\"wrong_key\":0,\"bad_frames\":0,\"stalled\":0,\"timed_out\":0,\"advertisements\":0,\"batches\":0,\"dropped\":0,\"too_long\":0,\"scan_mode\":\"passive\",\"scan_responses_merged\":0,\"scan_responses_alone\":0,\"baton_beacons_withheld\":0}")
     }
 
     @Test func theAvahiServiceFileSection7() {

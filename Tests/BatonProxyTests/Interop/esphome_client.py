@@ -40,6 +40,7 @@ async def main() -> None:
         "bluetooth_mac_address": info.bluetooth_mac_address,
         "bluetooth_proxy_feature_flags": info.bluetooth_proxy_feature_flags,
         "api_encryption_supported": info.api_encryption_supported,
+        "project_name": info.project_name, "project_version": info.project_version,
     })
     got, states = [], []
     done = asyncio.Event()
