@@ -72,11 +72,22 @@ guard server.subscriberCount == 1 else {
 
 // 150 devices' advertisements, 8 per turn, RSSI moving.
 let data: [[UInt8]] = (0..<150).map { d in hx("020106") + [UInt8(27), 0xFF, 0xFF, 0xFF] + (0..<24).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ d) } }
-@MainActor func turns(_ count: Int) {
+/// Scan responses of the active phase (docs/esphome.md §3.6): a Complete Local Name each.
+let names: [[UInt8]] = (0..<150).map { d in [UInt8(12), 0x09] + Array("sensor-\(1000 + d)".utf8) }
+/// Passive: ADV_NONCONN_IND only. Active: each device's scannable advertisement (ADV_IND in an
+/// extended report, 0x13), then its scan response (0x1B), merged by the server.
+@MainActor func turns(_ count: Int, active: Bool = false) {
     var i = 0
     while i < count {
-        let d = i % data.count
-        data[d].withUnsafeBytes { server.heard(address: 0xC0FF_EE00_0000 | UInt64(d), addressType: 1, rssi: Int8(-40 - (i & 31)), data: $0) }
+        let d = (active ? i / 2 : i) % data.count
+        let address = 0xC0FF_EE00_0000 | UInt64(d), rssi = Int8(-40 - (i & 31))
+        if !active {
+            data[d].withUnsafeBytes { server.heard(address: address, addressType: 1, rssi: rssi, data: $0) }
+        } else if i & 1 == 0 {
+            data[d].withUnsafeBytes { server.heard(address: address, addressType: 1, rssi: rssi, data: $0, eventType: 0x13) }
+        } else {
+            names[d].withUnsafeBytes { server.heard(address: address, addressType: 1, rssi: rssi, data: $0, eventType: 0x1B) }
+        }
         i += 1
         if i & 7 == 0 {
             server.flush(now: .now)
@@ -115,10 +126,23 @@ MallocInterposerSwift.unhook()
 let stats = MallocInterposerSwift.getStatistics()
 let after = server.counters
 let perAdvertisement = Double(stats.mallocCount) / Double(measured)
+
+// Active scanning: the same, each advertisement followed by its scan response.
+server.setScannerState(ScannerState.running, mode: ScannerMode.active)
+turns(5_000, active: true)
+let mergedBefore = server.scanResponses.merged
+MallocInterposerSwift.initialize()
+MallocInterposerSwift.hook()
+turns(measured, active: true)
+MallocInterposerSwift.unhook()
+let activeStats = MallocInterposerSwift.getStatistics()
+let activePerAdvertisement = Double(activeStats.mallocCount) / Double(measured)
+let merged = server.scanResponses.merged - mergedBefore
 print("""
 {"advertisements": \(measured), "mallocs": \(stats.mallocCount), "allocations_per_advertisement": \(perAdvertisement), \
 "sent": \(after.advertisementsSent - before.advertisementsSent), "dropped": \(after.advertisementsDropped - before.advertisementsDropped), \
 "batches": \(after.batchesSent - before.batchesSent), "bytes_drained": \(drained), "calibration_mallocs": \(calibration), \
-"budget": \(budget)}
+"active_mallocs": \(activeStats.mallocCount), "active_allocations_per_advertisement": \(activePerAdvertisement), \
+"active_scan_responses_merged": \(merged), "budget": \(budget)}
 """)
-exit(perAdvertisement > budget ? 1 : 0)
+exit(perAdvertisement > budget || activePerAdvertisement > budget || merged != measured / 2 ? 1 : 0)
