@@ -13,14 +13,15 @@ import BatonWire
 @testable import BatonHCI
 import CBlueZ
 
-private func pair() -> (Int32, Int32) {
+/// A SOCK_SEQPACKET pair, which behaves like the raw HCI socket: one packet per read.
+func seqpacketPair() -> (Int32, Int32) {
     var fds: [Int32] = [-1, -1]
     precondition(socketpair(AF_UNIX, Int32(SOCK_SEQPACKET.rawValue), 0, &fds) == 0, "socketpair failed")
     return (fds[0], fds[1])
 }
 
-/// Answers the init sequence (legacy controller) until the radio scans; returns the frames.
-private func scan(_ radio: inout RadioBlueZ, _ ctl: RadioFakeController, now: Instant) throws -> [String] {
+/// Answers commands (a legacy controller) until the radio scans; returns the frames.
+func scan(_ radio: inout RadioBlueZ, _ ctl: RadioFakeController, now: Instant) throws -> [String] {
     var frames: [String] = []
     while radio.state != .scanning, frames.count < 8 {
         let frame = try #require(ctl.nextCommand())
@@ -41,7 +42,7 @@ struct RadioBlueZRescanTests {
 
     @Test("The kernel's connect sequence: a rescan rescanAfter after its last scan command, not before")
     func kernelConnectSequence() throws {
-        let (a, b) = pair()
+        let (a, b) = seqpacketPair()
         try Syscall.setNonBlocking(a)
         let ctl = RadioFakeController(fd: b)
         var radio = RadioBlueZ(descriptor: a, adapter: "hci0", config: RadioConfig())
@@ -82,7 +83,7 @@ struct RadioBlueZRescanTests {
 
     @Test("Every further kernel scan command moves the rescan later; one rescan per burst")
     func quietPeriodMoves() throws {
-        let (a, b) = pair()
+        let (a, b) = seqpacketPair()
         try Syscall.setNonBlocking(a)
         let ctl = RadioFakeController(fd: b)
         var radio = RadioBlueZ(descriptor: a, adapter: "hci0", config: RadioConfig())
@@ -103,7 +104,7 @@ struct RadioBlueZRescanTests {
 
     @Test("A kernel scan command during Baton's own init waits for the init to finish, then rescans")
     func duringInit() throws {
-        let (a, b) = pair()
+        let (a, b) = seqpacketPair()
         try Syscall.setNonBlocking(a)
         let ctl = RadioFakeController(fd: b)
         var radio = RadioBlueZ(descriptor: a, adapter: "hci0", config: RadioConfig())
@@ -130,7 +131,7 @@ struct RadioBlueZRescanTests {
 
     @Test("start(now:) forgets a pending rescan: the init it runs sets the scan anyway")
     func startForgets() throws {
-        let (a, b) = pair()
+        let (a, b) = seqpacketPair()
         try Syscall.setNonBlocking(a)
         let ctl = RadioFakeController(fd: b)
         var radio = RadioBlueZ(descriptor: a, adapter: "hci0", config: RadioConfig())
@@ -152,7 +153,7 @@ struct RadioBlueZRescanTests {
         #expect(RadioBlueZ.changesScan(.leSetExtendedScanParameters))
         #expect(!RadioBlueZ.changesScan(.readLocalVersionInformation))
         #expect(!RadioBlueZ.changesScan(HCIOpcode(rawValue: 0x200D)))  // LE Create Connection
-        let (a, b) = pair()
+        let (a, b) = seqpacketPair()
         try Syscall.setNonBlocking(a)
         let ctl = RadioFakeController(fd: b)
         var radio = RadioBlueZ(descriptor: a, adapter: "hci0", config: RadioConfig())

@@ -11,13 +11,6 @@ import CBlueZ
 import BatonWire
 @testable import BatonHCI
 
-private func seqpacketPair() -> (Int32, Int32) {
-    var fds: [Int32] = [-1, -1]
-    let r = socketpair(AF_UNIX, Int32(SOCK_SEQPACKET.rawValue), 0, &fds)
-    precondition(r == 0, "socketpair failed")
-    return (fds[0], fds[1])
-}
-
 /// Runs the sequence against a well-behaved controller; returns the frames it received.
 private func runInit(_ radio: inout RadioBlueZ, _ ctl: RadioFakeController, now: Instant,
                      features: UInt64) throws -> [[UInt8]] {

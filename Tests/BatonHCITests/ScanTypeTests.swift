@@ -2,7 +2,7 @@
 // refuses new scan parameters while it scans (Core 5.4, Vol 4, Part E, §7.8.10: Command
 // Disallowed), so a change is three commands: LE Set Scan Enable off, LE Set Scan Parameters
 // with the new LE_Scan_Type, LE Set Scan Enable on. Nothing is reset and the version and
-// features the init read stay. Played over the SOCK_SEQPACKET pair of the BlueZ tests.
+// features the init read stay. Played over the SOCK_SEQPACKET pair of the rescan tests (`seqpacketPair`, `scan`).
 
 import BatonLibc
 import Glibc
@@ -10,24 +10,6 @@ import Testing
 import BatonTestSupport
 import BatonWire
 @testable import BatonHCI
-
-private func pair() -> (Int32, Int32) {
-    var fds: [Int32] = [-1, -1]
-    precondition(socketpair(AF_UNIX, Int32(SOCK_SEQPACKET.rawValue), 0, &fds) == 0, "socketpair failed")
-    return (fds[0], fds[1])
-}
-
-/// Answers commands until the radio scans again; returns them.
-private func answer(_ radio: inout RadioBlueZ, _ ctl: RadioFakeController, now: Instant) throws -> [String] {
-    var frames: [String] = []
-    while radio.state != .scanning, frames.count < 8 {
-        let frame = try #require(ctl.nextCommand())
-        frames.append(spacedHex(frame))
-        ctl.answer(frame, features: 0x003F)
-        _ = try radio.poll(now: now) { _ in Issue.record("an event leaked out") }
-    }
-    return frames
-}
 
 //                         H4 opcode   len type  interval window own  filter
 private let passiveParameters = "01 0B 20 07 00 60 00 60 00 00 00"
@@ -40,18 +22,18 @@ struct ScanTypeTests {
 
     @Test("A scanning controller is changed with disable, parameters with LE_Scan_Type 1, enable")
     func activeThenPassive() throws {
-        let (a, b) = pair()
+        let (a, b) = seqpacketPair()
         try Syscall.setNonBlocking(a)
         let ctl = RadioFakeController(fd: b)
         var radio = RadioBlueZ(descriptor: a, adapter: "hci0", config: RadioConfig())
         try radio.start(now: t0)
-        #expect(try answer(&radio, ctl, now: t0) == ["01 01 10 00", "01 03 20 00", disable, passiveParameters, enable])
+        #expect(try scan(&radio, ctl, now: t0) == ["01 01 10 00", "01 03 20 00", disable, passiveParameters, enable])
         #expect(radio.scanType == .passive)
         let version = radio.localVersion
 
         try radio.setScanType(.active, now: t0)
         #expect(radio.state == .initialising)
-        #expect(try answer(&radio, ctl, now: t0) == [disable, activeParameters, enable])
+        #expect(try scan(&radio, ctl, now: t0) == [disable, activeParameters, enable])
         #expect(radio.scanType == .active)
         #expect(radio.localVersion == version)
 
@@ -61,25 +43,25 @@ struct ScanTypeTests {
         #expect(ctl.nextCommand(timeoutMs: 50) == nil)
 
         try radio.setScanType(.passive, now: t0)
-        #expect(try answer(&radio, ctl, now: t0) == [disable, passiveParameters, enable])
+        #expect(try scan(&radio, ctl, now: t0) == [disable, passiveParameters, enable])
         #expect(radio.scanType == .passive)
     }
 
     @Test("Asked during the init, before its parameters: the init sends active ones")
     func beforeTheParameters() throws {
-        let (a, b) = pair()
+        let (a, b) = seqpacketPair()
         try Syscall.setNonBlocking(a)
         let ctl = RadioFakeController(fd: b)
         var radio = RadioBlueZ(descriptor: a, adapter: "hci0", config: RadioConfig())
         try radio.start(now: t0)
         try radio.setScanType(.active, now: t0)
-        #expect(try answer(&radio, ctl, now: t0) == ["01 01 10 00", "01 03 20 00", disable, activeParameters, enable])
+        #expect(try scan(&radio, ctl, now: t0) == ["01 01 10 00", "01 03 20 00", disable, activeParameters, enable])
         #expect(radio.scanType == .active)
     }
 
     @Test("Asked while the passive parameters are in flight: the init ends, then the change follows")
     func whileTheParametersAreInFlight() throws {
-        let (a, b) = pair()
+        let (a, b) = seqpacketPair()
         try Syscall.setNonBlocking(a)
         let ctl = RadioFakeController(fd: b)
         var radio = RadioBlueZ(descriptor: a, adapter: "hci0", config: RadioConfig())
@@ -97,18 +79,18 @@ struct ScanTypeTests {
         ctl.answer(parameters, features: 0x003F)
         _ = try radio.poll(now: t0) { _ in }
         #expect(radio.scanType == .passive)
-        #expect(try answer(&radio, ctl, now: t0) == [enable, disable, activeParameters, enable])
+        #expect(try scan(&radio, ctl, now: t0) == [enable, disable, activeParameters, enable])
         #expect(radio.scanType == .active)
     }
 
     @Test("A controller that refuses the change: the radio stops with the error, and its restart scans actively")
     func aRefusal() throws {
-        let (a, b) = pair()
+        let (a, b) = seqpacketPair()
         try Syscall.setNonBlocking(a)
         let ctl = RadioFakeController(fd: b)
         var radio = RadioBlueZ(descriptor: a, adapter: "hci0", config: RadioConfig())
         try radio.start(now: t0)
-        _ = try answer(&radio, ctl, now: t0)
+        _ = try scan(&radio, ctl, now: t0)
         try radio.setScanType(.active, now: t0)
         let off = try #require(ctl.nextCommand())
         ctl.answer(off, features: 0x003F)
@@ -121,6 +103,6 @@ struct ScanTypeTests {
         #expect(radio.state == .stopped)
         #expect(radio.scanType == nil)
         try radio.start(now: t0)
-        #expect(try answer(&radio, ctl, now: t0) == ["01 01 10 00", "01 03 20 00", disable, activeParameters, enable])
+        #expect(try scan(&radio, ctl, now: t0) == ["01 01 10 00", "01 03 20 00", disable, activeParameters, enable])
     }
 }
