@@ -103,7 +103,7 @@ var targets: [Target] = [
 // given as arguments (tests use that); scripts/fuzz builds them with -sanitize=fuzzer and
 // -DBATON_LIBFUZZER, and their main hands control to libFuzzer's driver.
 let fuzzTargets = ["FuzzAD", "FuzzBeacon", "FuzzContinuity", "FuzzPayload", "FuzzH4", "FuzzHCIEvent", "FuzzCapture", "FuzzSighting",
-                   "FuzzLinkMessage", "FuzzFetchRequest", "FuzzSealed", "FuzzReassembly", "FuzzSightingBatch"]
+                   "FuzzLinkMessage", "FuzzFetchRequest", "FuzzSealed", "FuzzReassembly", "FuzzSightingBatch", "FuzzATT"]
 targets.append(.target(name: "FuzzSupport", path: "Tests/Fuzz/FuzzSupport"))
 for name in fuzzTargets {
     targets.append(.executableTarget(
