@@ -1,8 +1,8 @@
 // Fuzz target: what a GATT server sends a client (Core 5.4, Vol 3, Part F, §3.4), one ATT PDU
 // as one L2CAP SDU, so a crash file is a PDU you can read with `xxd`.
 // Invariants:
-//   * decoding never traps; an error names a byte of the input: `truncated` only at the end
-//     (the fixed part cut short), `malformed` at a byte inside it (`att-length` where a fixed
+//   * decoding never traps; an error names a byte of the input: `truncated` where a fixed
+//     field (1 or 2 bytes) runs past the end, `malformed` at a byte inside it (`att-length` where a fixed
 //     size PDU runs on, `att-list`, `att-format`); no other error kind;
 //   * what decodes matches its opcode: the response opcodes give their case, any other a
 //     request or, with bit 6, a command;
@@ -22,7 +22,9 @@ func check(_ pdu: UnsafeRawBufferPointer) {
     } catch {
         switch error {
         case .truncated(let at, let need):
-            invariant(at <= n && need > 0 && at + need > n, "\(error) in \(n) bytes")
+            // A fixed part is read a byte or a 16-bit field at a time: 1 or 2 bytes short.
+            // Only an empty input is cut short at byte 0 (the opcode).
+            invariant(at <= n && (need == 1 || need == 2) && (at > 0 || n == 0), "\(error) in \(n) bytes")
         case .malformed(let at, let reason):
             invariant(at <= n, "\(error) in \(n) bytes")
             invariant(reason == .attLength || reason == .attList || reason == .attFormat, "\(reason)")
