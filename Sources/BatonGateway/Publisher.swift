@@ -608,10 +608,16 @@ public struct Publisher: ~Copyable {
 
     /// A message on an activity topic, retained or live (docs/rooms.md §7): for a device this
     /// gateway owns and has published, anything but what it published last is a disagreement,
-    /// corrected after `Publisher.correctAfter` unless a matching message comes first.
+    /// corrected after `Publisher.correctAfter` unless a matching message comes first, or,
+    /// for another gateway's claim, even then (docs/rooms.md §7 rule 3): a broker of several
+    /// nodes (NATS) keeps retained messages per node in each node's order of arrival, so two
+    /// gateways publishing one device at once can each see its own message land last while
+    /// the other's node keeps the other's. Only settling it by rank, the winner publishing
+    /// once more, leaves every node the same last writer.
     public mutating func observed(_ message: MQTTMessage, device id: UInt64, now: Instant) {
         guard let mine = published[id] else { return }
         if message.payload.withUnsafeBytes({ Self.digest($0) }) == mine {
+            if let claim = disputes[id], let writer = claim.writer, writer != topics.gatewayID { return }
             disputes[id] = nil
         } else if disputes[id] == nil, disputes.count < pendingCapacity {
             // Rare (after faults), so the one copy of the writer's id is fine here.

@@ -307,6 +307,35 @@ func bridgedFloors() throws -> (floor1: MosquittoBroker, floor2: MosquittoBroker
         _ = building
     }
 
+    /// docs/rooms.md §7 rule 3, on a broker of several nodes (docs/broker.md "NATS"): each
+    /// node keeps the retained message it received last, so when the hall and lab publish
+    /// alice at once, the hall's node can deliver lab's claim and then the hall's own message,
+    /// and lab's node the reverse. Each gateway sees its own message land last; the hall must
+    /// still settle the claim by rank, or the two nodes keep different rooms for good (CI,
+    /// stop 45). Here the hall's own message is sent again right after lab's claim.
+    @Test func aClaimFollowedByTheOwnersOwnMessageIsStillSettledByRank() throws {
+        let (broker, watcher, building, hall) = try aliceInTheHall("claim-then-echo", seed: 6,
+            radio: "{in-room: -55, per-room: -15, heard-down-to: -95, noise: 0, loss: 0}")
+        let topic = "baton/activities/\(alice)"
+        let ours = try #require(try broker.retained(topic)[topic])
+        try broker.publish(topic: "baton/gateways/lab/status", payload: Array("online".utf8), retain: true)
+        usleep(200_000)
+        // lab hears her 3 dB better (under the margin, so only rank settles it) and claims her.
+        try broker.publish(topic: "baton/sightings/lab/\(alice)", payload: Array(#"{"rssi":-52,"since":100,"n":1}"#.utf8))
+        usleep(100_000)
+        var o = try #require(json(ours))
+        o["gateway"] = "lab"
+        o["room"] = "Lab"
+        try broker.publish(topic: topic, payload: Array(try JSONSerialization.data(withJSONObject: o)), retain: true)
+        try broker.publish(topic: topic, payload: ours, retain: true)
+        let yielded = eventually(within: 3) { hall.log.contains("moved to lab (yielded)") ? true : nil }
+        #expect(yielded != nil, "the hall kept alice although lab ranks higher: \(hall.log)")
+        sleep(1)
+        #expect(watcher.owners(of: alice) == ["hall", "lab", "hall"], "owners: \(watcher.owners(of: alice))")
+        #expect(hall.stop() == 0)
+        _ = building
+    }
+
     @Test func garbageSightingsAreCountedAndChangeNothing() throws {
         let (broker, watcher, building, hall) = try aliceInTheHall("garbage", seed: 3)
 
