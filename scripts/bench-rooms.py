@@ -271,10 +271,12 @@ def run_latency(procs, baton, work, label, walkers, extra, rate=10, radio="house
     b = Building(procs, baton, work, scenario, LINE_ROOMS, port, extra)
     expected = 2 * walkers
     say(f"latency ({label}): {expected} walks over {back + walkers * spacing - first:.0f} s")
+    slowest = []  # the ten slowest walks, for the JSON: which device, when, where to
 
     def resolved():
         walks = [e for e in b.parsed() if e.get("event") == "walk"]
-        return walks, compute_latencies(walks, messages(reader, "baton/activities/"))
+        slowest.clear()
+        return walks, compute_latencies(walks, messages(reader, "baton/activities/"), slowest)
 
     # Until every walk happened and moved, or 25 s after the last walk (bounded either way).
     deadline = time.monotonic() + back + walkers * spacing + 40
@@ -304,10 +306,10 @@ def run_latency(procs, baton, work, label, walkers, extra, rate=10, radio="house
             "p50_ms": percentile(ms, 50), "p90_ms": percentile(ms, 90), "p99_ms": percentile(ms, 99),
             "max_ms": ms[-1] if ms else None, "min_ms": ms[0] if ms else None,
             "mean_ms": sum(ms) / len(ms) if ms else None, "latencies_ms": [round(v, 1) for v in ms],
-            "sim_end": end.get("rooms") if end else None}
+            "slowest": slowest, "sim_end": end.get("rooms") if end else None}
 
 
-def compute_latencies(walks, activity):
+def compute_latencies(walks, activity, slowest=None):
     """For each walk: the first activity message for the device, arriving after the walk began
     and before the device's next walk, that names the destination room's gateway; its latency
     counted from when the walk passed the door (half its `takes`, where both rooms hear the
@@ -332,6 +334,12 @@ def compute_latencies(walks, activity):
                 never.append(f"{device}@{w['t']} to {w.get('room')} (seen: {', '.join(seen) or 'nothing'})")
             else:
                 latencies.append(hit - (w["unix_us"] + w.get("takes", 0) / 2 * 1e6))
+                if slowest is not None:
+                    slowest.append({"device": device, "t": w["t"], "to": w.get("room"),
+                                    "ms": round(latencies[-1] / 1000, 1)})
+    if slowest is not None:
+        slowest.sort(key=lambda x: -x["ms"])
+        del slowest[10:]
     return latencies, never
 
 

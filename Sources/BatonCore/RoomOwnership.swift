@@ -274,9 +274,10 @@ public struct RoomOwnership: ~Copyable {
         /// (`dropped`, `announced`), published when the rejoin window closes if still its own.
         var standInFor: Int32 = -1
         /// The challenger's evidence (docs/rooms.md §3 "The evidence"): the integral over time
-        /// of its lead over the owner, in dB·ns, since the lead last reached `margin`; the lead
-        /// counted as `margin` at most unless the challenge is a walk. It wins at `winning`
-        /// (`margin × dwell`), a walk at `walkWinning`.
+        /// of its lead over the owner, in dB·ns, since the lead reached `margin` (and, on a walk,
+        /// has stayed above 0 since: a walk's dips below the margin bank their smaller lead);
+        /// the lead counted as `margin` at most unless the challenge is a walk. It wins at
+        /// `winning` (`margin × dwell`), a walk at `walkWinning`.
         var evidence: Int64 = 0
         /// When `evidence` was last brought up to date, and the rate (dB) it grows by since;
         /// nil without a challenger.
@@ -309,8 +310,8 @@ public struct RoomOwnership: ~Copyable {
         }
 
         /// Brings `evidence` up to `now`: the lead since `evidenceAt` times the time it held,
-        /// saturating far above any threshold. A challenger's lead is `margin` or more (a
-        /// smaller one ends the challenge).
+        /// saturating far above any threshold. A challenger's lead is `margin` or more, or on a
+        /// walk above 0 (anything smaller ends the challenge).
         mutating func accrue(now: Instant) {
             guard challenger >= 0, let at = evidenceAt else { return }
             let (gained, overflow) = Int64(lead).multipliedReportingOverflow(by: max(0, now.nanoseconds &- at.nanoseconds))
@@ -951,11 +952,21 @@ public struct RoomOwnership: ~Copyable {
             e.accrue(now: now)
             // Int: rssi + margin can pass Int8's range.
             let lead = c.rival >= 0 ? Int(c.rivalRSSI) - Int(ownerRSSI) : 0
-            if c.rival < 0 || e.challenger != Int32(c.rival) || lead < config.margin {
+            // A walk's challenger that dips below the margin but still leads keeps what it
+            // banked and goes on banking its smaller lead (docs/rooms.md §3 "A walk and a
+            // border"): fading takes a walk's lead of 6–9 dB under the margin every few
+            // reports, and starting over each time made the walks' tail (p99 5.5 s, 4.0 s so).
+            // Only a walk: a border's challenges keep the unbroken dwell that holds it still.
+            let dips = e.walking && e.challenger >= 0 && e.challenger == Int32(c.rival)
+                && lead > 0 && lead < config.margin && now.nanoseconds <= e.walkUntil
+            if c.rival < 0 || e.challenger != Int32(c.rival) || (lead < config.margin && !dips) {
                 // A break in the lead, or a new challenger: it starts from nothing.
                 e.clearChallenge()
             }
-            if c.rival >= 0 && lead >= config.margin {
+            if dips {
+                e.evidenceAt = now
+                e.lead = Int32(lead)
+            } else if c.rival >= 0 && lead >= config.margin {
                 // A walk weighs its whole lead; any other challenge counts at most `margin`, so
                 // it wins after `dwell` whatever its lead (docs/rooms.md §3 "A walk and a border").
                 if e.challenger < 0 { e.walking = now.nanoseconds <= e.walkUntil }

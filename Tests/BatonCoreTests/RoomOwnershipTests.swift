@@ -361,21 +361,55 @@ struct RoomOwnershipTests {
         }
     }
 
-    @Test func aBreakInTheLeadStartsItOver() {
+    @Test func aWalkThatDipsBelowTheMarginButStillLeadsKeepsWhatItBanked() {
         // a: −60 every second. b, 20 dB down until 10 s, then 9 dB stronger (a walk: 6 dB·s in
-        // 0.67 s), only 2 dB from 10.5 s to 11 s (a person between phone and gateway), 9 dB again
-        // from 11 s: the 4.5 dB·s banked by 10.5 s are gone, and b wins 0.67 s after 11 s (still
-        // in the walk's window), not at 10.7 s.
+        // 0.67 s), only 2 dB from 10.5 s to 11 s (fading), 9 dB again from 11 s. b still led
+        // through the dip: the 4.5 dB·s banked by 10.5 s and the 1 dB·s of the dip stand, and
+        // the last 0.5 dB·s take 0.06 s at 9 dB: b wins at the tick after 11.06 s.
         var b = Building(online: ["a", "b"])
         for tenth in 0 ... 160 {
             let s = Double(tenth) / 10
             if tenth % 10 == 0 { b.see("a", -60, at: at(s)) }
             if tenth % 5 == 0 { b.see("b", tenth < 100 ? -80 : tenth == 105 ? -58 : -51, at: at(s)) }
             b.tick(at: at(s))
+            if tenth == 110 { #expect(b.owner() == "a", "5.5 of 6 dB·s at 11 s") }
+        }
+        #expect(b.story == ["-→a settled", "a→b stronger"])
+        #expect(b.changes.last?.at == at(11.1))
+    }
+
+    @Test func aBreakInTheLeadStartsItOver() {
+        // As above, but from 10.5 s to 11 s a leads again by 2 dB (a person between phone and
+        // gateway): the walk's 4.5 dB·s are gone, and b wins 0.67 s after 11 s (still in the
+        // walk's window), not at 11.1 s.
+        var b = Building(online: ["a", "b"])
+        for tenth in 0 ... 160 {
+            let s = Double(tenth) / 10
+            if tenth % 10 == 0 { b.see("a", -60, at: at(s)) }
+            if tenth % 5 == 0 { b.see("b", tenth < 100 ? -80 : tenth == 105 ? -62 : -51, at: at(s)) }
+            b.tick(at: at(s))
             if tenth == 116 { #expect(b.owner() == "a", "not before 11.67 s: the lead broke at 10.5 s") }
         }
         #expect(b.story == ["-→a settled", "a→b stronger"])
         #expect(b.changes.last?.at == at(11.7))
+    }
+
+    @Test func aDipOutsideAWalkStartsTheDwellOver() {
+        // A device on a border (b 2 dB down from 2 s: contested, never calm, no walk). From 30 s
+        // b leads by 10 dB, by 2 dB only from 31.5 s to 32 s, then 10 dB again: the dwell
+        // starts over at 32 s and b wins at 35 s, not at 33 s.
+        var b = Building(online: ["a", "b"])
+        for tenth in 0 ... 400 {
+            let s = Double(tenth) / 10
+            if tenth % 5 == 0 {
+                b.see("a", -60, at: at(s))
+                if tenth >= 20 { b.see("b", tenth < 300 ? -62 : tenth == 315 ? -58 : -50, at: at(s)) }
+            }
+            b.tick(at: at(s))
+            if tenth == 349 { #expect(b.owner() == "a", "the dwell started over at 32 s") }
+        }
+        #expect(b.story == ["-→a settled", "a→b stronger"])
+        #expect(b.changes.last?.at == at(35))
     }
 
     @Test func aDeviceOnABorderNeedsTheWholeDwellWhateverTheLead() {
