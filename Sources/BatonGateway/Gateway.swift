@@ -124,6 +124,10 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         self.statusCheck = StatusCheck(interval: config.statusInterval)
         self.capacityWarnings = CapacityWarnings(now: now)
         self.statsScratch = .allocate(byteCount: 8192, alignment: 8)
+        // `esphome.scan-mode: active` scans actively from the first scan: asked now, the
+        // type goes into the init's scan parameters (a stopped radio takes it at its start),
+        // not into a change on the loop's first turn after a passive init.
+        if self.proxy?.wantedScanMode == ScannerMode.active { self.radio.ask(.active, now: now) }
     }
 
     deinit { statsScratch.deallocate() }

@@ -98,8 +98,9 @@ struct GatewayRadio<Radio: RadioSource & ~Copyable>: ~Copyable {
                 source = try reopen()
                 needsReopen = false
                 log.info("radio \(name): opened again")
-                if scanType != .passive { try source.setScanType(scanType, now: now) }
             }
+            // A source opened again, or one not started yet, is asked for what was asked last.
+            if scanType != .passive { try source.setScanType(scanType, now: now) }
             try source.start(now: now)
             watchdogFrom = now
             announcedFinish = false

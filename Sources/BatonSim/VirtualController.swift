@@ -29,6 +29,8 @@ public final class VirtualController {
     public private(set) var scanning = false
     /// LE_Scan_Type of the last scan parameters: true for active.
     public private(set) var activeScanning = false
+    /// LE_Scan_Type of every scan parameters command, in order: true for active.
+    public private(set) var scanTypesSent: [Bool] = []
     /// Scan response data by device address (at most 31 bytes each).
     public var scanResponses: [UInt64: [UInt8]] = [:]
     /// SCAN_RSP reports delivered.
@@ -93,6 +95,7 @@ public final class VirtualController {
                 if opcode == 0x2041, packet.bytes.count >= 7 { scanTypes.append(packet.bytes[6] == 1) }
             }
             if let last = scanTypes.last { activeScanning = last }
+            scanTypesSent += scanTypes
             for (opcode, enable) in zip(answers, enables) {
                 opcodes.append(opcode)
                 if opcode == 0x0C03 { resets += 1; scanning = false }

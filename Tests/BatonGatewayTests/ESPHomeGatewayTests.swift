@@ -27,6 +27,8 @@ struct ESPHomeGatewayTests {
         var stats: [String: Any]?
         /// LE_Scan_Type of the controller's last scan parameters, each time it changed.
         var controllerActive: [Bool] = []
+        /// LE_Scan_Type of every scan parameters command the gateway sent, in order.
+        var controllerParameters: [Bool] = []
         func first(_ key: String) -> Any? { lines.first { $0[key] != nil }?[key] }
     }
 
@@ -106,6 +108,7 @@ struct ESPHomeGatewayTests {
             _ = gateway.turn()
         }
         _ = client.wait(timeout: .seconds(5))
+        s.controllerParameters = room.scanTypesSent
         // The stats topic now (as after `status.interval`), and turns until it has left.
         gateway.publishStats(now: .now)
         let settle = Instant.now + .milliseconds(500)
@@ -191,6 +194,17 @@ struct ESPHomeGatewayTests {
         #expect(s.controllerActive == [false], "\(s.controllerActive)")
         // The client waited for an active state that never came.
         #expect(s.lines.contains { $0.keys.contains("active") && $0["active"] is NSNull }, "\(s.lines)")
+    }
+
+    /// `esphome.scan-mode: active` scans actively from the init on: the controller's first scan
+    /// parameters are active ones (no passive init changed on the first turn), and Home
+    /// Assistant asking for passive changes nothing.
+    @Test func aPinnedActiveModeScansActivelyFromTheFirstScan() throws {
+        let s = try session(clientKey: key, want: 5, scanMode: .active)
+        #expect(s.controllerParameters == [true], "\(s.controllerParameters)")
+        // The scanner state: running (2) active (1), configured active (1), whatever was asked.
+        let states = s.lines.last { $0["scanner"] != nil }?["scanner"] as? [[Int]] ?? []
+        #expect(!states.isEmpty && states.allSatisfy { $0[0] != 2 || ($0[1] == 1 && $0[2] == 1) }, "\(states)")
     }
 
     @Test func aWrongKeyIsRefusedAndCounted() throws {
