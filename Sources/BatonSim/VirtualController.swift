@@ -29,8 +29,10 @@ public final class VirtualController {
     public private(set) var scanning = false
     /// LE_Scan_Type of the last scan parameters: true for active.
     public private(set) var activeScanning = false
-    /// LE_Scan_Type of every scan parameters command, in order: true for active.
-    public private(set) var scanTypesSent: [Bool] = []
+    /// Scan parameters commands received, by LE_Scan_Type (counts, not a list: a simulator
+    /// runs for days while Home Assistant opens active windows).
+    public private(set) var passiveParametersSent = 0
+    public private(set) var activeParametersSent = 0
     /// Scan response data by device address (at most 31 bytes each).
     public var scanResponses: [UInt64: [UInt8]] = [:]
     /// SCAN_RSP reports delivered.
@@ -95,7 +97,9 @@ public final class VirtualController {
                 if opcode == 0x2041, packet.bytes.count >= 7 { scanTypes.append(packet.bytes[6] == 1) }
             }
             if let last = scanTypes.last { activeScanning = last }
-            scanTypesSent += scanTypes
+            for active in scanTypes {
+                if active { activeParametersSent += 1 } else { passiveParametersSent += 1 }
+            }
             for (opcode, enable) in zip(answers, enables) {
                 opcodes.append(opcode)
                 if opcode == 0x0C03 { resets += 1; scanning = false }

@@ -27,8 +27,8 @@ struct ESPHomeGatewayTests {
         var stats: [String: Any]?
         /// LE_Scan_Type of the controller's last scan parameters, each time it changed.
         var controllerActive: [Bool] = []
-        /// LE_Scan_Type of every scan parameters command the gateway sent, in order.
-        var controllerParameters: [Bool] = []
+        /// Scan parameters commands the gateway sent: passive ones, active ones.
+        var controllerParameters = (passive: 0, active: 0)
         func first(_ key: String) -> Any? { lines.first { $0[key] != nil }?[key] }
     }
 
@@ -108,7 +108,7 @@ struct ESPHomeGatewayTests {
             _ = gateway.turn()
         }
         _ = client.wait(timeout: .seconds(5))
-        s.controllerParameters = room.scanTypesSent
+        s.controllerParameters = (room.passiveParametersSent, room.activeParametersSent)
         // The stats topic now (as after `status.interval`), and turns until it has left.
         gateway.publishStats(now: .now)
         let settle = Instant.now + .milliseconds(500)
@@ -201,7 +201,7 @@ struct ESPHomeGatewayTests {
     /// Assistant asking for passive changes nothing.
     @Test func aPinnedActiveModeScansActivelyFromTheFirstScan() throws {
         let s = try session(clientKey: key, want: 5, scanMode: .active)
-        #expect(s.controllerParameters == [true], "\(s.controllerParameters)")
+        #expect(s.controllerParameters == (passive: 0, active: 1), "\(s.controllerParameters)")
         // The scanner state: running (2) active (1), configured active (1), whatever was asked.
         let states = s.lines.last { $0["scanner"] != nil }?["scanner"] as? [[Int]] ?? []
         #expect(!states.isEmpty && states.allSatisfy { $0[0] != 2 || ($0[1] == 1 && $0[2] == 1) }, "\(states)")
