@@ -311,8 +311,9 @@ func bridgedFloors() throws -> (floor1: MosquittoBroker, floor2: MosquittoBroker
     /// node keeps the retained message it received last, so when the hall and lab publish
     /// alice at once, the hall's node can deliver lab's claim and then the hall's own message,
     /// and lab's node the reverse. Each gateway sees its own message land last; the hall must
-    /// still settle the claim by rank, or the two nodes keep different rooms for good (CI,
-    /// stop 45). Here the hall's own message is sent again right after lab's claim.
+    /// still settle the claim by rank, or the two nodes keep different rooms for good
+    /// (NATSClusterTests after a node rejoins). Here the hall's own message is sent again
+    /// right after lab's claim; no lab gateway runs, so once the hall yields nobody publishes.
     @Test func aClaimFollowedByTheOwnersOwnMessageIsStillSettledByRank() throws {
         let (broker, watcher, building, hall) = try aliceInTheHall("claim-then-echo", seed: 6,
             radio: "{in-room: -55, per-room: -15, heard-down-to: -95, noise: 0, loss: 0}")
