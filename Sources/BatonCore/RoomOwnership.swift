@@ -38,8 +38,13 @@ public struct RoomsConfig: Sendable, Equatable {
     public var walkDwell: Duration
     public var walkWindow: Duration
     /// A device with no other room within `margin` of its owner for this long is settled in
-    /// its room: the next room to come that close starts a walk.
+    /// its room: the next room to come that close starts a walk…
     public var calm: Duration
+    /// …where each contest puts the calm this much further off, up to `calm` from the contest
+    /// (docs/rooms.md §3 "A walk and a border"): a device contested now and then, by fading,
+    /// is calm again soon after; one contested at most of its sightings (a border) never is.
+    /// `calm` or more: every contest starts the whole calm over.
+    public var calmPerContest: Duration
     /// A device nobody sights any more is forgotten after this long (the gateway sets it to
     /// `table.expiry`).
     public var forgetAfter: Duration
@@ -58,7 +63,7 @@ public struct RoomsConfig: Sendable, Equatable {
                 sightingMinInterval: Duration = .milliseconds(500), sightingFresh: Duration = .seconds(5),
                 lostAfter: Duration = .seconds(10), settle: Duration = .seconds(1), margin: Int = 6,
                 dwell: Duration = .seconds(3), walkDwell: Duration = .seconds(1), walkWindow: Duration = .seconds(15),
-                calm: Duration = .seconds(5), forgetAfter: Duration = .seconds(60),
+                calm: Duration = .seconds(5), calmPerContest: Duration = .seconds(1), forgetAfter: Duration = .seconds(60),
                 capacity: Int = 2048, gateways: Int = 32, reach: Int = 20) {
         self.sightingInterval = sightingInterval
         self.sightingStep = sightingStep
@@ -71,6 +76,7 @@ public struct RoomsConfig: Sendable, Equatable {
         self.walkDwell = walkDwell
         self.walkWindow = walkWindow
         self.calm = calm
+        self.calmPerContest = calmPerContest
         self.forgetAfter = forgetAfter
         self.capacity = capacity
         self.gateways = gateways
@@ -227,7 +233,7 @@ public struct RoomOwnership: ~Copyable {
     public let config: RoomsConfig
     /// `config`'s spans in the monotonic clock's nanoseconds, converted once: the rule runs for
     /// every sighting record, and `Duration`'s 128-bit arithmetic showed in its profile.
-    let fresh: Int64, forget: Int64, settle: Int64, dwell: Int64, walkWindow: Int64, calm: Int64
+    let fresh: Int64, forget: Int64, settle: Int64, dwell: Int64, walkWindow: Int64, calm: Int64, calmPerContest: Int64
     /// The evidence a challenger needs (`Device.evidence`'s units, dB·ns): a lead of `margin`
     /// (at least 1 dB) held for `dwell`; on a walk, its lead summed over time up to
     /// `margin × walkDwell` (never more than `winning`).
@@ -285,16 +291,22 @@ public struct RoomOwnership: ~Copyable {
         var lead: Int32 = 0
         /// The challenge began in a walk window: it weighs its whole lead, up to `walkWinning`.
         var walking = false
-        /// The last instant (ns) another room was heard within `margin` of the owner, and until
-        /// when a challenge that begins is a walk: `walkWindow` after such an instant that came
-        /// `calm` after the one before. `Int64.min`: never, none.
-        var contestedAt = Int64.min
+        /// When (ns) the device is calm if no room contests it before (another room heard
+        /// within `margin` of the owner), and until when a challenge that begins is a walk:
+        /// `walkWindow` after the first contest once calm. `Int64.min`: calm, none.
+        var calmAt = Int64.min
         var walkUntil = Int64.min
-        /// Another room was heard within `margin` of the owner at `now`.
-        mutating func contest(now: Instant, calm: Int64, window: Int64) {
+        /// Another room was heard within `margin` of the owner at `now`: the calm moves
+        /// `perContest` further off, never more than `calm` from now.
+        mutating func contest(now: Instant, calm: Int64, perContest: Int64, window: Int64) {
             let t = now.nanoseconds
-            if contestedAt == .min || t &- contestedAt > calm { walkUntil = t &+ window }
-            contestedAt = t
+            var from = calmAt
+            if calmAt == .min || t > calmAt {
+                walkUntil = t &+ window
+                from = t
+            }
+            let (later, overflow) = from.addingReportingOverflow(max(0, perContest))
+            calmAt = min(overflow ? .max : later, t &+ calm)
         }
         /// The first and the latest non-nil sighting from any gateway. Valid while `inUse`: an
         /// entry is created by a non-nil sighting, which sets both.
@@ -390,6 +402,7 @@ public struct RoomOwnership: ~Copyable {
         self.walkWinning = min(self.winning, walk.overflow ? .max : walk.partialValue)
         self.walkWindow = config.walkWindow.nanoseconds
         self.calm = config.calm.nanoseconds
+        self.calmPerContest = config.calmPerContest.nanoseconds
         self.selfSince = selfSince
         ids = []
         ids.reserveCapacity(config.gateways)
@@ -649,7 +662,7 @@ public struct RoomOwnership: ~Copyable {
             let c = candidates(d, owner: owner, now: now)
             near = c.rival >= 0 && Int(c.rivalRSSI) >= floor
         }
-        if near { devices[d].contest(now: now, calm: calm, window: walkWindow) }
+        if near { devices[d].contest(now: now, calm: calm, perContest: calmPerContest, window: walkWindow) }
     }
 
     /// This gateway (re)connected to the broker (docs/rooms.md §7). Whatever it knew of every
@@ -1011,10 +1024,12 @@ public struct RoomOwnership: ~Copyable {
             e.clearChallenge()
             // A room taken from another: the walk that brought it is spent, and its calm starts
             // now. A first owner (`settled`) took it from nobody: a room that comes close is a
-            // contest like any other.
+            // contest like any other (the settle's calm, tried, made the 10/s walks' p99 4.56 s
+            // against 3.46 s and a still border 0.75 changes an hour against 0: docs/rooms.md
+            // §3 "Tried and dropped").
             if reason != .settled {
                 e.walkUntil = .min
-                e.contestedAt = now.nanoseconds
+                e.calmAt = now.nanoseconds &+ calm
             }
             e.standInFor = reason == .takeover ? from : -1
             e.presumedUntil = nil

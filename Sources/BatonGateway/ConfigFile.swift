@@ -32,7 +32,7 @@ enum ConfigSchema {
         ("table", ["capacity", "expiry"]),
         ("apple", ["tracking", "capacity", "expiry", "publish-address", "irks"]),
         ("rooms", ["sighting-interval", "sighting-step", "sighting-min-interval", "sighting-fresh", "lost-after",
-                   "settle", "margin", "reach", "dwell", "walk-dwell", "walk-window", "calm", "capacity", "gateways", "batches", "neighbourhoods"]),
+                   "settle", "margin", "reach", "dwell", "walk-dwell", "walk-window", "calm", "calm-per-contest", "capacity", "gateways", "batches", "neighbourhoods"]),
         ("relay", ["link", "fetch-timeout", "link-idle", "fetches", "cache", "links", "payload-max", "streams",
                    "stream-window", "stream-max-data", "stream-retry", "stream-idle", "readvertise", "fetch-titles"]),
         ("security", ["beacon-key", "beacon-key-file", "identities", "unkeyed"]),
@@ -279,6 +279,7 @@ struct ConfigFileReader {
         if let e = s["walk-dwell"], let d = duration(e, atLeast: .zero, atMost: .seconds(600)) { c.rooms.walkDwell = d }
         if let e = s["walk-window"], let d = duration(e, atLeast: .zero, atMost: .seconds(600)) { c.rooms.walkWindow = d }
         if let e = s["calm"], let d = duration(e, atLeast: .zero, atMost: .seconds(3600)) { c.rooms.calm = d }
+        if let e = s["calm-per-contest"], let d = duration(e, atLeast: .zero, atMost: .seconds(3600)) { c.rooms.calmPerContest = d }
         if let e = s["capacity"], let n = integer(e, 1...100_000) { c.rooms.capacity = n }
         if let e = s["gateways"], let n = integer(e, 1...1024) { c.rooms.gateways = n }
         if let e = s["batches"], let b = bool(e) { c.sightingBatches = b }

@@ -401,6 +401,30 @@ struct RoomOwnershipTests {
         #expect(b.changes.last?.at == at(35))
     }
 
+    @Test func aRoomContestedNowAndThenIsCalmAgainSoonAfter() {
+        // a: −60 every 0.5 s. b: −75, but −64 (within the margin: a contest, noted at b's
+        // sighting and at a's next) for half a second every 3 s from 3 s, as fading brings the
+        // next room close now and then. At 31 s the person walks: b leads by 12 dB.
+        // - `calm-per-contest` 1 s: each contest puts the calm 1 s off, so the device is calm
+        //   again 2 s after each brief one; the contest at 30 s opens a walk window, and the
+        //   walk wins after 6 dB·s, 0.5 s at 12 dB;
+        // - 5 s (every contest starts the whole calm over, the rule before): never 5 s without
+        //   a contest, so it is a border's challenge and needs the dwell, 3 s.
+        for (perContest, won) in [(Duration.seconds(1), 31.5), (.seconds(5), 34)] {
+            var b = Building(RoomsConfig(calmPerContest: perContest), online: ["a", "b"])
+            for tenth in 0 ... 400 {
+                let s = Double(tenth) / 10
+                if tenth % 5 == 0 {
+                    b.see("a", -60, at: at(s))
+                    b.see("b", tenth >= 310 ? -48 : tenth >= 30 && tenth % 30 == 0 ? -64 : -75, at: at(s))
+                }
+                b.tick(at: at(s))
+            }
+            #expect(b.story == ["-→a settled", "a→b stronger"], "calm-per-contest \(perContest)")
+            #expect(b.changes.last?.at == at(won), "calm-per-contest \(perContest)")
+        }
+    }
+
     @Test func aDeviceOnABorderNeedsTheWholeDwellWhateverTheLead() {
         // b within the margin of a (2 dB down) every second from 2 s: a device on the border of
         // two rooms, contested all along, no walk. From 30 s b leads by 20 dB (a walk would win
