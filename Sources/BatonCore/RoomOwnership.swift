@@ -33,12 +33,12 @@ public struct RoomsConfig: Sendable, Equatable {
     /// …for this long without a break, before it takes the device over…
     public var dwell: Duration
     /// …or, for a device that walks (a challenge that begins within `walkWindow` of the first
-    /// room to come within `margin` of its owner after `calm` without one), until its lead
+    /// room to come within `margin` of its owner once the device is calm), until its lead
     /// summed over time reaches `margin × walkDwell` (docs/rooms.md §3 "A walk and a border").
     public var walkDwell: Duration
     public var walkWindow: Duration
-    /// A device with no other room within `margin` of its owner for this long is settled in
-    /// its room: the next room to come that close starts a walk…
+    /// A device with no other room within `margin` of its owner for this long after a move is
+    /// calm, settled in its room: the next room to come that close starts a walk…
     public var calm: Duration
     /// …where each contest puts the calm this much further off, up to `calm` from the contest
     /// (docs/rooms.md §3 "A walk and a border"): a device contested now and then, by fading,
