@@ -1024,9 +1024,9 @@ public struct RoomOwnership: ~Copyable {
             e.clearChallenge()
             // A room taken from another: the walk that brought it is spent, and its calm starts
             // now. A first owner (`settled`) took it from nobody: a room that comes close is a
-            // contest like any other (the settle's calm, tried, made the 10/s walks' p99 4.56 s
-            // against 3.46 s and a still border 0.75 changes an hour against 0: docs/rooms.md
-            // §3 "Tried and dropped").
+            // contest like any other (the settle's calm, tried, made the 10/s walks' p99 4.56 s,
+            // beyond the 3.46–4.00 s of four runs without it: docs/rooms.md §3, the table of
+            // rules tried).
             if reason != .settled {
                 e.walkUntil = .min
                 e.calmAt = now.nanoseconds &+ calm
