@@ -114,9 +114,9 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
             self.readvertising = nil
         }
         self.continuing = ContinuingLinks(config: config.relay, topics: topics, room: config.room)
-        let proxyDescriptors = proxy?.descriptorCount ?? 0
+        let proxyDescriptors = proxy?.descriptorLimit ?? 0
         self.proxy = proxy
-        self.loop = PollLoop(parts: 10, descriptors: config.polledDescriptors(proxy: proxyDescriptors), now: now)
+        self.loop = PollLoop(parts: Self.loopParts, descriptors: config.polledDescriptors(proxy: proxyDescriptors), now: now)
         self.notifier = SystemdNotifier(environment: environment)
         self.log = log
         self.startedAt = now
@@ -173,10 +173,27 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         return .stopped
     }
 
+    /// The parts `turn` adds to the loop: radio, broker, stop pipe, fetches, streams,
+    /// re-advertising, continuing links, ESPHome server, and three deadlines (timers, title
+    /// fetches, systemd's watchdog).
+    static var loopParts: Int { 11 }
+
+    /// What the parts say they poll at most (`LoopPart.descriptorLimit`): what
+    /// `GatewayConfig.polledDescriptors` sized the loop and the open-file limit with, from the
+    /// configuration alone, before the parts existed (the re-advertising and ESPHome gateway tests
+    /// hold them equal).
+    var partsDescriptorLimit: Int {
+        mutating get {
+            radio.descriptorLimit + broker.descriptorLimit + 1 + relay.descriptorLimit + streams.descriptorLimit
+                + (readvertising?.descriptorLimit ?? 0) + continuing.descriptorLimit + (proxy?.descriptorLimit ?? 0)
+        }
+    }
+
     /// One turn: every part says what it polls and when it is next due; the driver waits for
     /// the first of them; then each part does what is ready or due, in this order.
     /// Returns true when `stopFD` became readable.
     public mutating func turn(stopFD: Int32 = -1) -> Bool {
+        let oversizedBefore = loop.oversizedTurns
         loop.begin(now: .now)
         let radioPart = loop.add(&radio)
         let brokerPart = loop.add(&broker)
@@ -195,6 +212,9 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         // (docs/architecture.md §2 "Gathering").
         let heldUntil = radio.gathering ? radio.lastRead.map { $0 + config.radioGather } : nil
         let held = heldUntil.map { loop.holdBack(radioPart, until: $0) } ?? false
+        if oversizedBefore == 0 && loop.oversizedTurns == 1 {
+            log.error("the loop was sized for \(loop.partLimit) parts and \(loop.descriptorLimit) descriptors and this turn had \(loop.parts) and \(loop.fds.count), or a part polled more than it said: our bug (the loop allocates while it grows); please report it")
+        }
         let failedBefore = loop.failedWaits
         let now = loop.wait()
         if failedBefore == 0 && loop.failedWaits == 1 {

@@ -124,6 +124,7 @@ struct GatewayBroker: ~Copyable {
 
 extension GatewayBroker: LoopPart {
     mutating func pollDescriptors(into fds: inout [pollfd]) { mqtt.pollDescriptors(into: &fds) }
+    var descriptorLimit: Int { mqtt.descriptorLimit }
 
     var nextDeadline: Instant? { mqtt.nextDeadline }
 }

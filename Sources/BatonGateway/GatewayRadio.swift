@@ -314,6 +314,8 @@ extension GatewayRadio: LoopPart where Radio: ~Copyable {
         let events = Int16(POLLIN) | (fd >= 0 && source.wantsWrite ? Int16(POLLOUT) : 0)
         fds.append(pollfd(fd: fd, events: events, revents: 0))
     }
+    /// The source's descriptor, negative while held back, stopped or a capture.
+    var descriptorLimit: Int { 1 }
 
     var nextDeadline: Instant? {
         let own = source.state != .finished && retryAt == nil ? source.nextDeadline : nil

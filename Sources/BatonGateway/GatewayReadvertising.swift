@@ -44,6 +44,8 @@ extension GatewayReadvertising: LoopPart {
         for fd in radio.listenerFDs { fds.append(pollfd(fd: fd, events: Int16(POLLIN), revents: 0)) }
         fds.append(pollfd(fd: radio.eventFD, events: Int16(POLLIN), revents: 0))
     }
+    /// A listener per advertising slot, and the management socket.
+    var descriptorLimit: Int { radio.listenerFDs.count + 1 }
 
     var nextDeadline: Instant? { radio.answerDeadline }
 }

@@ -106,7 +106,7 @@ public enum GatewayLauncher {
         var proxyDescriptors = 0
         switch startProxy(config: config, log: log) {
         case .started(let server):
-            proxyDescriptors = server.descriptorCount
+            proxyDescriptors = server.descriptorLimit
             proxy = consume server
         case .off: proxy = nil
         case .failed: return 1

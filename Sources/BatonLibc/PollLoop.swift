@@ -8,9 +8,12 @@ public import CLibc
 
 /// One part of the loop: what it polls and when it next has work without a descriptor.
 public protocol LoopPart: ~Copyable {
-    /// Appends this turn's descriptors: at most the count it was given when the loop was
-    /// sized, so the array never grows.
+    /// Appends this turn's descriptors: at most `descriptorLimit`, so the array the loop was
+    /// sized with never grows.
     mutating func pollDescriptors(into fds: inout [pollfd])
+    /// The most descriptors it appends in any turn: what the loop is sized with, stated by the
+    /// part that knows, and checked by `PollLoop.add` every turn.
+    var descriptorLimit: Int { get }
     /// When it next has work even if no descriptor becomes ready; nil for none.
     var nextDeadline: Instant? { get }
 }
@@ -35,10 +38,21 @@ public struct PollLoop: ~Copyable {
     /// wait wakes for nothing, so the gateway says the first.
     public private(set) var failedWaits = 0
     public private(set) var lastFailure: Int32 = 0
+    /// What `init` sized a turn for: more parts, more descriptors, or a part appending more
+    /// than its `descriptorLimit`, is our bug (the arrays grow inside the loop, an allocation
+    /// per growth), so it is counted, once per turn, for the owner to say (`oversizedTurns`).
+    public let partLimit: Int, descriptorLimit: Int
+    /// Turns that outgrew `partLimit` or `descriptorLimit`, or had a part append more than its
+    /// own `descriptorLimit`: 0 in a loop sized right.
+    public private(set) var oversizedTurns = 0
+    /// This turn has been counted in `oversizedTurns`.
+    @usableFromInline var oversized = false
 
     /// `parts` and `descriptors` bound one turn: both arrays are reserved here and only
     /// emptied afterwards, so a turn allocates nothing.
     public init(parts: Int, descriptors: Int, longestWait: Duration = .seconds(1), now: Instant = .now) {
+        partLimit = parts
+        descriptorLimit = descriptors
         fds = []
         fds.reserveCapacity(descriptors)
         ranges = []
@@ -49,9 +63,13 @@ public struct PollLoop: ~Copyable {
         self.now = now
     }
 
+    /// The parts added this turn.
+    public var parts: Int { ranges.count }
+
     /// Starts a turn: forgets the last turn's parts.
     public mutating func begin(now: Instant) {
         self.now = now
+        oversized = false
         fds.removeAll(keepingCapacity: true)
         ranges.removeAll(keepingCapacity: true)
         deadlines.removeAll(keepingCapacity: true)
@@ -62,6 +80,7 @@ public struct PollLoop: ~Copyable {
     public mutating func add<Part: LoopPart & ~Copyable>(_ part: inout Part) -> LoopSlot {
         let start = fds.count
         part.pollDescriptors(into: &fds)
+        if fds.count - start > part.descriptorLimit { outgrew() }
         return record(start, part.nextDeadline)
     }
 
@@ -82,9 +101,16 @@ public struct PollLoop: ~Copyable {
 
     @usableFromInline
     mutating func record(_ start: Int, _ deadline: Instant?) -> LoopSlot {
+        if ranges.count == partLimit || fds.count > descriptorLimit { outgrew() }
         ranges.append(start..<fds.count)
         deadlines.append(deadline)
         return LoopSlot(index: ranges.count - 1)
+    }
+
+    @usableFromInline
+    mutating func outgrew() {
+        if !oversized { oversizedTurns += 1 }
+        oversized = true
     }
 
     /// Milliseconds to the nearest deadline, at most `longestWait`, rounded up: waking a hair
@@ -165,5 +191,6 @@ public struct DescriptorList: LoopPart {
         self.deadline = deadline
     }
     public mutating func pollDescriptors(into all: inout [pollfd]) { all.append(contentsOf: fds) }
+    public var descriptorLimit: Int { fds.count }
     public var nextDeadline: Instant? { deadline }
 }

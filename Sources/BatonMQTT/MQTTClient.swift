@@ -792,6 +792,8 @@ extension MQTTClient: LoopPart {
     public mutating func pollDescriptors(into fds: inout [pollfd]) {
         fds.append(pollfd(fd: socket, events: Int16(POLLIN) | (wantsWrite ? Int16(POLLOUT) : 0), revents: 0))
     }
+    /// The broker's socket (negative while not connected, which poll(2) skips).
+    public var descriptorLimit: Int { 1 }
 
     /// Reads and writes what `ready` (this client's descriptor, after poll()) says is ready.
     public mutating func poll(now: Instant, ready: ArraySlice<pollfd>, _ onEvent: (MQTTEvent) -> Void) {

@@ -162,7 +162,7 @@ public struct ProxyServer: ~Copyable, LoopPart {
 
     /// The listening socket, then one descriptor per slot (negative for a free slot, which
     /// poll(2) skips): always 1 + clients, so the loop is sized once.
-    public var descriptorCount: Int { 1 + settings.clients }
+    public var descriptorLimit: Int { 1 + settings.clients }
 
     public mutating func pollDescriptors(into fds: inout [pollfd]) {
         fds.append(pollfd(fd: listenFD, events: Int16(POLLIN), revents: 0))

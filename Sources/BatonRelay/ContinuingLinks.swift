@@ -373,4 +373,7 @@ public struct ContinuingLinks: ~Copyable {
 }
 
 /// The loop drives the phones' links as one part (docs/architecture.md "The loop").
-extension ContinuingLinks: LoopPart {}
+extension ContinuingLinks: LoopPart {
+    /// One per link slot open to a phone: free slots are not polled.
+    public var descriptorLimit: Int { links.capacity }
+}

@@ -904,4 +904,7 @@ public struct ActivityDescription: Sendable, Equatable {
 }
 
 /// The loop drives the relay's links as one part (docs/architecture.md "The loop").
-extension FetchRelay: LoopPart {}
+extension FetchRelay: LoopPart {
+    /// One per link slot open to a device: free slots are not polled.
+    public var descriptorLimit: Int { links.capacity }
+}

@@ -935,4 +935,7 @@ public struct StreamRelay: ~Copyable {
 }
 
 /// The loop drives the streams' links as one part (docs/architecture.md "The loop").
-extension StreamRelay: LoopPart {}
+extension StreamRelay: LoopPart {
+    /// One per link slot open to a stream: free slots are not polled.
+    public var descriptorLimit: Int { links.capacity }
+}

@@ -108,6 +108,10 @@ struct ESPHomeGatewayTests {
             _ = gateway.turn()
         }
         _ = client.wait(timeout: .seconds(5))
+        // Sized from the configuration before the server existed: its listener and every
+        // client slot, and no turn with the client connected outgrew it.
+        #expect(gateway.partsDescriptorLimit == gateway.loop.descriptorLimit)
+        #expect(gateway.loop.oversizedTurns == 0)
         s.controllerParameters = (room.passiveParametersSent, room.activeParametersSent)
         // The stats topic now (as after `status.interval`), and turns until it has left.
         gateway.publishStats(now: .now)

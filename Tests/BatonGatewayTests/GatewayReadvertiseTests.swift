@@ -166,6 +166,10 @@ private let emptyCapture: [UInt8] = Array("btsnoop\0".utf8) + [0, 0, 0, 1, 0, 0,
         }
 
         try #require(turn { controller.air[0] != nil }, "the retained activity did not go on the air: \(controller.calls)")
+        // The loop was sized from the configuration alone, before the parts existed: it holds
+        // what they say they poll (two listeners and the management socket among them).
+        #expect(gateway.partsDescriptorLimit == gateway.loop.descriptorLimit)
+        #expect(gateway.loop.parts == gateway.loop.partLimit - 1, "every part but the ESPHome server, re-advertising included")
         let first = try #require(controller.beacon(0))
         #expect(first.deviceID == device && first.sequence == 258 && first.psm == 0x0091)
         #expect(first.flags.contains(.relayed) && first.flags.contains(.supportsStreams))
@@ -258,6 +262,7 @@ private let emptyCapture: [UInt8] = Array("btsnoop\0".utf8) + [0, 0, 0, 1, 0, 0,
 
         try broker.publish(topic: "baton/activities/\(deviceText)", payload: activity(seq: 261), retain: true)
         try #require(turn { !controller.air.isEmpty })
+        #expect(gateway.loop.oversizedTurns == 0, "a broker restart, phones, refusals: no turn outgrew the loop")
         gateway.shutdown()
         #expect(controller.withdrewAll, "a clean stop leaves nothing on the air")
     }

@@ -69,7 +69,7 @@ func runClient(server encryption: ProxyEncryption, clientKey: String?, expect co
     let child = try ChildProcess(esphomePython, [repoRoot + "/Tests/BatonProxyTests/Interop/esphome_client.py", "\(server.port)",
                                                  clientKey ?? "-", "\(count)"],
                                  stdout: dir + "/out", stderr: dir + "/err")
-    var loop = PollLoop(parts: 1, descriptors: server.descriptorCount, longestWait: .milliseconds(50))
+    var loop = PollLoop(parts: 1, descriptors: server.descriptorLimit, longestWait: .milliseconds(50))
     var turns = 0
     while child.isRunning, turns < 600 {
         turns += 1

@@ -25,7 +25,7 @@ struct Bench: ~Copyable {
         let lines = log
         server = try ProxyServer(settings: s, info: hallInfo, compactMAC: "02ba70000001") { _, l in lines.lines.append(l) }
         server.fixedEphemeralKey = vectorResponderEphemeral
-        loop = PollLoop(parts: 1, descriptors: server.descriptorCount, longestWait: .milliseconds(20))
+        loop = PollLoop(parts: 1, descriptors: server.descriptorLimit, longestWait: .milliseconds(20))
     }
 
     /// A few turns at `now` (default: the clock).

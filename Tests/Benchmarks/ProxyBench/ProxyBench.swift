@@ -56,7 +56,7 @@ var drained = 0
     }
 }
 
-var loop = PollLoop(parts: 1, descriptors: server.descriptorCount, longestWait: .milliseconds(20))
+var loop = PollLoop(parts: 1, descriptors: server.descriptorLimit, longestWait: .milliseconds(20))
 for _ in 0..<200 where server.subscriberCount == 0 {
     loop.begin(now: .now)
     let slot = loop.add(&server)
