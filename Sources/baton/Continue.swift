@@ -299,7 +299,7 @@ struct ContinueCommand: ParsableCommand {
     // MARK: - Helpers
 
     func say(_ text: String, prefixed: Bool = true) {
-        FileHandle.standardError.write(Data(((prefixed ? "baton continue: " : "") + text + "\n").utf8))
+        if prefixed { Stderr.say("continue", text) } else { Stderr.line(text) }
     }
 
     /// poll()'s timeout until `instant`, rounded up, at most a second.
@@ -679,7 +679,7 @@ struct LinkStream: ~Copyable {
     }
 
     func say(_ text: String) {
-        FileHandle.standardError.write(Data("baton continue: \(text)\n".utf8))
+        Stderr.say("continue", text)
     }
 
     /// Someone else's UTF-8 (decode checked it) without control characters, for the terminal.

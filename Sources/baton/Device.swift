@@ -75,7 +75,7 @@ struct DeviceCommand: ParsableCommand {
         do {
             device = try DeviceRunner(settings: settings)
         } catch {
-            FileHandle.standardError.write(Data("baton device: \(error)\n".utf8))
+            Stderr.say("device", "\(error)")
             throw ExitCode(1)
         }
         let status = device.run()
@@ -405,7 +405,7 @@ struct DeviceRunner: ~Copyable {
             try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
             try "\(activity.beacon.sequence)\n".write(toFile: path, atomically: true, encoding: .utf8)
         } catch {
-            FileHandle.standardError.write(Data("baton device: cannot keep the sequence in \(path): \(error); give --sequence next time, above \(activity.beacon.sequence)\n".utf8))
+            Stderr.say("device", "cannot keep the sequence in \(path): \(error); give --sequence next time, above \(activity.beacon.sequence)")
         }
     }
 
@@ -439,7 +439,7 @@ struct DeviceRunner: ~Copyable {
         do {
             try advertise()
         } catch {
-            FileHandle.standardError.write(Data("baton device: \(error)\n".utf8))
+            Stderr.say("device", "\(error)")
             return 1
         }
         let idText = ActivityBeacon.deviceIDText(activity.id)
@@ -471,7 +471,7 @@ struct DeviceRunner: ~Copyable {
                     try advertise()
                     say("rotated: on air as \(ActivityBeacon.deviceIDText(activity.beacon.deviceID))")
                 } catch {
-                    FileHandle.standardError.write(Data("baton device: rotating: \(error)\n".utf8))
+                    Stderr.say("device", "rotating: \(error)")
                 }
             }
             var commands: [String] = []
@@ -505,32 +505,32 @@ struct DeviceRunner: ~Copyable {
                         try advertise()
                         say("saved \(idText) seq \(activity.beacon.sequence)")
                     } catch {
-                        FileHandle.standardError.write(Data("baton device: save failed: \(error)\n".utf8))
+                        Stderr.say("device", "save failed: \(error)")
                     }
                 case "end":
                     activity.end()
                     do { try advertise() } catch {
-                        FileHandle.standardError.write(Data("baton device: \(error)\n".utf8))
+                        Stderr.say("device", "\(error)")
                         status = 1
                     }
                     say("ended \(idText) seq \(activity.beacon.sequence)")
                     endsAt = .now + settings.linger
                 default:
-                    FileHandle.standardError.write(Data("baton device: unknown command \"\(command)\" (save, end)\n".utf8))
+                    Stderr.say("device", "unknown command \"\(command)\" (save, end)")
                 }
             }
             if fds[2].revents != 0 {
                 while true {
                     let accepted: (fd: Int32, peer: LinkAddress)?
                     do { accepted = try listener.accept() } catch {
-                        FileHandle.standardError.write(Data("baton device: \(error)\n".utf8))
+                        Stderr.say("device", "\(error)")
                         break
                     }
                     guard let accepted else { break }
                     if server.adopt(fd: accepted.fd) {
                         say("link from \(accepted.peer)")
                     } else {
-                        FileHandle.standardError.write(Data("baton device: every link slot (\(DeviceLinkServer.capacity)) is in use; refused \(accepted.peer)\n".utf8))
+                        Stderr.say("device", "every link slot (\(DeviceLinkServer.capacity)) is in use; refused \(accepted.peer)")
                     }
                 }
             }
@@ -540,7 +540,7 @@ struct DeviceRunner: ~Copyable {
             server.service()
         }
         do { try mgmt.removeAdvertising(instance: instance) } catch {
-            FileHandle.standardError.write(Data("baton device: \(error)\n".utf8))
+            Stderr.say("device", "\(error)")
         }
         server.close()
         let c = server.linkCounts[0]

@@ -101,7 +101,7 @@ struct FetchCommand: ParsableCommand {
                         throw ValidationError("asking the broker: \(error)")
                     }
                 case .refused(let reason), .disconnected(let reason):
-                    FileHandle.standardError.write(Data("baton fetch: \(reason)\n".utf8))
+                    Stderr.say("fetch", "\(reason)")
                 case .message(let m) where m.topic == responseTopic:
                     if let code = try answer(m, correlation: correlation, correlationHex: correlationHex,
                                              device: UInt64(deviceText, radix: 16)!, opener: opener) {
@@ -115,7 +115,7 @@ struct FetchCommand: ParsableCommand {
             }
         }
         client.disconnect()
-        FileHandle.standardError.write(Data("baton fetch: no answer within \(timeout) s (is a gateway of this building running and connected to \(broker)? docs/relay.md)\n".utf8))
+        Stderr.say("fetch", "no answer within \(timeout) s (is a gateway of this building running and connected to \(broker)? docs/relay.md)")
         throw ExitCode(3)
     }
 
@@ -152,17 +152,17 @@ struct FetchCommand: ParsableCommand {
             }
         }
         guard status == "ok" else {
-            FileHandle.standardError.write(Data("baton fetch: \(status): \(detail) (gateway \(gateway))\n".utf8))
+            Stderr.say("fetch", "\(status): \(detail) (gateway \(gateway))")
             return 1
         }
         if let opener {
             guard let sequence, let plain = Self.open(payload, opener, device: device, sequence: sequence) else {
-                FileHandle.standardError.write(Data("baton fetch: the payload did not open with this key (another group's key, or not sealed, or altered on the way)\n".utf8))
+                Stderr.say("fetch", "the payload did not open with this key (another group's key, or not sealed, or altered on the way)")
                 return 1
             }
             payload = cbor ? plain : Self.rendered(plain) ?? Data()
             if payload.isEmpty {
-                FileHandle.standardError.write(Data("baton fetch: the opened payload is not an activity payload v1 (docs/payload.md)\n".utf8))
+                Stderr.say("fetch", "the opened payload is not an activity payload v1 (docs/payload.md)")
                 return 1
             }
         }

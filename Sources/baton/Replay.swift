@@ -64,7 +64,7 @@ struct Replay: ParsableCommand {
             printSummary(tally, damage: damage)
         }
         if let damage {
-            FileHandle.standardError.write(Data("baton replay: \(file) is damaged: \(damage); the records before it were read\n".utf8))
+            Stderr.say("replay", "\(file) is damaged: \(damage); the records before it were read")
             throw ExitCode(1)
         }
     }

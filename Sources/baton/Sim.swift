@@ -117,7 +117,7 @@ extension Sim {
             let interval = Duration.seconds(1) / rate
             var due = Instant.now
             var delivered = 0
-            FileHandle.standardError.write(Data("baton sim room: listening on \(socket)\n".utf8))
+            Stderr.say("sim room", "listening on \(socket)")
             while reports == 0 || delivered < reports {
                 var fds = [pollfd(fd: controller?.fd ?? listener, events: Int16(POLLIN), revents: 0)]
                 if controller?.wantsWrite == true { fds[0].events |= Int16(POLLOUT) }
@@ -133,7 +133,7 @@ extension Sim {
                 controller!.poll()
                 if controller!.closed {
                     controller = nil
-                    FileHandle.standardError.write(Data("baton sim room: the gateway disconnected; waiting for it\n".utf8))
+                    Stderr.say("sim room", "the gateway disconnected; waiting for it")
                     continue
                 }
                 while Instant.now >= due, reports == 0 || delivered < reports {
@@ -198,14 +198,14 @@ extension Sim {
                 plan = try Scenario.load(file: scenario)
             } catch {
                 // Each line `FILE:LINE: KEY: …`, as compilers print, so editors jump to it.
-                FileHandle.standardError.write(Data("\(error)\n".utf8))
+                Stderr.line("\(error)")
                 throw ExitCode(2)
             }
             if let seed { plan.seed = seed }
             do {
                 try FileManager.default.createDirectory(atPath: sockets, withIntermediateDirectories: true)
             } catch {
-                FileHandle.standardError.write(Data("baton sim: --sockets: cannot create \(sockets): \(error.localizedDescription)\n".utf8))
+                Stderr.say("sim", "--sockets: cannot create \(sockets): \(error.localizedDescription)")
                 throw ExitCode(1)
             }
             // Before listening: a stop that arrives while we set up still ends us cleanly.
@@ -214,16 +214,16 @@ extension Sim {
             do throws(BuildingError) {
                 building = try Building(scenario: plan, directory: sockets)
             } catch {
-                FileHandle.standardError.write(Data("baton sim: \(error)\n".utf8))
+                Stderr.say("sim", "\(error)")
                 throw ExitCode(1)
             }
             emit(building.readyLine())
             building.run(waitForScanning: !noWait, stop: stop.fd) { output in
                 switch output {
                 case .connected(let r):
-                    FileHandle.standardError.write(Data("baton sim: \(plan.rooms[r].id): a gateway connected\n".utf8))
+                    Stderr.say("sim", "\(plan.rooms[r].id): a gateway connected")
                 case .disconnected(let r):
-                    FileHandle.standardError.write(Data("baton sim: \(plan.rooms[r].id): the gateway disconnected; waiting for it\n".utf8))
+                    Stderr.say("sim", "\(plan.rooms[r].id): the gateway disconnected; waiting for it")
                 default:
                     if let line = building.line(output) { emit(line) }
                 }

@@ -502,7 +502,7 @@ struct StreamSession: ~Copyable {
     }
 
     func say(_ text: String) {
-        FileHandle.standardError.write(Data("baton stream: \(text)\n".utf8))
+        Stderr.say("stream", text)
     }
 
     /// One frame's bytes (docs/protocol.md §5.1): measured, then written.

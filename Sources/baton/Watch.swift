@@ -53,7 +53,7 @@ struct WatchCommand: ParsableCommand {
                         throw ValidationError("subscribe: \(error)")
                     }
                 case .refused(let reason), .disconnected(let reason):
-                    FileHandle.standardError.write(Data("baton watch: \(reason)\n".utf8))
+                    Stderr.say("watch", "\(reason)")
                 case .message(let m):
                     lastMessage = now
                     view.take(m)
