@@ -131,7 +131,7 @@ private func urlReason(_ text: String) -> String {
         let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../..")
         let board = try String(contentsOf: root.appendingPathComponent("board/baton.yaml"), encoding: .utf8)
         let docs = try String(contentsOf: root.appendingPathComponent("docs/config.md"), encoding: .utf8)
-        #expect(ConfigSchema.valueKeys.count == 81)  // 61, then relay.fetch-titles (issue 18), radio.reassembly (issue 19), esphome's 9 (issue 22), rooms.batches, rooms.neighbourhoods, rooms.reach and radio.gather (issue 21), broker.max-qos (issue 35), rooms.walk-dwell, walk-window and calm (issue 33), esphome.scan-mode (issue 32)
+        #expect(ConfigSchema.valueKeys.count == 82)  // 61, then relay.fetch-titles (issue 18), radio.reassembly (issue 19), esphome's 9 (issue 22), rooms.batches, rooms.neighbourhoods, rooms.reach and radio.gather (issue 21), broker.max-qos (issue 35), rooms.walk-dwell, walk-window, calm and calm-per-contest (issue 33), esphome.scan-mode (issue 32)
         for key in ConfigSchema.valueKeys {
             let leaf = key.split(separator: ".").last!
             let inBoard = board.contains(" \(leaf): "), inDocs = docs.contains("`\(key)`")
@@ -270,8 +270,11 @@ private func urlReason(_ text: String) -> String {
         // device must be called lost before a table forgets it.
         let c = try parse("table:\n  expiry: 30s\nrooms:\n  dwell: 750ms\n  margin: 8\n  lost-after: 20s\n")
         #expect(c.rooms.dwell == .milliseconds(750) && c.rooms.margin == 8 && c.rooms.lostAfter == .seconds(20))
-        let walk = try parse("rooms:\n  walk-dwell: 500ms\n  walk-window: 20s\n  calm: 8s\n")
+        let walk = try parse("rooms:\n  walk-dwell: 500ms\n  walk-window: 20s\n  calm: 8s\n  calm-per-contest: 2s\n")
         #expect(walk.rooms.walkDwell == .milliseconds(500) && walk.rooms.walkWindow == .seconds(20) && walk.rooms.calm == .seconds(8))
+        #expect(walk.rooms.calmPerContest == .seconds(2))
+        #expect(problems("rooms:\n  calm-per-contest: 2h\n")
+                == "/etc/baton/baton.yaml:2: rooms.calm-per-contest: must be between 0s and 1h, got 2h")
         #expect(c.rooms.forgetAfter == .seconds(30), "a device nobody hears is forgotten after table.expiry")
         #expect(problems("rooms:\n  lost-after: 60s\n")
                 == "/etc/baton/baton.yaml:2: rooms.lost-after: must be shorter than table.expiry (1m), so other rooms take a device over before this one forgets it")
