@@ -208,6 +208,11 @@ pass "baton device stopped: $(tail -1 "$W/device.log")"
 step "keyed group: the gateway holds the beacon key; device 1 of the group rotates its id every 3 s"
 # docs/security.md §8.1's secret and §8.2's beacon key; device 1's identity id is 7cec72260001.
 stop_gateway
+# The gateway fetches the keyed activity's title over a link to hci1 as soon as it publishes
+# it (relay.fetch-titles): the last links to hci1 must be gone first (wait_unlinked above). A
+# CI run without this wait saw the phone's link still on hci1 when the gateway's came, the
+# kernel refuse the second (sysfs: duplicate hci1:42), and the first never end.
+wait_unlinked hci1 20 || fail "the last links to the device did not end within 20 s: $(hcitool -i hci1 con)"
 printf 'security:\n  beacon-key: BATON-BEACON-V1:FSV4W7CI5E4NINBSOUTTXMN5IIVO\n' >"$W/keyed.yaml"
 echo "BATON-GROUP-V1:AAAQEAYEAUDAOCAJBIFQYDIOB4QL" >"$W/group.key"
 start_gateway --config "$W/keyed.yaml"
