@@ -54,11 +54,8 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     var proxy: ProxyServer?
     /// Link failures said in the log so far (one line per failure, not per turn).
     var linkFailuresLogged = 0
-    // What the parts share: this room's state, the building's, and the retained state's keeper.
-    var table: ActivityTable
-    var apple: AppleDeviceTable
-    var rooms: GatewayRooms
-    var publisher: Publisher
+    /// This room's state: the tables, the retained state's keeper, the rooms rule, the keys.
+    var room: RoomState
     // The loop itself.
     var loop: PollLoop
     var notifier: SystemdNotifier
@@ -82,28 +79,27 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
                 proxy: consuming ProxyServer? = nil, log: Logger, environment: [String: String], now: Instant, unixMicroseconds: Int64) {
         precondition(keys.matches(config), "the gateway's keys are GatewayKeys.make(config)")
         self.config = config
-        self.radio = GatewayRadio(source: radio, reopen: reopen, config: config, keys: keys, log: log, now: now)
-        self.broker = GatewayBroker(mqtt: mqtt, config: config)
-        self.table = ActivityTable(config: config.table)
-        self.apple = AppleDeviceTable(config: config.apple)
         self.clock = WallClock(unixMicrosecondsAtStart: unixMicroseconds, instantAtStart: now)
+        self.radio = GatewayRadio(source: radio, reopen: reopen, config: config, clock: clock, log: log, now: now)
+        self.broker = GatewayBroker(mqtt: mqtt, config: config)
         let topics = Topics(prefix: config.prefix, discoveryPrefix: config.discoveryPrefix, gatewayID: config.gatewayID)
-        self.publisher = Publisher(
+        var publisher = Publisher(
             topics: topics,
             origin: .init(room: config.room, gatewayID: config.gatewayID), clock: clock, version: BatonVersion.current,
             discovery: config.discovery, appleAddresses: config.appleAddresses, orphanGrace: config.table.expiry,
             ownedCapacity: config.table.capacity + config.apple.capacity, log: log)
-        self.publisher.keyedGroup = keys.verifier?.groupHash
-        self.publisher.neighbourhoods = config.neighbourhoods && config.sightingBatches
-        self.publisher.appleNames = config.appleIRKs.map({ $0.name })
-        self.rooms = GatewayRooms(config: config, unixMicroseconds: unixMicroseconds, now: now)
+        publisher.keyedGroup = keys.verifier?.groupHash
+        publisher.neighbourhoods = config.neighbourhoods && config.sightingBatches
+        publisher.appleNames = config.appleIRKs.map({ $0.name })
         let link = Self.deviceLink(config)
+        // Titles are fetched over the same links, so only with one (docs/relay.md §4.1).
+        publisher.names = ActivityNames(types: config.activityTypes, fetchTitles: config.fetchTitles && link != nil,
+                                        capacity: config.table.capacity, fetches: config.relay.fetches)
+        self.room = RoomState(config: config, keys: keys, publisher: publisher, log: log, unixMicroseconds: unixMicroseconds,
+                              now: now)
         self.relay = FetchRelay(config: config.relay, link: link, gatewayID: config.gatewayID, room: config.room,
                                 topics: topics)
         self.streams = StreamRelay(config: config.relay, link: link, gatewayID: config.gatewayID)
-        // Titles are fetched over the same links, so only with one (docs/relay.md §4.1).
-        self.publisher.names = ActivityNames(types: config.activityTypes, fetchTitles: config.fetchTitles && link != nil,
-                                             capacity: config.table.capacity, fetches: config.relay.fetches)
         if let readvertising {
             var readvertiser: Readvertiser?
             if let group = keys.verifier?.groupHash, keys.tagger != nil {
@@ -143,7 +139,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         }
     }
 
-    public var activityCount: Int { table.count }
+    public var activityCount: Int { room.table.count }
     public var tally: AdvertisementTally { radio.decoder.tally }
     public var counters: GatewayCounters {
         var c = radio.counters
@@ -205,7 +201,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         let proxyPart = proxy == nil ? nil : loop.add(&proxy!)
         loop.add(deadline: timersDeadline)
         // Owed title fetches are started in the turn (below); this is when the next one may.
-        loop.add(deadline: broker.mqtt.isConnected ? publisher.names.nextDeadline : nil)
+        loop.add(deadline: broker.mqtt.isConnected ? room.publisher.names.nextDeadline : nil)
         loop.add(deadline: notifier.nextDeadline)
         // A busy radio's reports are gathered for `radio.gather`, and read together: one
         // wake-up each was most of a busy room's cost; a quiet room's are read as they come
@@ -225,8 +221,10 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
 
         // A held-back descriptor is read when its hold ends, ready or not (EAGAIN costs one read).
         let gathered = held && heldUntil.map { $0 <= now } ?? false
-        radio.serve(ready: loop.isReady(radioPart) || gathered, now: now, table: &table, apple: &apple, publisher: &publisher,
-                    mqtt: &broker.mqtt, ownership: rooms.ownership, proxy: &proxy, clock: clock)
+        radio.serve(ready: loop.isReady(radioPart) || gathered, now: now) { heard in
+            proxy?.heard(heard)
+            room.heard(heard, now: now, mqtt: &broker.mqtt)
+        }
         if radio.statsOwed {
             radio.statsOwed = false
             publishStats(now: now)
@@ -245,7 +243,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         if !loop.ready(continuingPart).isEmpty {
             continuing.poll(fds: loop.ready(continuingPart), now: now, mqtt: &broker.mqtt, streams: &streams)
         }
-        if publisher.names.owed > 0, broker.mqtt.isConnected { fetchTitles(now: now) }
+        if room.publisher.names.owed > 0, broker.mqtt.isConnected { fetchTitles(now: now) }
         if !relay.ownAnswers.isEmpty { takeTitles(now: now) }
         if let due = continuing.nextDeadline, due <= now { continuing.tick(now: now) }
         if let due = streams.nextDeadline, due <= now { streams.tick(now: now, mqtt: &broker.mqtt) }
@@ -273,8 +271,8 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         relay.stop(mqtt: &broker.mqtt)
         streams.stop(mqtt: &broker.mqtt)
         guard broker.mqtt.isConnected else { return }
-        publisher.stopListening(&broker.mqtt)
-        publisher.publish(&broker.mqtt, publisher.topics.status, text: "offline")
+        room.publisher.stopListening(&broker.mqtt)
+        room.publisher.publish(&broker.mqtt, room.publisher.topics.status, text: "offline")
         broker.drainAndDisconnect()
     }
 }

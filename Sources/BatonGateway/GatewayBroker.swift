@@ -142,7 +142,7 @@ extension Gateway where Radio: ~Copyable {
     /// back what it owned until the broker's retained activities say who holds it.
     mutating func brokerGaveUp(after gap: Duration, now: Instant) {
         log.warning("this gateway stood still for \(gap.components.seconds) s, past the broker's keepalive (1.5 × \(config.broker.keepalive) s): the broker has given it up and sent its will; connecting again")
-        rooms.ownership.dropped(now: now)
+        room.rooms.ownership.dropped(now: now)
         do throws(MQTTError) {
             var fresh = try MQTTClient(config: GatewayLauncher.mqttConfig(config))
             fresh.start(now: now)
@@ -159,22 +159,11 @@ extension Gateway where Radio: ~Copyable {
             switch event {
             case .connected(let version, _):
                 broker.connected(now: now, log: log)
-                log.info("connected to the broker \(broker.mqtt.brokerName) (MQTT \(version.rawValue)); publishing status and \(table.count) activities")
-                // What this gateway knew of the building's sightings is from before the
-                // outage (docs/rooms.md §7).
-                rooms.ownership.rejoin(now: now)
-                // The session is clean: no neighbour is subscribed any more (docs/rooms.md §8.3).
-                rooms.neighbourhood?.reset()
-                // The broker may have restarted empty: who published what is read again from
-                // its retained scan (and a device's discovery configs are owed by its owner until
-                // an activity of it is seen retained, docs/mqtt.md §4).
-                rooms.publishers.removeAll()
-                rooms.standInsDue = now + config.rooms.sightingInterval
-                publisher.connected(&broker.mqtt, table: table, apple: apple, ownership: rooms.ownership, now: now)
+                log.info("connected to the broker \(broker.mqtt.brokerName) (MQTT \(version.rawValue)); publishing status and \(room.table.count) activities")
+                room.connected(now: now, mqtt: &broker.mqtt)
                 statusCheck.connected(now: now)
                 publishStats(now: now)
-                rooms.sightings.reset()
-                sendSightings(now: now)
+                room.sendAllSightings(now: now, mqtt: &broker.mqtt)
                 streams.reconnected(now: now, mqtt: &broker.mqtt)
                 if readvertiser != nil {
                     readvertising?.readvertiser?.reconnected()
@@ -190,7 +179,7 @@ extension Gateway where Radio: ~Copyable {
                 statusCheck.disconnected()
                 // Until the next connect nothing arrives, this gateway's own sightings
                 // included: their going stale is the outage's, not the devices' (docs/rooms.md §7).
-                rooms.ownership.leave(now: now)
+                room.rooms.ownership.leave(now: now)
             case .message(let message):
                 broker.messagesReceived &+= 1
                 received(message, now: now)
@@ -202,7 +191,7 @@ extension Gateway where Radio: ~Copyable {
     /// What the status check says to do: ask the broker for the own retained status, stop
     /// asking, or say `online` again (docs/broker.md "A status the broker did not keep").
     mutating func statusChecked(_ step: StatusCheck.Step) {
-        let topic = publisher.topics.status
+        let topic = room.publisher.topics.status
         do throws(MQTTError) {
             switch step {
             case .ask: try broker.mqtt.subscribe(topic, qos: 0)
@@ -220,19 +209,31 @@ extension Gateway where Radio: ~Copyable {
         } else {
             log.debug("the broker still does not keep this gateway's status (\(what)): saying 'online' again")
         }
-        publisher.republishBirth(&broker.mqtt)
+        room.publisher.republishBirth(&broker.mqtt)
     }
 
     /// Every message the broker sends, by what its topic says it is (`Topics.classify`).
     mutating func received(_ message: MQTTMessage, now: Instant) {
-        switch publisher.topics.classify(message.topic) {
+        switch room.publisher.topics.classify(message.topic) {
         case .status(let gateway):
-            statusReceived(message, gateway: gateway, now: now)
+            // Our own, retained: the broker's answer to the status check (docs/broker.md).
+            if gateway == config.gatewayID, message.retained, let step = statusCheck.retained(message.payload, now: now) {
+                statusChecked(step)
+            }
+            if let gone = room.statusReceived(message, gateway: gateway, now: now, mqtt: &broker.mqtt) {
+                // Its activities are nobody's to continue now (docs/relay.md §9).
+                if readvertiser != nil {
+                    var ended: [Readvertiser.Change] = []
+                    readvertising?.readvertiser?.ownerOffline(gone.id) { ended.append($0) }
+                    for change in ended { readvertiseChanged(change) }
+                }
+                if gone.tellStreams { streams.gatewayWentOffline(gone.id, topics: room.publisher.topics, mqtt: &broker.mqtt) }
+            }
         case .sighting(let gateway, let device):
-            sightingReceived(message, gateway: gateway, device: device, now: now)
+            room.sightingReceived(message, gateway: gateway, device: device, now: now, mqtt: &broker.mqtt)
         case .malformedSighting:
             // Under the sightings but not `<gateway>/<12 hex digits>`.
-            rooms.drops.count("sighting-topic")
+            room.rooms.drops.count("sighting-topic")
         case .fetch(let device):
             fetchRequested(message, device: device, now: now)
         case .streamOpen(let device, let id):
@@ -250,7 +251,7 @@ extension Gateway where Radio: ~Copyable {
             // MQTT 3.1.1 clears the retain flag of live messages: there it says nothing (§7.3).
             let retained = broker.mqtt.protocolVersion == .v5 ? message.retained : nil
             if let full = streams.carried(stream: id, payload: message.payload, retained: retained,
-                                          isOnline: { rooms.ownership.isOnline(gateway: $0) }, now: now) {
+                                          isOnline: { room.rooms.ownership.isOnline(gateway: $0) }, now: now) {
                 log.warning("\(full)")
             }
         case .malformedStream:
@@ -261,30 +262,17 @@ extension Gateway where Radio: ~Copyable {
             guard readvertiser != nil else { return }
             answeredForPhone(message, link: link, now: now)
         case .activity(let device):
-            // Who speaks for the device, for the relay's answerer (docs/relay.md §4): an
-            // empty message clears it.
-            let by = message.payload.isEmpty ? nil
-                : message.payload.withUnsafeBytes { RetainedEntry.gateway($0) }.flatMap { rooms.ownership.slot(of: Substring($0)) }
-            rooms.publishers.published(device, by: by)
-            // Given up by the broker, this gateway holds back what it owned until the broker
-            // says who holds it now (docs/rooms.md §7 rule 4).
-            if let by, rooms.ownership.announced(device, by: by, now: now, { rooms.changes.append($0) }) {
-                handleOwnershipChanges(now: now)
-            }
+            room.activityReceived(message, device: device, now: now, mqtt: &broker.mqtt)
             if readvertiser != nil,
                let change = readvertising?.readvertiser?.activity(device: device, payload: message.payload,
-                                                                 isOnline: { rooms.ownership.isOnline(gateway: Substring($0)) }) {
+                                                                 isOnline: { room.rooms.ownership.isOnline(gateway: Substring($0)) }) {
                 readvertiseChanged(change)
             }
-            publisher.received(&broker.mqtt, message, on: .activity(device), table: table, apple: apple,
-                               ownership: rooms.ownership, now: now)
-            publisher.observed(message, device: device, now: now)
-            publisher.observedActivity(message, device: device, table: table, ownership: rooms.ownership)
+            room.retainedReceived(message, on: .activity(device), now: now, mqtt: &broker.mqtt)
         case .apple(let id):
-            publisher.received(&broker.mqtt, message, on: .apple(id), table: table, apple: apple,
-                               ownership: rooms.ownership, now: now)
+            room.retainedReceived(message, on: .apple(id), now: now, mqtt: &broker.mqtt)
         case .batch(let topic):
-            batchReceived(message, topic: topic, now: now)
+            room.batchReceived(message, topic: topic, now: now, mqtt: &broker.mqtt)
         case .continued, .unknown:
             // Not subscribed to, or not ours to read.
             break

@@ -2,8 +2,8 @@
 // decoder, and what keeps them alive: the watchdog that re-initialises a controller gone
 // silent, and the retry after an error (docs/radio.md "Recovery").
 //
-//   radio --HCI events--> AdvertisementDecoder --beacons--> ActivityTable --changes--> Publisher
-//                                              --Continuity--> AppleDeviceTable --changes--/
+//   radio --HCI events--> AdvertisementDecoder --heard--> ProxyServer (Home Assistant)
+//                                                      \-> RoomState.heard: tables --changes--> Publisher
 import BatonLibc
 import BatonCore
 import BatonHCI
@@ -30,9 +30,10 @@ struct GatewayRadio<Radio: RadioSource & ~Copyable>: ~Copyable {
     let reopen: (() throws(RadioError) -> Radio)?
     var needsReopen = false
     var decoder: AdvertisementDecoder
-    let keys: Keys
     let name: String
     let silence: Duration
+    /// The reports' timestamps (Unix microseconds) from the loop's clock.
+    let clock: WallClock
     var counters = GatewayCounters()
     var log: Logger
     /// When the last advertising report arrived (stats `silent_s`), and when the watchdog's
@@ -62,21 +63,14 @@ struct GatewayRadio<Radio: RadioSource & ~Copyable>: ~Copyable {
     /// How long after a radio error the source is started again.
     static var retry: Duration { .seconds(5) }
 
-    /// The loop's view of `GatewayKeys`, passed down the hot path without copying arrays.
-    struct Keys {
-        let verifier: BeaconVerifier?
-        let addresses: AddressResolver?
-        let appleIDs: [UInt32]
-    }
-
-    init(source: consuming Radio, reopen: (() throws(RadioError) -> Radio)?, config: GatewayConfig, keys: GatewayKeys,
-         log: Logger, now: Instant) {
+    init(source: consuming Radio, reopen: (() throws(RadioError) -> Radio)?, config: GatewayConfig, clock: WallClock, log: Logger,
+         now: Instant) {
         self.source = source
         self.reopen = reopen
         self.decoder = AdvertisementDecoder(beaconCompanyID: config.companyID, reassembly: config.radioReassembly)
-        self.keys = Keys(verifier: keys.verifier, addresses: keys.addresses, appleIDs: keys.appleIDs)
         self.name = config.radio.description
         self.silence = config.radioSilence
+        self.clock = clock
         self.log = log
         self.lastReportAt = now
         self.watchdogFrom = now
@@ -110,15 +104,14 @@ struct GatewayRadio<Radio: RadioSource & ~Copyable>: ~Copyable {
     }
 
     /// The part's work: events when the descriptor is ready or the source's deadline is due (a
-    /// capture replay has no descriptor), the retry, the watchdog.
-    mutating func serve(ready: Bool, now: Instant, table: inout ActivityTable, apple: inout AppleDeviceTable,
-                        publisher: inout Publisher, mqtt: inout MQTTClient, ownership: borrowing RoomOwnership,
-                        proxy: inout ProxyServer?, clock: WallClock) {
+    /// capture replay has no descriptor), the retry, the watchdog. Each advertisement decoded
+    /// goes to `heard`, the hot path's consumers (docs/architecture.md §3a).
+    mutating func serve(ready: Bool, now: Instant, _ heard: (HeardAdvertisement) -> Void) {
         if source.state != .finished, retryAt == nil {
             let due = source.nextDeadline.map { $0 <= now } ?? false
             if ready || due || source.fd < 0 && source.state != .stopped {
                 if ready { lastRead = now }
-                poll(now: now, &table, &apple, &publisher, &mqtt, ownership, &proxy, clock: clock)
+                poll(now: now, heard)
                 if ready { gathering = lastReadReports >= 2 }
             }
         }
@@ -136,13 +129,12 @@ struct GatewayRadio<Radio: RadioSource & ~Copyable>: ~Copyable {
         }
     }
 
-    mutating func poll(now: Instant, _ table: inout ActivityTable, _ apple: inout AppleDeviceTable,
-                       _ publisher: inout Publisher, _ mqtt: inout MQTTClient, _ ownership: borrowing RoomOwnership,
-                       _ proxy: inout ProxyServer?, clock: WallClock) {
+    /// The hot path: event → reports → `heard`. Allocates nothing (scripts/bench counts it).
+    mutating func poll(now: Instant, _ heard: (HeardAdvertisement) -> Void) {
         let reportsBefore = decoder.tally.reports
+        let timestamp = clock.unixMicroseconds(now)
         do throws(RadioError) {
-            _ = try Self.poll(&source, &decoder, keys, &table, &apple, &publisher, &mqtt, ownership, &proxy,
-                              now: now, clock: clock)
+            _ = try source.poll(now: now) { event in decoder.decode(event: event, timestamp: timestamp, heard) }
         } catch {
             failed(error, now: now)
         }
@@ -159,67 +151,6 @@ struct GatewayRadio<Radio: RadioSource & ~Copyable>: ~Copyable {
                 log.warning("capture \(name): stopped being readable: \(damage); everything before it was replayed")
             }
             log.info("capture replayed: \(decoder.tally.reports) reports, \(decoder.tally.beacons) beacons; holding the activities until they expire")
-        }
-    }
-
-    /// The hot path: event → reports → beacon or Continuity → table → change. Allocates
-    /// nothing unless something changed (scripts/bench counts it). Static with each piece as
-    /// its own inout, so the closures borrow disjoint state.
-    static func poll(_ source: inout Radio, _ decoder: inout AdvertisementDecoder, _ keys: Keys,
-                     _ table: inout ActivityTable, _ apple: inout AppleDeviceTable, _ publisher: inout Publisher,
-                     _ mqtt: inout MQTTClient, _ ownership: borrowing RoomOwnership, _ proxy: inout ProxyServer?,
-                     now: Instant, clock: WallClock) throws(RadioError) -> Int {
-        let timestamp = clock.unixMicroseconds(now)
-        return try source.poll(now: now) { event in
-            route(event: event, timestamp: timestamp, now: now, &decoder, keys, &table, &apple, &publisher, &mqtt, ownership,
-                  &proxy)
-        }
-    }
-
-    @inline(__always)
-    static func route(event: UnsafeRawBufferPointer, timestamp: Int64, now: Instant,
-                      _ decoder: inout AdvertisementDecoder, _ keys: Keys, _ table: inout ActivityTable,
-                      _ apple: inout AppleDeviceTable, _ publisher: inout Publisher, _ mqtt: inout MQTTClient,
-                      _ ownership: borrowing RoomOwnership, _ proxy: inout ProxyServer?) {
-        decoder.decode(event: event, timestamp: timestamp) { heard in
-            let r = heard.report
-            // Home Assistant hears every advertisement, as an ESPHome proxy passes them on
-            // (docs/esphome.md): batched until the end of the turn, nothing allocated. Baton's
-            // own beacons are withheld: the gateway publishes what they say, no integration of
-            // Home Assistant reads them, and Kegtron's matches their test company id (§3.7).
-            if heard.content.beacon == nil {
-                proxy?.heard(address: r.address, addressType: r.addressType, rssi: r.rssi, data: r.data, eventType: r.eventType)
-            } else {
-                proxy?.withholdBatonBeacon()
-            }
-            if var beacon = heard.content.beacon {
-                // A relayed copy is for phones, not rooms (docs/table.md): before verification,
-                // so it is counted as what it is.
-                guard !beacon.flags.contains(.relayed) else { return table.ignoreRelayed() }
-                if let verifier = keys.verifier {
-                    // docs/security.md §4.4: the tag, the id, an identity's sequence. A device
-                    // with an identity goes into the table under its identity's id. The verifier
-                    // counts what it drops.
-                    let value = heard.content.beaconValue ?? UnsafeRawBufferPointer(start: nil, count: 0)
-                    if case .dropped = verifier.check(&beacon, beaconValue: value) { return }
-                }
-                // A full table keeps what this room owns (docs/table.md "A full table").
-                table.hear(beacon, rssi: r.rssi, address: r.address, addressType: r.addressType, now: now,
-                           owned: { ownership.owns($0) }) { change in
-                    // Held back after the broker gave this gateway up (docs/rooms.md §7 rule 4).
-                    let id = change.activity.deviceID
-                    publisher.activityChanged(&mqtt, change, owned: ownership.owns(id) && !ownership.holdsBack(id, now: now))
-                }
-            } else {
-                // A device the user named by its IRK is followed from any advertisement it
-                // sends (docs/security.md §10); any other only from Continuity frames.
-                let index = keys.addresses?.resolve(address: r.address, addressType: r.addressType)
-                guard heard.content.apple != nil || index != nil else { return }
-                apple.hear(heard.content.continuityMessages, rssi: r.rssi, address: r.address, addressType: r.addressType,
-                           identity: index.map { AppleIdentity(index: $0, id: keys.appleIDs[$0]) }, now: now) { change in
-                    publisher.appleChanged(&mqtt, change, owned: Gateway<Radio>.owns(change.device, ownership))
-                }
-            }
         }
     }
 
@@ -275,10 +206,9 @@ struct GatewayRadio<Radio: RadioSource & ~Copyable>: ~Copyable {
         try w.key("continuity"); try w.int(Int64(t.continuityReports))
     }
 
-    /// The advertisements' drops, and the keyed group's (stats `drops`).
+    /// The advertisements' drops (stats `drops`).
     func writeDrops(into w: inout JSONWriter) throws(WireError) {
         for d in decoder.tally.drops.sorted { try w.key(d.reason); try w.int(Int64(d.count)) }
-        if let verifier = keys.verifier { for d in verifier.drops.sorted { try w.key(d.reason); try w.int(Int64(d.count)) } }
     }
 
     /// The radio as ESPHome's scanner states say it (docs/esphome.md §3.5): a source waiting
@@ -320,5 +250,18 @@ extension GatewayRadio: LoopPart where Radio: ~Copyable {
     var nextDeadline: Instant? {
         let own = source.state != .finished && retryAt == nil ? source.nextDeadline : nil
         return Instant.earliest(Instant.earliest(own, retryAt), watchdogDeadline)
+    }
+}
+
+extension ProxyServer {
+    /// Home Assistant hears every advertisement, as an ESPHome proxy passes them on
+    /// (docs/esphome.md): batched until the end of the turn, nothing allocated. Baton's own
+    /// beacons are withheld: the gateway publishes what they say, no integration of Home
+    /// Assistant reads them, and Kegtron's matches their test company id (§3.7).
+    @inline(__always)
+    mutating func heard(_ heard: HeardAdvertisement) {
+        guard heard.content.beacon == nil else { return withholdBatonBeacon() }
+        let r = heard.report
+        self.heard(address: r.address, addressType: r.addressType, rssi: r.rssi, data: r.data, eventType: r.eventType)
     }
 }

@@ -43,13 +43,13 @@ extension Gateway where Radio: ~Copyable {
     /// what this gateway knows of the device: the rooms rule and the activity table.
     func admit(_ kind: RequestKind, device: UInt64?, bodyError: WireError? = nil) -> Result<FetchTarget, Refusal> {
         var activity: AdmittedActivity?
-        if let device, let a = table.activity(deviceID: device), a.state == .current {
+        if let device, let a = room.table.activity(deviceID: device), a.state == .current {
             activity = AdmittedActivity(address: a.address, addressType: a.addressType, psm: a.beacon.psm,
                                         sequence: a.beacon.sequence, supportsStreams: a.beacon.flags.contains(.supportsStreams))
         }
         return Admission.check(kind, device: device, bodyError: bodyError,
-                               owns: device.map { rooms.ownership.owns($0) } ?? false,
-                               follows: device.map { rooms.ownership.follows($0) } ?? false, activity: activity)
+                               owns: device.map { room.rooms.ownership.owns($0) } ?? false,
+                               follows: device.map { room.rooms.ownership.follows($0) } ?? false, activity: activity)
     }
 
     // MARK: titles (docs/relay.md §4.1)
@@ -57,17 +57,17 @@ extension Gateway where Radio: ~Copyable {
     /// Starts the owed fetches whose time has come, as many as the own slots allow; a device
     /// that is no longer owned, current or reachable owes nothing.
     mutating func fetchTitles(now: Instant) {
-        for id in publisher.names.due(now: now) {
-            guard rooms.ownership.owns(id), let a = table.activity(deviceID: id), a.state == .current, a.beacon.psm != 0 else {
-                publisher.names.dropOwed(id)
+        for id in room.publisher.names.due(now: now) {
+            guard room.rooms.ownership.owns(id), let a = room.table.activity(deviceID: id), a.state == .current, a.beacon.psm != 0 else {
+                room.publisher.names.dropOwed(id)
                 continue
             }
             let target = FetchTarget(device: id, sequence: a.beacon.sequence,
                                      link: LinkAddress(address: a.address, addressType: a.addressType, psm: a.beacon.psm))
             if relay.fetchOwn(target, now: now, mqtt: &broker.mqtt) {
-                publisher.names.started(id, now: now)
+                room.publisher.names.started(id, now: now)
             } else {
-                publisher.names.couldNotStart(id, now: now)
+                room.publisher.names.couldNotStart(id, now: now)
             }
         }
         logLinkFailures()
@@ -84,10 +84,10 @@ extension Gateway where Radio: ~Copyable {
             } else if answer.described == nil {
                 log.debug("device \(device): its payload is not one this gateway can read (sealed?); not asked again for this type")
             }
-            guard publisher.names.answered(answer, now: now), rooms.ownership.owns(answer.device),
-                  let a = table.activity(deviceID: answer.device) else { continue }
+            guard room.publisher.names.answered(answer, now: now), room.rooms.ownership.owns(answer.device),
+                  let a = room.table.activity(deviceID: answer.device) else { continue }
             log.debug("device \(device): \(answer.described?.title ?? "(no title)") (\(answer.described?.type ?? "?"))")
-            publisher.described(&broker.mqtt, a)
+            room.publisher.described(&broker.mqtt, a)
         }
         relay.clearOwnAnswers()
     }
@@ -98,15 +98,15 @@ extension Gateway where Radio: ~Copyable {
     /// has no online owner for may have one at the far end of the building, the gateway its
     /// activity topic names, and then that one answers, not the first.
     func answers(for device: UInt64?) -> Bool {
-        var answerer = rooms.ownership.firstOnline
+        var answerer = room.rooms.ownership.firstOnline
         if let device {
-            if let owner = rooms.ownership.owner(of: device), rooms.ownership.isOnline(owner) {
+            if let owner = room.rooms.ownership.owner(of: device), room.rooms.ownership.isOnline(owner) {
                 answerer = owner
-            } else if let publisher = rooms.publishers.publisher(of: device), rooms.ownership.isOnline(publisher) {
+            } else if let publisher = room.rooms.publishers.publisher(of: device), room.rooms.ownership.isOnline(publisher) {
                 answerer = publisher
             }
         }
-        return answerer == rooms.ownership.selfSlot
+        return answerer == room.rooms.ownership.selfSlot
     }
 
     /// An endpoint opens a stream (docs/relay.md §7.2); refusals go back as error frames.
@@ -114,7 +114,7 @@ extension Gateway where Radio: ~Copyable {
         // A retained open would reopen the stream at every reconnect.
         guard !message.retained else { return streams.dropped("stream-retained-open") }
         guard answers(for: device) else { return }
-        streams.open(id: id, topics: publisher.topics.stream(id), frame: message.payload,
+        streams.open(id: id, topics: room.publisher.topics.stream(id), frame: message.payload,
                      admitted: admit(.stream, device: device).map { $0.link }, now: now, mqtt: &broker.mqtt)
     }
 

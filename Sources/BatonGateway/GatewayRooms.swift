@@ -130,14 +130,12 @@ struct GatewayRooms: ~Copyable {
     }
 }
 
-extension Gateway where Radio: ~Copyable {
-    /// A gateway's status: online, or its will.
-    mutating func statusReceived(_ message: MQTTMessage, gateway id: Substring, now: Instant) {
+extension RoomState {
+    /// A gateway's status: online, or its will. A gateway gone offline is news for the relays
+    /// (`Gateway.received` routes it): its activities are nobody's to continue now, and its
+    /// streams' endpoints must be told.
+    mutating func statusReceived(_ message: MQTTMessage, gateway id: Substring, now: Instant, mqtt: inout MQTTClient) -> GatewayWentOffline? {
         let online = message.payload.elementsEqual("online".utf8)
-        // Our own, retained: the broker's answer to the status check (docs/broker.md).
-        if id == config.gatewayID, message.retained, let step = statusCheck.retained(message.payload, now: now) {
-            statusChecked(step)
-        }
         // A gateway coming online subscribed to the sightings before it said so, but missed
         // the ones sent before: send ours again now, within its `rooms.settle`, rather than
         // at the next heartbeat, after it (two gateways starting together would each settle
@@ -146,11 +144,11 @@ extension Gateway where Radio: ~Copyable {
         // `online` is its reconnect (a retained one is old news, sent at our own subscribe,
         // and our own connect sent everything anyway). Its rejoin window waits for exactly
         // these (docs/rooms.md §7).
-        if online, id != config.gatewayID, !message.retained || !rooms.ownership.isOnline(gateway: id) {
+        if online, id != gatewayID, !message.retained || !rooms.ownership.isOnline(gateway: id) {
             rooms.sightings.reset()
             // It knows no neighbours now: its next shared record is answered (§8.3).
             if let g = rooms.ownership.slot(of: id), rooms.neighbourhood?.forget(g) == true {
-                neighbour(g, subscribe: false)
+                neighbour(g, subscribe: false, mqtt: &mqtt)
             }
         }
         let wasFirst = rooms.ownership.firstOnline == rooms.ownership.selfSlot
@@ -159,29 +157,22 @@ extension Gateway where Radio: ~Copyable {
             // gateway whose far devices are not followed here died. A retained `offline` is one
             // our connect's own scan covers.
             let died = !online && !message.retained && rooms.neighbourhood != nil
-            if rooms.ownership.firstOnline == rooms.ownership.selfSlot, id != config.gatewayID, !wasFirst || died {
-                publisher.askForRetainedAgain(&broker.mqtt, now: now)
+            if rooms.ownership.firstOnline == rooms.ownership.selfSlot, id != gatewayID, !wasFirst || died {
+                publisher.askForRetainedAgain(&mqtt, now: now)
             }
         }
         if !rooms.ownership.status(gateway: id, online: online, now: now, { rooms.changes.append($0) }) {
             rooms.drops.count(SightingDrop.gatewaysFull.name)
-            log.warning("gateway \(id): more gateways than rooms.gateways (\(config.rooms.gateways)); its devices are not followed")
+            log.warning("gateway \(id): more gateways than rooms.gateways (\(gatewayLimit)); its devices are not followed")
         }
-        handleOwnershipChanges(now: now)
-        // Its activities are nobody's to continue now (docs/relay.md §9).
-        if !online, readvertiser != nil {
-            var gone: [Readvertiser.Change] = []
-            readvertising?.readvertiser?.ownerOffline(id) { gone.append($0) }
-            for change in gone { readvertiseChanged(change) }
-        }
+        handleOwnershipChanges(now: now, mqtt: &mqtt)
+        guard !online else { return nil }
         // Its streams' endpoints are told by the first online gateway (docs/relay.md §7.3).
-        if !online, id != config.gatewayID, rooms.ownership.firstOnline == rooms.ownership.selfSlot {
-            streams.gatewayWentOffline(id, topics: publisher.topics, mqtt: &broker.mqtt)
-        }
+        return GatewayWentOffline(id: id, tellStreams: id != gatewayID && rooms.ownership.firstOnline == rooms.ownership.selfSlot)
     }
 
     /// Another gateway's sighting of a device (docs/rooms.md §2), or our own coming back.
-    mutating func sightingReceived(_ message: MQTTMessage, gateway: Substring, device: UInt64, now: Instant) {
+    mutating func sightingReceived(_ message: MQTTMessage, gateway: Substring, device: UInt64, now: Instant, mqtt: inout MQTTClient) {
         rooms.sightingsReceived &+= 1
         // Array.withUnsafeBytes rethrows untyped: the decode result travels out as a value.
         let decoded: Result<Sighting, WireError> = message.payload.withUnsafeBytes { bytes in
@@ -198,12 +189,12 @@ extension Gateway where Radio: ~Copyable {
                                                { rooms.changes.append($0) }) {
             rooms.drops.count(drop.name)
         }
-        handleOwnershipChanges(now: now)
+        handleOwnershipChanges(now: now, mqtt: &mqtt)
     }
 
     /// A gateway's batch of sightings (docs/rooms.md §8.1), our own coming back included: each
     /// record under the rule as a single sighting is.
-    mutating func batchReceived(_ message: MQTTMessage, topic: BatchTopic, now: Instant) {
+    mutating func batchReceived(_ message: MQTTMessage, topic: BatchTopic, now: Instant, mqtt: inout MQTTClient) {
         let gateway: Substring
         switch topic {
         case .neighbourhood(let g), .building(let g): gateway = g
@@ -218,7 +209,7 @@ extension Gateway where Radio: ~Copyable {
                 let batch = try SightingBatch.decode(bytes)
                 // Before the rule takes a building batch in: whether we held its sender's
                 // sightings fresh is what tells a newcomer (docs/rooms.md §8.3).
-                if rooms.neighbourhood != nil { learnNeighbours(batch, topic: topic, from: gateway, now: now) }
+                if rooms.neighbourhood != nil { learnNeighbours(batch, topic: topic, from: gateway, now: now, mqtt: &mqtt) }
                 // With neighbourhoods, a record of a device this gateway neither hears nor owns
                 // (nor follows already) is not taken up: it needs nothing about such devices
                 // (docs/rooms.md §8.2). Building-wide, each one followed went stale 5 s later and
@@ -249,7 +240,7 @@ extension Gateway where Radio: ~Copyable {
             if o.impostor > 0 { rooms.drops.count(SightingDrop.impostor.name, o.impostor) }
             if o.devicesFull > 0 { rooms.drops.count(SightingDrop.devicesFull.name, o.devicesFull) }
         }
-        handleOwnershipChanges(now: now)
+        handleOwnershipChanges(now: now, mqtt: &mqtt)
     }
 
     /// A batch's records as neighbourhood evidence (docs/rooms.md §8.3): a record that heard a
@@ -258,7 +249,8 @@ extension Gateway where Radio: ~Copyable {
     /// of the device we did not hold fresh (it has just started hearing it), is also owed our
     /// own sighting of the device in our next building batch. Allocates nothing but the
     /// topic of a new neighbour.
-    mutating func learnNeighbours(_ batch: SightingBatch, topic: BatchTopic, from gateway: Substring, now: Instant) {
+    mutating func learnNeighbours(_ batch: SightingBatch, topic: BatchTopic, from gateway: Substring, now: Instant,
+                                  mqtt: inout MQTTClient) {
         guard let from = rooms.ownership.slot(of: gateway), from != rooms.ownership.selfSlot else { return }
         let building = topic.isBuildingWide
         // Looking through every neighbour's every batch for a shared device was 6 % of a
@@ -270,7 +262,7 @@ extension Gateway where Radio: ~Copyable {
             guard hears(r.device, now: now) || rooms.ownership.owns(r.device) else { continue }
             guard building else {
                 if case .subscribe(let g)? = rooms.neighbourhood?.record(from: from, shared: true, now: now) {
-                    neighbour(g, subscribe: true)
+                    neighbour(g, subscribe: true, mqtt: &mqtt)
                 }
                 // One shared device keeps a neighbour: the rest of its batch tells nothing more,
                 // and asking the tables about every record showed in the profile.
@@ -279,7 +271,7 @@ extension Gateway where Radio: ~Copyable {
             var fresh = false
             rooms.ownership.sightings(of: r.device, now: now) { g, _ in if g == from { fresh = true } }
             switch rooms.neighbourhood?.buildingRecord(device: r.device, from: from, shared: true, now: now) {
-            case .subscribe(let g)?: neighbour(g, subscribe: true)
+            case .subscribe(let g)?: neighbour(g, subscribe: true, mqtt: &mqtt)
             case nil: if !fresh { rooms.neighbourhood?.answer(r.device) }
             }
         }
@@ -305,9 +297,9 @@ extension Gateway where Radio: ~Copyable {
 
     /// Start or stop receiving a gateway's batches (docs/rooms.md §8.3); change-rate, so the
     /// topic is built here.
-    mutating func neighbour(_ g: GatewaySlot, subscribe: Bool) {
+    mutating func neighbour(_ g: GatewaySlot, subscribe: Bool, mqtt: inout MQTTClient) {
         Self.neighbour(g, subscribe: subscribe, ownership: rooms.ownership, topics: publisher.topics,
-                       mqtt: &broker.mqtt, log: log)
+                       mqtt: &mqtt, log: log)
     }
 
     static func neighbour(_ g: GatewaySlot, subscribe: Bool, ownership: borrowing RoomOwnership, topics: Topics,
@@ -323,16 +315,16 @@ extension Gateway where Radio: ~Copyable {
     }
 
     /// The rule's own deadlines: a settle window ending, an owner's sightings lapsing.
-    mutating func roomsTick(now: Instant) {
+    mutating func roomsTick(now: Instant, mqtt: inout MQTTClient) {
         rooms.nextTick = now + GatewayRooms.tickInterval
         rooms.ownership.tick(now: now) { rooms.changes.append($0) }
-        handleOwnershipChanges(now: now)
+        handleOwnershipChanges(now: now, mqtt: &mqtt)
     }
 
     /// Acts on what the rule decided: the new owner publishes what it holds; the old one
     /// falls silent without clearing (the topic is the new owner's now); a forgotten device's
     /// activity is cleared by its owner, or by the first online gateway if its owner is gone.
-    mutating func handleOwnershipChanges(now: Instant) {
+    mutating func handleOwnershipChanges(now: Instant, mqtt: inout MQTTClient) {
         guard !rooms.changes.isEmpty else { return }
         let me = rooms.ownership.selfSlot
         for change in rooms.changes {
@@ -344,11 +336,11 @@ extension Gateway where Radio: ~Copyable {
                 let level: Logger.Level = change.reason == .settled ? .debug : .info
                 let from = change.from.map { " from \(rooms.ownership.id(of: $0))" } ?? ""
                 if let a = table.activity(deviceID: change.device) {
-                    log.log(level: level, "device \(device): now in \(config.room) (\(change.reason))\(from)")
-                    publisher.tookOver(&broker.mqtt, a, announced: rooms.publishers.publisher(of: change.device) != nil)
+                    log.log(level: level, "device \(device): now in \(name) (\(change.reason))\(from)")
+                    publisher.tookOver(&mqtt, a, announced: rooms.publishers.publisher(of: change.device) != nil)
                 } else if let d = namedApple(change.device) {
-                    log.log(level: level, "\(publisher.appleName(d) ?? device): now in \(config.room) (\(change.reason))\(from)")
-                    publisher.tookOver(&broker.mqtt, d)
+                    log.log(level: level, "\(publisher.appleName(d) ?? device): now in \(name) (\(change.reason))\(from)")
+                    publisher.tookOver(&mqtt, d)
                 }
             } else if change.from == me, let to = change.to {
                 publisher.stoppedOwning(change.device)
@@ -359,17 +351,17 @@ extension Gateway where Radio: ~Copyable {
                     ? UInt32(truncatingIfNeeded: change.device) : nil
                 if change.from == me {
                     if table.activity(deviceID: change.device)?.state == .current {
-                        publisher.clearActivity(&broker.mqtt, change.device, forOthers: false)
+                        publisher.clearActivity(&mqtt, change.device, forOthers: false)
                     } else if let named, apple.namedDevice(id: named) != nil {
-                        publisher.clearApple(&broker.mqtt, named, forOthers: false)
+                        publisher.clearApple(&mqtt, named, forOthers: false)
                     }
                 } else if change.from.map({ !rooms.ownership.isOnline($0) }) ?? true, rooms.ownership.firstOnline == me {
                     if let named {
                         log.info("device \(device): nobody hears it and its gateway is offline; clearing its Apple entry")
-                        publisher.clearApple(&broker.mqtt, named, forOthers: true)
+                        publisher.clearApple(&mqtt, named, forOthers: true)
                     } else {
                         log.info("device \(device): nobody hears it and its gateway is offline; clearing its activity")
-                        publisher.clearActivity(&broker.mqtt, change.device, forOthers: true)
+                        publisher.clearActivity(&mqtt, change.device, forOthers: true)
                     }
                 }
             }
@@ -379,26 +371,26 @@ extension Gateway where Radio: ~Copyable {
 
     /// Disagreements about devices this gateway owns (docs/rooms.md §7 rule 3): another
     /// gateway's claim is settled by rank, the same way at both; anything else is published over.
-    mutating func correct(now: Instant) {
-        for (device, claimant) in publisher.correct(&broker.mqtt, table: table, ownership: rooms.ownership, now: now) {
+    mutating func correct(now: Instant, mqtt: inout MQTTClient) {
+        for (device, claimant) in publisher.correct(&mqtt, table: table, ownership: rooms.ownership, now: now) {
             let gaveWay = rooms.ownership.yield(device, to: Substring(claimant), now: now) { rooms.changes.append($0) }
-            if !gaveWay { publisher.republish(&broker.mqtt, device, table: table) }
+            if !gaveWay { publisher.republish(&mqtt, device, table: table) }
         }
-        handleOwnershipChanges(now: now)
+        handleOwnershipChanges(now: now, mqtt: &mqtt)
     }
 
     /// The rejoin window closed: what this gateway still stands in for is its to publish
     /// (docs/rooms.md §7); a room that came back in the window has taken its devices back.
-    mutating func republishStandIns() {
+    mutating func republishStandIns(mqtt: inout MQTTClient) {
         rooms.standInsDue = nil
         table.forEach { a in
             guard rooms.ownership.owns(a.deviceID), rooms.ownership.standsIn(for: a.deviceID) else { return }
-            publisher.tookOver(&broker.mqtt, a, announced: rooms.publishers.publisher(of: a.deviceID) != nil)
+            publisher.tookOver(&mqtt, a, announced: rooms.publishers.publisher(of: a.deviceID) != nil)
         }
         apple.forEach { d in
             let id = AppleDevice.roomsID(d.id)
             guard d.identity != nil, rooms.ownership.owns(id), rooms.ownership.standsIn(for: id) else { return }
-            publisher.tookOver(&broker.mqtt, d)
+            publisher.tookOver(&mqtt, d)
         }
         // Held back after the broker gave this gateway up: published just now (docs/rooms.md §7 rule 4).
         rooms.ownership.endHoldBack()
@@ -411,11 +403,11 @@ extension Gateway where Radio: ~Copyable {
     }
 
     /// This gateway's sightings that are due (docs/rooms.md §2).
-    mutating func sendSightings(now: Instant) {
+    mutating func sendSightings(now: Instant, mqtt: inout MQTTClient) {
         rooms.nextSightingCheck = now + rooms.sightingCheckInterval
         // What is due goes out as one message, not one per device (docs/rooms.md §8.1); or, for
         // a building of older gateways, as one JSON message per device (§2).
-        if config.sightingBatches, rooms.neighbourhood != nil {
+        if sightingBatches, rooms.neighbourhood != nil {
             // Newcomers go building-wide too, after the tick's batch (docs/rooms.md §8.3).
             rooms.batcher.collect(&rooms.sightings, table: table, apple: apple, now: now, outOfReach: { device, rssi in
                 rooms.ownership.outOfReach(device, rssi: rssi, now: now)
@@ -423,30 +415,30 @@ extension Gateway where Radio: ~Copyable {
                 guard rooms.building.count < rooms.buildingCapacity else { return rooms.buildingDropped &+= 1 }
                 rooms.building.append(due)
             }) { batch in
-                publisher.publishBatch(&broker.mqtt, batch)
+                publisher.publishBatch(&mqtt, batch)
             }
-            sendBuildingBatch(now: now)
-        } else if config.sightingBatches {
+            sendBuildingBatch(now: now, mqtt: &mqtt)
+        } else if sightingBatches {
             rooms.batcher.collect(&rooms.sightings, table: table, apple: apple, now: now, outOfReach: { device, rssi in
                 rooms.ownership.outOfReach(device, rssi: rssi, now: now)
             }) { batch in
-                publisher.publishBatch(&broker.mqtt, batch)
+                publisher.publishBatch(&mqtt, batch)
             }
         } else {
             rooms.batcher.collectEach(&rooms.sightings, table: table, apple: apple, now: now, outOfReach: { device, rssi in
                 rooms.ownership.outOfReach(device, rssi: rssi, now: now)
             }) { device, sighting in
-                publisher.publishSighting(&broker.mqtt, device: device, sighting)
+                publisher.publishSighting(&mqtt, device: device, sighting)
             }
         }
     }
 
     /// Neighbours that shared nothing for a while are unsubscribed; the answers owed and this
     /// tick's newcomers go out as one building-wide batch (docs/rooms.md §8.3).
-    mutating func sendBuildingBatch(now: Instant) {
+    mutating func sendBuildingBatch(now: Instant, mqtt: inout MQTTClient) {
         rooms.neighbourhood?.expire(now: now) { g in
             Self.neighbour(g, subscribe: false, ownership: rooms.ownership, topics: publisher.topics,
-                           mqtt: &broker.mqtt, log: log)
+                           mqtt: &mqtt, log: log)
         }
         // Our current sighting of each device owed: heard, or `rssi: null` from its owner that
         // no longer hears it (the newcomer then knows the owner is no candidate).
@@ -459,7 +451,7 @@ extension Gateway where Radio: ~Copyable {
             }
         }
         guard !rooms.building.isEmpty else { return }
-        rooms.batcher.collect(records: rooms.building) { batch in publisher.publishBatch(&broker.mqtt, batch, buildingWide: true) }
+        rooms.batcher.collect(records: rooms.building) { batch in publisher.publishBatch(&mqtt, batch, buildingWide: true) }
         rooms.building.removeAll(keepingCapacity: true)
     }
 

@@ -18,7 +18,7 @@ extension Gateway where Radio: ~Copyable {
         } catch {
             return log.error("stats JSON did not fit 8 KiB (our bug): \(error)")
         }
-        publisher.publishStats(&broker.mqtt, w.written)
+        room.publisher.publishStats(&broker.mqtt, w.written)
     }
 
     func writeStats(now: Instant, into w: inout JSONWriter) throws(WireError) {
@@ -28,12 +28,13 @@ extension Gateway where Radio: ~Copyable {
         try w.key("version"); try w.string(BatonVersion.current)
         try w.key("uptime_s"); try w.int((now - startedAt).components.seconds)
         try radio.writeStats(now: now, into: &w)
-        try w.key("changes_published"); try w.int(Int64(publisher.counters.changesPublished))
+        try w.key("changes_published"); try w.int(Int64(room.publisher.counters.changesPublished))
         try w.key("drops"); try w.beginObject()
         try radio.writeDrops(into: &w)
-        try table.writeDrops(into: &w)
+        if let verifier = room.keys.verifier { for d in verifier.drops.sorted { try w.key(d.reason); try w.int(Int64(d.count)) } }
+        try room.table.writeDrops(into: &w)
         try w.endObject()
-        if let verifier = radio.keys.verifier {
+        if let verifier = room.keys.verifier {
             // docs/security.md §4.4; never the key itself (§6).
             try w.key("security"); try w.beginObject()
             try w.key("group"); try w.string(Hex.text(UInt64(verifier.groupHash), digits: 8))
@@ -44,11 +45,11 @@ extension Gateway where Radio: ~Copyable {
             try w.key("resolutions"); try w.int(Int64(verifier.resolutions))
             try w.endObject()
         }
-        try table.writeStats(into: &w)
-        try apple.writeStats(into: &w)
+        try room.table.writeStats(into: &w)
+        try room.apple.writeStats(into: &w)
         var owned = 0
-        table.forEach { if rooms.ownership.owns($0.deviceID) { owned += 1 } }
-        try rooms.writeStats(owned: owned, publisher: publisher.counters, into: &w)
+        room.table.forEach { if room.rooms.ownership.owns($0.deviceID) { owned += 1 } }
+        try room.rooms.writeStats(owned: owned, publisher: room.publisher.counters, into: &w)
         try w.key("relay"); try w.beginObject()
         try relay.writeStats(into: &w)
         try w.key("streams"); try w.beginObject()
@@ -56,7 +57,7 @@ extension Gateway where Radio: ~Copyable {
         try w.endObject()
         try readvertising?.writeStats(continuing: continuing, into: &w)
         try w.endObject()
-        try publisher.writeStats(typesKnown: config.activityTypes.count, messagesReceived: broker.messagesReceived, into: &w)
+        try room.publisher.writeStats(typesKnown: config.activityTypes.count, messagesReceived: broker.messagesReceived, into: &w)
         if proxy != nil {
             try w.key("esphome")
             try proxy?.writeStats(into: &w)

@@ -45,14 +45,14 @@ enum GatewayTimer: CaseIterable {
 extension Gateway where Radio: ~Copyable {
     func deadline(of timer: GatewayTimer) -> Instant? {
         switch timer {
-        case .tableExpiry: table.nextExpiry
-        case .appleExpiry: apple.nextExpiry
-        case .retainedScanEnd: publisher.retainedScanEnds
-        case .orphans: publisher.nextOrphanDeadline
-        case .standIns: rooms.standInsDue
-        case .correction: publisher.nextCorrection
-        case .rooms: rooms.tickDue
-        case .sightings: rooms.nextSightingCheck
+        case .tableExpiry: room.table.nextExpiry
+        case .appleExpiry: room.apple.nextExpiry
+        case .retainedScanEnd: room.publisher.retainedScanEnds
+        case .orphans: room.publisher.nextOrphanDeadline
+        case .standIns: room.rooms.standInsDue
+        case .correction: room.publisher.nextCorrection
+        case .rooms: room.rooms.tickDue
+        case .sightings: room.rooms.nextSightingCheck
         case .statusCheck: statusCheck.deadline
         case .capacityWarnings: capacityWarnings.next
         case .stats: nextStats
@@ -61,28 +61,21 @@ extension Gateway where Radio: ~Copyable {
 
     mutating func fire(_ timer: GatewayTimer, now: Instant) {
         switch timer {
-        case .tableExpiry:
-            table.expire(now: now) {
-                let id = $0.activity.deviceID
-                publisher.activityChanged(&broker.mqtt, $0, owned: rooms.ownership.owns(id) && !rooms.ownership.holdsBack(id, now: now))
-            }
-        case .appleExpiry:
-            apple.expire(now: now) { publisher.appleChanged(&broker.mqtt, $0, owned: Self.owns($0.device, rooms.ownership)) }
+        case .tableExpiry: room.expire(now: now, mqtt: &broker.mqtt)
+        case .appleExpiry: room.expireApple(now: now, mqtt: &broker.mqtt)
         case .retainedScanEnd:
-            publisher.endRetainedScan(&broker.mqtt)
+            room.publisher.endRetainedScan(&broker.mqtt)
             var ended: [Readvertiser.Change] = []
             readvertising?.readvertiser?.retainedScanEnded { ended.append($0) }
             for change in ended { readvertiseChanged(change) }
-        case .orphans:
-            publisher.clearOrphans(&broker.mqtt, table: table, apple: apple, ownership: rooms.ownership,
-                                   publishers: rooms.publishers, now: now)
-        case .standIns: republishStandIns()
-        case .correction: correct(now: now)
-        case .rooms: roomsTick(now: now)
-        case .sightings: sendSightings(now: now)
+        case .orphans: room.clearOrphans(now: now, mqtt: &broker.mqtt)
+        case .standIns: room.republishStandIns(mqtt: &broker.mqtt)
+        case .correction: room.correct(now: now, mqtt: &broker.mqtt)
+        case .rooms: room.roomsTick(now: now, mqtt: &broker.mqtt)
+        case .sightings: room.sendSightings(now: now, mqtt: &broker.mqtt)
         case .statusCheck:
             if let step = statusCheck.due(now: now) { statusChecked(step) }
-        case .capacityWarnings: capacityWarnings.check(now: now, table: table, rooms: rooms, log: log)
+        case .capacityWarnings: capacityWarnings.check(now: now, table: room.table, rooms: room.rooms, log: log)
         case .stats:
             publishStats(now: now)
             nextStats = now + config.statusInterval
