@@ -1,17 +1,20 @@
 // The service (docs/architecture.md §2 "The loop"): one thread, one
 // poll() loop, driven by `PollLoop`, over the gateway's parts. Each part has the same shape
-// (descriptors to poll, a next deadline, work when one is ready or due) and lives in its own
-// file:
+// (descriptors to poll, a next deadline, work when one is ready or due), is its own type, and
+// lives in its own file:
 //
-//   radio       GatewayRadio.swift        HCI events → decoder → tables → Publisher
+//   radio       GatewayRadio.swift        HCI events → decoder → each advertisement heard
+//   room        RoomState.swift, GatewayRooms.swift   the tables, Publisher, the rooms rule
 //   broker      GatewayBroker.swift       the one MQTT connection; inbound messages by topic
 //   stop        the stop pipe (Signals.swift)
-//   fetches     FetchRelay + GatewayRelays.swift       (docs/relay.md §4)
-//   streams     StreamRelay + GatewayRelays.swift      (docs/relay.md §7)
-//   phones      GatewayReadvertising.swift             (docs/relay.md §9)
-//   continuing  ContinuingLinks                        (docs/relay.md §9)
-//   timers      expiry, rooms (GatewayRooms.swift), retained-state upkeep, stats, watchdog
+//   fetches     FetchRelay, in GatewayRelays (GatewayRelays.swift)   (docs/relay.md §4)
+//   streams     StreamRelay, in GatewayRelays                        (docs/relay.md §7)
+//   phones      GatewayReadvertising.swift                           (docs/relay.md §9)
+//   continuing  ContinuingLinks, in GatewayRelays                    (docs/relay.md §9)
+//   proxy       ProxyServer (BatonProxy)  Home Assistant's ESPHome clients
+//   timers      GatewayTimers.swift: the room's, the stats, the status check, the watchdog
 //
+// `Gateway` holds the parts and routes between them; what a part does is its own type's.
 // The loop scans continuously (no scan-then-sleep duty cycle) and watches its own radio
 // (docs/radio.md "Recovery").
 import BatonLibc
@@ -41,33 +44,18 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     public let config: GatewayConfig
     // The parts.
     var radio: GatewayRadio<Radio>
+    /// This room's state: the tables, the retained state's keeper, the rooms rule, the keys.
+    var room: RoomState
     var broker: GatewayBroker
-    /// Payload fetches this gateway answers, and streams it carries (docs/relay.md).
-    var relay: FetchRelay
-    var streams: StreamRelay
-    /// Other rooms' activities on this room's air (nil without `relay.readvertise`), and the
-    /// phones' links to them (docs/relay.md §9).
-    var readvertising: GatewayReadvertising?
-    var continuing: ContinuingLinks
+    /// Payload fetches, streams, re-advertising and the phones' links (docs/relay.md).
+    var relays: GatewayRelays
     /// The ESPHome API server, Home Assistant's Bluetooth proxy (`esphome:`, docs/esphome.md);
     /// nil when the config has none.
     var proxy: ProxyServer?
-    /// Link failures said in the log so far (one line per failure, not per turn).
-    var linkFailuresLogged = 0
-    /// This room's state: the tables, the retained state's keeper, the rooms rule, the keys.
-    var room: RoomState
     // The loop itself.
     var loop: PollLoop
-    var notifier: SystemdNotifier
     var log: Logger
-    let startedAt: Instant
-    let clock: WallClock
-    var nextStats: Instant
-    /// Reads this gateway's own retained status back (docs/broker.md "A status the broker
-    /// did not keep").
-    var statusCheck: StatusCheck
-    var capacityWarnings: CapacityWarnings
-    let statsScratch: UnsafeMutableRawBufferPointer
+    var upkeep: GatewayUpkeep
 
     /// How long after a radio error the source is started again.
     public static var radioRetry: Duration { GatewayRadio<Radio>.retry }
@@ -79,7 +67,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
                 proxy: consuming ProxyServer? = nil, log: Logger, environment: [String: String], now: Instant, unixMicroseconds: Int64) {
         precondition(keys.matches(config), "the gateway's keys are GatewayKeys.make(config)")
         self.config = config
-        self.clock = WallClock(unixMicrosecondsAtStart: unixMicroseconds, instantAtStart: now)
+        let clock = WallClock(unixMicrosecondsAtStart: unixMicroseconds, instantAtStart: now)
         self.radio = GatewayRadio(source: radio, reopen: reopen, config: config, clock: clock, log: log, now: now)
         self.broker = GatewayBroker(mqtt: mqtt, config: config)
         let topics = Topics(prefix: config.prefix, discoveryPrefix: config.discoveryPrefix, gatewayID: config.gatewayID)
@@ -97,36 +85,27 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
                                         capacity: config.table.capacity, fetches: config.relay.fetches)
         self.room = RoomState(config: config, keys: keys, publisher: publisher, log: log, unixMicroseconds: unixMicroseconds,
                               now: now)
-        self.relay = FetchRelay(config: config.relay, link: link, gatewayID: config.gatewayID, room: config.room,
-                                topics: topics)
-        self.streams = StreamRelay(config: config.relay, link: link, gatewayID: config.gatewayID)
-        if let readvertising {
-            var readvertiser: Readvertiser?
-            if let group = keys.verifier?.groupHash, keys.tagger != nil {
-                readvertiser = Readvertiser(groupHash: group, selfID: config.gatewayID, psms: readvertising.psms)
-            }
-            self.readvertising = GatewayReadvertising(radio: readvertising, readvertiser: readvertiser, tagger: keys.tagger)
-        } else {
-            self.readvertising = nil
+        var readvertiser: Readvertiser?
+        if let readvertising, let group = keys.verifier?.groupHash, keys.tagger != nil {
+            readvertiser = Readvertiser(groupHash: group, selfID: config.gatewayID, psms: readvertising.psms)
         }
-        self.continuing = ContinuingLinks(config: config.relay, topics: topics, room: config.room)
+        self.relays = GatewayRelays(
+            fetches: FetchRelay(config: config.relay, link: link, gatewayID: config.gatewayID, room: config.room, topics: topics),
+            streams: StreamRelay(config: config.relay, link: link, gatewayID: config.gatewayID),
+            continuing: ContinuingLinks(config: config.relay, topics: topics, room: config.room),
+            readvertising: readvertising.map {
+                GatewayReadvertising(radio: $0, readvertiser: readvertiser, tagger: keys.tagger, companyID: config.companyID, log: log)
+            })
         let proxyDescriptors = proxy?.descriptorLimit ?? 0
         self.proxy = proxy
         self.loop = PollLoop(parts: Self.loopParts, descriptors: config.polledDescriptors(proxy: proxyDescriptors), now: now)
-        self.notifier = SystemdNotifier(environment: environment)
         self.log = log
-        self.startedAt = now
-        self.nextStats = now + config.statusInterval
-        self.statusCheck = StatusCheck(interval: config.statusInterval)
-        self.capacityWarnings = CapacityWarnings(now: now)
-        self.statsScratch = .allocate(byteCount: 8192, alignment: 8)
+        self.upkeep = GatewayUpkeep(config: config, environment: environment, now: now)
         // `esphome.scan-mode: active` scans actively from the first scan: asked now, the
         // type goes into the init's scan parameters (a stopped radio takes it at its start),
         // not into a change on the loop's first turn after a passive init.
         if self.proxy?.wantedScanMode == ScannerMode.active { self.radio.ask(.active, now: now) }
     }
-
-    deinit { statsScratch.deallocate() }
 
 
     /// How this gateway reaches devices (`relay.link`, docs/relay.md §5).
@@ -141,6 +120,9 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
 
     public var activityCount: Int { room.table.count }
     public var tally: AdvertisementTally { radio.decoder.tally }
+    /// What is on this room's air for other rooms, and the kernel's refusals (docs/relay.md §9).
+    var readvertiser: Readvertiser? { relays.readvertising?.readvertiser }
+    var readvertiseErrors: Int { relays.readvertising?.errors ?? 0 }
     public var counters: GatewayCounters {
         var c = radio.counters
         c.loopTurns = loop.turns
@@ -155,7 +137,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         let now = Instant.now
         broker.mqtt.start(now: now)
         radio.start(now: now)
-        notifier.send("READY=1\nSTATUS=scanning on \(config.radio), broker \(config.broker.nodeList)")
+        upkeep.notifier.send("READY=1\nSTATUS=scanning on \(config.radio), broker \(config.broker.nodeList)")
         while true {
             if let failure = radio.fatalError {
                 shutdown()
@@ -163,7 +145,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
             }
             if turn(stopFD: stop.fd) { if stop.drain() { break } }
         }
-        notifier.send("STOPPING=1")
+        upkeep.notifier.send("STOPPING=1")
         log.info("stopping: saying offline and disconnecting")
         shutdown()
         return .stopped
@@ -180,8 +162,8 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     /// hold them equal).
     var partsDescriptorLimit: Int {
         mutating get {
-            radio.descriptorLimit + broker.descriptorLimit + 1 + relay.descriptorLimit + streams.descriptorLimit
-                + (readvertising?.descriptorLimit ?? 0) + continuing.descriptorLimit + (proxy?.descriptorLimit ?? 0)
+            radio.descriptorLimit + broker.descriptorLimit + 1 + relays.fetches.descriptorLimit + relays.streams.descriptorLimit
+                + (relays.readvertising?.descriptorLimit ?? 0) + relays.continuing.descriptorLimit + (proxy?.descriptorLimit ?? 0)
         }
     }
 
@@ -194,15 +176,15 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         let radioPart = loop.add(&radio)
         let brokerPart = loop.add(&broker)
         let stop = loop.add(fd: stopFD)
-        let fetches = loop.add(&relay)
-        let streamsPart = loop.add(&streams)
-        let phones = readvertising == nil ? nil : loop.add(&readvertising!)
-        let continuingPart = loop.add(&continuing)
+        let fetches = loop.add(&relays.fetches)
+        let streamsPart = loop.add(&relays.streams)
+        let phones = relays.readvertising == nil ? nil : loop.add(&relays.readvertising!)
+        let continuingPart = loop.add(&relays.continuing)
         let proxyPart = proxy == nil ? nil : loop.add(&proxy!)
         loop.add(deadline: timersDeadline)
         // Owed title fetches are started in the turn (below); this is when the next one may.
         loop.add(deadline: broker.mqtt.isConnected ? room.publisher.names.nextDeadline : nil)
-        loop.add(deadline: notifier.nextDeadline)
+        loop.add(deadline: upkeep.notifier.nextDeadline)
         // A busy radio's reports are gathered for `radio.gather`, and read together: one
         // wake-up each was most of a busy room's cost; a quiet room's are read as they come
         // (docs/architecture.md §2 "Gathering").
@@ -236,17 +218,17 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         if !broker.events.isEmpty { handleBrokerEvents(now: now) }
 
         // Device links, then their deadlines.
-        if !loop.ready(fetches).isEmpty { relay.poll(fds: loop.ready(fetches), now: now, mqtt: &broker.mqtt) }
-        if let due = relay.nextDeadline, due <= now { relay.tick(now: now, mqtt: &broker.mqtt) }
-        if !loop.ready(streamsPart).isEmpty { streams.poll(fds: loop.ready(streamsPart), now: now, mqtt: &broker.mqtt) }
-        if let phones { serveReadvertising(loop.ready(phones), due: loop.isDue(phones), now: now) }
+        if !loop.ready(fetches).isEmpty { relays.fetches.poll(fds: loop.ready(fetches), now: now, mqtt: &broker.mqtt) }
+        if let due = relays.fetches.nextDeadline, due <= now { relays.fetches.tick(now: now, mqtt: &broker.mqtt) }
+        if !loop.ready(streamsPart).isEmpty { relays.streams.poll(fds: loop.ready(streamsPart), now: now, mqtt: &broker.mqtt) }
+        if let phones { relays.readvertising?.serve(loop.ready(phones), due: loop.isDue(phones), now: now, continuing: &relays.continuing) }
         if !loop.ready(continuingPart).isEmpty {
-            continuing.poll(fds: loop.ready(continuingPart), now: now, mqtt: &broker.mqtt, streams: &streams)
+            relays.continuing.poll(fds: loop.ready(continuingPart), now: now, mqtt: &broker.mqtt, streams: &relays.streams)
         }
         if room.publisher.names.owed > 0, broker.mqtt.isConnected { fetchTitles(now: now) }
-        if !relay.ownAnswers.isEmpty { takeTitles(now: now) }
-        if let due = continuing.nextDeadline, due <= now { continuing.tick(now: now) }
-        if let due = streams.nextDeadline, due <= now { streams.tick(now: now, mqtt: &broker.mqtt) }
+        if !relays.fetches.ownAnswers.isEmpty { takeTitles(now: now) }
+        if let due = relays.continuing.nextDeadline, due <= now { relays.continuing.tick(now: now) }
+        if let due = relays.streams.nextDeadline, due <= now { relays.streams.tick(now: now, mqtt: &broker.mqtt) }
         logLinkFailures()
 
         // Home Assistant's clients: requests, then this turn's advertisements as they arrived
@@ -257,7 +239,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         proxy?.flush(now: now)
 
         runTimers(now: now)
-        notifier.pingIfDue(now: now)
+        upkeep.notifier.pingIfDue(now: now)
         return loop.isReady(stop)
     }
 
@@ -265,11 +247,11 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     mutating func shutdown() {
         // Nothing of this gateway's stays on the air, connected or not (docs/relay.md §9), and
         // every link hears `gone` (the broker side is lost when the broker is away).
-        continuing.stop()
-        readvertiseRadio?.withdrawAll()
+        relays.continuing.stop()
+        relays.readvertising?.radio.withdrawAll()
         // Every fetch taken gets its one answer, even now (docs/relay.md §4).
-        relay.stop(mqtt: &broker.mqtt)
-        streams.stop(mqtt: &broker.mqtt)
+        relays.fetches.stop(mqtt: &broker.mqtt)
+        relays.streams.stop(mqtt: &broker.mqtt)
         guard broker.mqtt.isConnected else { return }
         room.publisher.stopListening(&broker.mqtt)
         room.publisher.publish(&broker.mqtt, room.publisher.topics.status, text: "offline")

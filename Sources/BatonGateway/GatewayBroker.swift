@@ -161,14 +161,14 @@ extension Gateway where Radio: ~Copyable {
                 broker.connected(now: now, log: log)
                 log.info("connected to the broker \(broker.mqtt.brokerName) (MQTT \(version.rawValue)); publishing status and \(room.table.count) activities")
                 room.connected(now: now, mqtt: &broker.mqtt)
-                statusCheck.connected(now: now)
+                upkeep.statusCheck.connected(now: now)
                 publishStats(now: now)
                 room.sendAllSightings(now: now, mqtt: &broker.mqtt)
-                streams.reconnected(now: now, mqtt: &broker.mqtt)
-                if readvertiser != nil {
-                    readvertising?.readvertiser?.reconnected()
+                relays.streams.reconnected(now: now, mqtt: &broker.mqtt)
+                if relays.readvertising?.readvertiser != nil {
+                    relays.readvertising?.readvertiser?.reconnected()
                     // The owners' answers to the phones' fetches (docs/relay.md §9).
-                    do throws(MQTTError) { try broker.mqtt.subscribe(continuing.answerPattern, qos: 1) } catch {
+                    do throws(MQTTError) { try broker.mqtt.subscribe(relays.continuing.answerPattern, qos: 1) } catch {
                         log.warning("subscribing to the answers for phones failed: \(error)")
                     }
                 }
@@ -176,7 +176,7 @@ extension Gateway where Radio: ~Copyable {
                 log.error("\(reason)")
             case .disconnected(let reason):
                 broker.lost(reason, now: now, log: log)
-                statusCheck.disconnected()
+                upkeep.statusCheck.disconnected()
                 // Until the next connect nothing arrives, this gateway's own sightings
                 // included: their going stale is the outage's, not the devices' (docs/rooms.md §7).
                 room.rooms.ownership.leave(now: now)
@@ -204,7 +204,7 @@ extension Gateway where Radio: ~Copyable {
         }
         guard case .republish(let kept) = step else { return }
         let what = kept.map { "'\($0)'" } ?? "nothing"
-        if statusCheck.republishedThisConnection == 1 {
+        if upkeep.statusCheck.republishedThisConnection == 1 {
             log.warning("the broker did not keep this gateway's status (it holds \(what) at \(topic), not 'online'): saying 'online' again (until a broker keeps it, a Home Assistant or gateway that starts reads this gateway as unavailable)")
         } else {
             log.debug("the broker still does not keep this gateway's status (\(what)): saying 'online' again")
@@ -217,17 +217,13 @@ extension Gateway where Radio: ~Copyable {
         switch room.publisher.topics.classify(message.topic) {
         case .status(let gateway):
             // Our own, retained: the broker's answer to the status check (docs/broker.md).
-            if gateway == config.gatewayID, message.retained, let step = statusCheck.retained(message.payload, now: now) {
+            if gateway == config.gatewayID, message.retained, let step = upkeep.statusCheck.retained(message.payload, now: now) {
                 statusChecked(step)
             }
             if let gone = room.statusReceived(message, gateway: gateway, now: now, mqtt: &broker.mqtt) {
                 // Its activities are nobody's to continue now (docs/relay.md §9).
-                if readvertiser != nil {
-                    var ended: [Readvertiser.Change] = []
-                    readvertising?.readvertiser?.ownerOffline(gone.id) { ended.append($0) }
-                    for change in ended { readvertiseChanged(change) }
-                }
-                if gone.tellStreams { streams.gatewayWentOffline(gone.id, topics: room.publisher.topics, mqtt: &broker.mqtt) }
+                relays.readvertising?.ownerOffline(gone.id)
+                if gone.tellStreams { relays.streams.gatewayWentOffline(gone.id, topics: room.publisher.topics, mqtt: &broker.mqtt) }
             }
         case .sighting(let gateway, let device):
             room.sightingReceived(message, gateway: gateway, device: device, now: now, mqtt: &broker.mqtt)
@@ -239,35 +235,32 @@ extension Gateway where Radio: ~Copyable {
         case .streamOpen(let device, let id):
             streamOpenRequested(message, device: device, id: id, now: now)
         case .streamUp(let id):
-            if !streams.fromBroker(id: id, .up, message.payload, now: now, mqtt: &broker.mqtt) {
-                streams.dropped("stream-unknown")
+            if !relays.streams.fromBroker(id: id, .up, message.payload, now: now, mqtt: &broker.mqtt) {
+                relays.streams.dropped("stream-unknown")
             }
         case .streamDown(let id):
             // The carrier's frames of a stream this gateway bridges for a phone (§7.5).
-            if !streams.fromBroker(id: id, .down, message.payload, now: now, mqtt: &broker.mqtt) {
-                streams.dropped("stream-unknown")
+            if !relays.streams.fromBroker(id: id, .down, message.payload, now: now, mqtt: &broker.mqtt) {
+                relays.streams.dropped("stream-unknown")
             }
         case .streamCarrier(let id):
             // MQTT 3.1.1 clears the retain flag of live messages: there it says nothing (§7.3).
             let retained = broker.mqtt.protocolVersion == .v5 ? message.retained : nil
-            if let full = streams.carried(stream: id, payload: message.payload, retained: retained,
-                                          isOnline: { room.rooms.ownership.isOnline(gateway: $0) }, now: now) {
+            if let full = relays.streams.carried(stream: id, payload: message.payload, retained: retained,
+                                                 isOnline: { room.rooms.ownership.isOnline(gateway: $0) }, now: now) {
                 log.warning("\(full)")
             }
         case .malformedStream:
             // Under the stream topics, but no stream id of docs/relay.md §7.1.
-            streams.dropped("stream-topic")
+            relays.streams.dropped("stream-topic")
         case .answer(let link):
             // Subscribed to only while re-advertising (docs/relay.md §9).
-            guard readvertiser != nil else { return }
-            answeredForPhone(message, link: link, now: now)
+            guard relays.readvertising?.readvertiser != nil else { return }
+            relays.continuing.answered(message, link: link, now: now)
         case .activity(let device):
             room.activityReceived(message, device: device, now: now, mqtt: &broker.mqtt)
-            if readvertiser != nil,
-               let change = readvertising?.readvertiser?.activity(device: device, payload: message.payload,
-                                                                 isOnline: { room.rooms.ownership.isOnline(gateway: Substring($0)) }) {
-                readvertiseChanged(change)
-            }
+            relays.readvertising?.activity(device: device, payload: message.payload,
+                                           isOnline: { room.rooms.ownership.isOnline(gateway: Substring($0)) })
             room.retainedReceived(message, on: .activity(device), now: now, mqtt: &broker.mqtt)
         case .apple(let id):
             room.retainedReceived(message, on: .apple(id), now: now, mqtt: &broker.mqtt)

@@ -14,7 +14,10 @@ struct GatewayReadvertising {
     /// Which activities are on the air; nil without the keyed group's key and tagger.
     var readvertiser: Readvertiser?
     let tagger: BeaconTagger?
+    /// The beacons' company id (`beacon.company-id`): what the slots' advertisements carry.
+    let companyID: UInt16
     var errors = 0
+    let log: Logger
 
     /// The readvertiser's and the phones' links' part of the stats topic (docs/relay.md §9).
     func writeStats(continuing: borrowing ContinuingLinks, into w: inout JSONWriter) throws(WireError) {
@@ -50,94 +53,85 @@ extension GatewayReadvertising: LoopPart {
     var nextDeadline: Instant? { radio.answerDeadline }
 }
 
-extension Gateway where Radio: ~Copyable {
-    var readvertiseRadio: (any AdvertisingController)? { readvertising?.radio }
-    var readvertiser: Readvertiser? { readvertising?.readvertiser }
-    var readvertiseErrors: Int { readvertising?.errors ?? 0 }
-    var tagger: BeaconTagger? { readvertising?.tagger }
-
+extension GatewayReadvertising {
     /// The part's work: phones connecting, the kernel's answers (read when they are there and
     /// failed at their deadline: nothing in the loop waits for the kernel), and removals by
     /// another program.
-    mutating func serveReadvertising(_ ready: ArraySlice<pollfd>, due: Bool, now: Instant) {
-        guard let radio = readvertiseRadio else { return }
-        acceptPhones(ready.dropLast(), now: now)
+    mutating func serve(_ ready: ArraySlice<pollfd>, due: Bool, now: Instant, continuing: inout ContinuingLinks) {
+        acceptPhones(ready.dropLast(), now: now, continuing: &continuing)
         if ready.last.map({ $0.revents != 0 }) ?? false || due || radio.removalsPending {
-            readvertiseAnswers(now: now)
-            readvertiseRemoved()
+            answers(now: now)
+            removed()
         }
     }
 
 
     /// Puts a slot on the air or takes it off. The kernel's refusal is logged and counted; the
     /// slot is tried again at the activity's next change.
-    mutating func readvertiseChanged(_ change: Readvertiser.Change) {
-        guard let readvertiseRadio, let readvertiser, let tagger else { return }
+    mutating func changed(_ change: Readvertiser.Change) {
+        guard let onAir = readvertiser, let tagger else { return }
         do throws(ManagementError) {
             switch change {
             case .advertise(let k):
-                let data = readvertiser.advertisement(k, companyID: config.companyID, tagger: tagger)
+                let data = onAir.advertisement(k, companyID: companyID, tagger: tagger)
                 guard !data.isEmpty else { return }  // the slot left the air meanwhile
-                try readvertiseRadio.advertise(k, data)
-                if let a = readvertiser.slots[k] {
-                    log.info("re-advertising \(Topics.deviceText(a.device)) seq \(a.sequence) from gateway \(a.owner) on PSM 0x\(Hex.text(UInt64(readvertiser.psms[k]), digits: 4))")
+                try radio.advertise(k, data)
+                if let a = onAir.slots[k] {
+                    log.info("re-advertising \(Topics.deviceText(a.device)) seq \(a.sequence) from gateway \(a.owner) on PSM 0x\(Hex.text(UInt64(onAir.psms[k]), digits: 4))")
                 }
             case .withdraw(let k):
-                try readvertiseRadio.withdraw(k)
+                try radio.withdraw(k)
                 log.debug("re-advertising slot \(k) ends")
             }
         } catch {
-            readvertising?.errors &+= 1
-            log.warning("re-advertising on \(readvertiseRadio.adapter): \(error)")
+            errors &+= 1
+            log.warning("re-advertising on \(radio.adapter): \(error)")
             // Not on the air: the slot is free again, and the activity's next message tries again.
             // The remove that goes first may have failed too: make sure the old one is gone.
             if case .advertise(let k) = change {
-                do throws(ManagementError) { try readvertiseRadio.withdraw(k) } catch {}
-                readvertising?.readvertiser?.forget(k)
+                do throws(ManagementError) { try radio.withdraw(k) } catch {}
+                readvertiser?.forget(k)
             }
         }
     }
 
     /// The kernel refused a request, or did not answer it by its deadline: counted and logged
-    /// as a refusal inside `readvertiseChanged` was; an advertisement that did not go on the
+    /// as a refusal inside `changed(_:)` is; an advertisement that did not go on the
     /// air frees its slot, and the activity's next message tries again.
-    mutating func readvertiseAnswers(now: Instant) {
-        guard let readvertiseRadio else { return }
+    mutating func answers(now: Instant) {
         var failed: [(slot: Int, advertise: Bool, error: ManagementError)] = []
-        readvertiseRadio.answers(now: now) { failed.append((slot: $0, advertise: $1, error: $2)) }
+        radio.answers(now: now) { failed.append((slot: $0, advertise: $1, error: $2)) }
         for f in failed {
-            readvertising?.errors &+= 1
-            log.warning("re-advertising on \(readvertiseRadio.adapter): \(f.error.description)")
+            errors &+= 1
+            log.warning("re-advertising on \(radio.adapter): \(f.error.description)")
             guard f.advertise, readvertiser?.slots[f.slot] != nil else { continue }
-            do throws(ManagementError) { try readvertiseRadio.withdraw(f.slot) } catch {}
-            readvertising?.readvertiser?.forget(f.slot)
+            do throws(ManagementError) { try radio.withdraw(f.slot) } catch {}
+            readvertiser?.forget(f.slot)
         }
     }
 
     /// Someone else removed slots' advertisements (bluetoothd resets every instance when it
     /// starts or the adapter comes back): they go on the air again.
-    mutating func readvertiseRemoved() {
-        guard let readvertiseRadio else { return }
+    mutating func removed() {
         var removed: [Int] = []
-        readvertiseRadio.removedSlots { removed.append($0) }
-        for k in removed where self.readvertiser?.slots[k] != nil {
+        radio.removedSlots { removed.append($0) }
+        for k in removed where readvertiser?.slots[k] != nil {
             log.info("re-advertising slot \(k) was removed by another program (bluetoothd?): putting it back")
-            readvertiseChanged(.advertise(k))
+            changed(.advertise(k))
         }
     }
 
     /// Phones connecting to the slots' PSMs (`fds`: one per listener, in slot order).
-    mutating func acceptPhones(_ fds: ArraySlice<pollfd>, now: Instant) {
-        guard let readvertiseRadio else { return }
-        for (k, fd) in zip(readvertiseRadio.psms.indices, fds) where fd.revents != 0 {
+    mutating func acceptPhones(_ fds: ArraySlice<pollfd>, now: Instant, continuing: inout ContinuingLinks) {
+        for (k, fd) in zip(radio.psms.indices, fds) where fd.revents != 0 {
             let accepted: (fd: Int32, peer: LinkAddress)?
-            do throws(LinkError) { accepted = try readvertiseRadio.accept(k) } catch {
-                readvertising?.errors &+= 1
-                log.warning("accepting a phone's link on \(readvertiseRadio.adapter): \(error)")
+            do throws(LinkError) { accepted = try radio.accept(k) } catch {
+                errors &+= 1
+                log.warning("accepting a phone's link on \(radio.adapter): \(error)")
                 continue
             }
             guard let accepted else { continue }
-            let channel = LinkChannel(accepted: accepted.fd, peer: accepted.peer, l2cap: readvertiseRadio.acceptsL2CAP)
+            let channel = LinkChannel(accepted: accepted.fd, peer: accepted.peer, l2cap: radio.acceptsL2CAP)
             guard let device = readvertiser?.slots[k]?.device else {
                 // The activity left the air between the phone's scan and its connect.
                 var c = channel
@@ -150,11 +144,29 @@ extension Gateway where Radio: ~Copyable {
         }
     }
 
-    /// An owner's answer to a fetch asked for a phone.
-    mutating func answeredForPhone(_ message: MQTTMessage, link: UInt64?, now: Instant) {
-        let a = AnswerForPhone(message)
-        continuing.answered(link: link, correlation: a.correlation, status: a.status, sequence: a.sequence,
-                            payload: a.payload, now: now)
+    /// What happened elsewhere that changes what is on the air: an owner went offline (its
+    /// activities are nobody's to continue now), the retained scan ended, an activity message.
+    mutating func ownerOffline(_ id: Substring) {
+        var gone: [Readvertiser.Change] = []
+        readvertiser?.ownerOffline(id) { gone.append($0) }
+        for change in gone { changed(change) }
     }
 
+    mutating func retainedScanEnded() {
+        var ended: [Readvertiser.Change] = []
+        readvertiser?.retainedScanEnded { ended.append($0) }
+        for change in ended { changed(change) }
+    }
+
+    mutating func activity(device: UInt64, payload: [UInt8], isOnline: (String) -> Bool) {
+        if let change = readvertiser?.activity(device: device, payload: payload, isOnline: isOnline) { changed(change) }
+    }
+}
+
+extension ContinuingLinks {
+    /// An owner's answer to a fetch asked for a phone.
+    mutating func answered(_ message: MQTTMessage, link: UInt64?, now: Instant) {
+        let a = AnswerForPhone(message)
+        answered(link: link, correlation: a.correlation, status: a.status, sequence: a.sequence, payload: a.payload, now: now)
+    }
 }

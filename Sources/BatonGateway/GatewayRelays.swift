@@ -10,6 +10,34 @@ import BatonMQTT
 import BatonRelay
 import BatonWire
 
+/// The relays as the gateway holds them (docs/relay.md): fetches (§4), streams (§7), and, with
+/// `relay.readvertise`, other rooms' activities on this room's air and the phones' links to
+/// them (§9).
+struct GatewayRelays: ~Copyable {
+    var fetches: FetchRelay
+    var streams: StreamRelay
+    var continuing: ContinuingLinks
+    /// nil without `relay.readvertise`.
+    var readvertising: GatewayReadvertising?
+    /// Link failures said in the log so far (one line per failure, not per turn).
+    var linkFailuresLogged = 0
+
+    init(fetches: consuming FetchRelay, streams: consuming StreamRelay, continuing: consuming ContinuingLinks,
+         readvertising: GatewayReadvertising?) {
+        self.fetches = fetches
+        self.streams = streams
+        self.continuing = continuing
+        self.readvertising = readvertising
+    }
+
+    /// The last link failure, once: one log line per failure, not per turn.
+    mutating func newLinkFailure() -> String? {
+        guard fetches.counters.linkFailures != linkFailuresLogged, let error = fetches.lastLinkError else { return nil }
+        linkFailuresLogged = fetches.counters.linkFailures
+        return error
+    }
+}
+
 extension Gateway where Radio: ~Copyable {
 
     /// Every gateway sees every request; exactly one answers it: the device's owner while it
@@ -21,35 +49,22 @@ extension Gateway where Radio: ~Copyable {
         switch FetchIntake(message) {
         case .unanswerable(let error):
             // Nowhere to answer: counted by every gateway, answered by none.
-            return relay.dropped(error?.reasonName ?? "fetch-no-response-topic")
+            return relays.fetches.dropped(error?.reasonName ?? "fetch-no-response-topic")
         case .request(let r, let e):
             route = r
             bodyError = e
         }
-        relay.supersede(route, mqtt: &broker.mqtt)
-        guard answers(for: device) else { return }
+        relays.fetches.supersede(route, mqtt: &broker.mqtt)
+        guard room.answers(for: device) else { return }
         // Counted as drops too: a malformed request is the requester's bug (docs/mqtt.md §1).
-        if device == nil { relay.dropped("fetch-topic") } else if let bodyError { relay.dropped(bodyError.reasonName) }
-        switch admit(.fetch, device: device, bodyError: bodyError) {
+        if device == nil { relays.fetches.dropped("fetch-topic") } else if let bodyError { relays.fetches.dropped(bodyError.reasonName) }
+        switch room.admit(.fetch, device: device, bodyError: bodyError) {
         case .success(let target):
-            relay.fetch(target, route: route, now: now, mqtt: &broker.mqtt)
+            relays.fetches.fetch(target, route: route, now: now, mqtt: &broker.mqtt)
             logLinkFailures()
         case .failure(let refusal):
-            relay.refuse(refusal, device: device, route: route, mqtt: &broker.mqtt)
+            relays.fetches.refuse(refusal, device: device, route: route, mqtt: &broker.mqtt)
         }
-    }
-
-    /// The one admission check of fetches and streams (docs/relay.md §4 "Admission"), from
-    /// what this gateway knows of the device: the rooms rule and the activity table.
-    func admit(_ kind: RequestKind, device: UInt64?, bodyError: WireError? = nil) -> Result<FetchTarget, Refusal> {
-        var activity: AdmittedActivity?
-        if let device, let a = room.table.activity(deviceID: device), a.state == .current {
-            activity = AdmittedActivity(address: a.address, addressType: a.addressType, psm: a.beacon.psm,
-                                        sequence: a.beacon.sequence, supportsStreams: a.beacon.flags.contains(.supportsStreams))
-        }
-        return Admission.check(kind, device: device, bodyError: bodyError,
-                               owns: device.map { room.rooms.ownership.owns($0) } ?? false,
-                               follows: device.map { room.rooms.ownership.follows($0) } ?? false, activity: activity)
     }
 
     // MARK: titles (docs/relay.md §4.1)
@@ -64,7 +79,7 @@ extension Gateway where Radio: ~Copyable {
             }
             let target = FetchTarget(device: id, sequence: a.beacon.sequence,
                                      link: LinkAddress(address: a.address, addressType: a.addressType, psm: a.beacon.psm))
-            if relay.fetchOwn(target, now: now, mqtt: &broker.mqtt) {
+            if relays.fetches.fetchOwn(target, now: now, mqtt: &broker.mqtt) {
                 room.publisher.names.started(id, now: now)
             } else {
                 room.publisher.names.couldNotStart(id, now: now)
@@ -76,8 +91,8 @@ extension Gateway where Radio: ~Copyable {
     /// The answers to the own fetches: a payload that names more than the message says goes
     /// out at once; a failure leaves the message as it is (counted, backed off).
     mutating func takeTitles(now: Instant) {
-        for i in relay.ownAnswers.indices {
-            let answer = relay.ownAnswers[i]
+        for i in relays.fetches.ownAnswers.indices {
+            let answer = relays.fetches.ownAnswers[i]
             let device = Topics.deviceText(answer.device)
             if answer.status != .ok {
                 log.debug("device \(device): no title (\(answer.status.name)); the message stays as it is")
@@ -89,43 +104,21 @@ extension Gateway where Radio: ~Copyable {
             log.debug("device \(device): \(answer.described?.title ?? "(no title)") (\(answer.described?.type ?? "?"))")
             room.publisher.described(&broker.mqtt, a)
         }
-        relay.clearOwnAnswers()
-    }
-
-    /// The one gateway that answers a request about `device` (docs/relay.md §4): its owner
-    /// while online, else the online gateway whose id sorts first. With neighbourhoods the
-    /// rule here follows only the devices around this room (docs/rooms.md §8.3): a device it
-    /// has no online owner for may have one at the far end of the building, the gateway its
-    /// activity topic names, and then that one answers, not the first.
-    func answers(for device: UInt64?) -> Bool {
-        var answerer = room.rooms.ownership.firstOnline
-        if let device {
-            if let owner = room.rooms.ownership.owner(of: device), room.rooms.ownership.isOnline(owner) {
-                answerer = owner
-            } else if let publisher = room.rooms.publishers.publisher(of: device), room.rooms.ownership.isOnline(publisher) {
-                answerer = publisher
-            }
-        }
-        return answerer == room.rooms.ownership.selfSlot
+        relays.fetches.clearOwnAnswers()
     }
 
     /// An endpoint opens a stream (docs/relay.md §7.2); refusals go back as error frames.
     mutating func streamOpenRequested(_ message: MQTTMessage, device: UInt64?, id: String, now: Instant) {
         // A retained open would reopen the stream at every reconnect.
-        guard !message.retained else { return streams.dropped("stream-retained-open") }
-        guard answers(for: device) else { return }
-        streams.open(id: id, topics: room.publisher.topics.stream(id), frame: message.payload,
-                     admitted: admit(.stream, device: device).map { $0.link }, now: now, mqtt: &broker.mqtt)
+        guard !message.retained else { return relays.streams.dropped("stream-retained-open") }
+        guard room.answers(for: device) else { return }
+        relays.streams.open(id: id, topics: room.publisher.topics.stream(id), frame: message.payload,
+                            admitted: room.admit(.stream, device: device).map { $0.link }, now: now, mqtt: &broker.mqtt)
     }
 
     /// One line per link failure, with the last one's reason (a device walking away is news to
     /// whoever debugs a fetch, but not an error of this gateway).
     mutating func logLinkFailures() {
-        guard relay.counters.linkFailures != linkFailuresLogged, let error = relay.lastLinkError else { return }
-        linkFailuresLogged = relay.counters.linkFailures
-        log.info("device link: \(error)")
+        if let error = relays.newLinkFailure() { log.info("device link: \(error)") }
     }
-
-    /// Acts on what the rule decided: the new owner publishes what it holds; the old one
-    /// falls silent without clearing (the topic is the new owner's now); a forgotten device's
 }

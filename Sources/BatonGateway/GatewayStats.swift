@@ -12,7 +12,7 @@ import BatonWire
 
 extension Gateway where Radio: ~Copyable {
     mutating func publishStats(now: Instant) {
-        var w = JSONWriter(statsScratch)
+        var w = JSONWriter(upkeep.statsScratch)
         do throws(WireError) {
             try writeStats(now: now, into: &w)
         } catch {
@@ -26,7 +26,7 @@ extension Gateway where Radio: ~Copyable {
         try w.key("gateway"); try w.string(config.gatewayID)
         try w.key("room"); try w.string(config.room)
         try w.key("version"); try w.string(BatonVersion.current)
-        try w.key("uptime_s"); try w.int((now - startedAt).components.seconds)
+        try w.key("uptime_s"); try w.int((now - upkeep.startedAt).components.seconds)
         try radio.writeStats(now: now, into: &w)
         try w.key("changes_published"); try w.int(Int64(room.publisher.counters.changesPublished))
         try w.key("drops"); try w.beginObject()
@@ -51,11 +51,11 @@ extension Gateway where Radio: ~Copyable {
         room.table.forEach { if room.rooms.ownership.owns($0.deviceID) { owned += 1 } }
         try room.rooms.writeStats(owned: owned, publisher: room.publisher.counters, into: &w)
         try w.key("relay"); try w.beginObject()
-        try relay.writeStats(into: &w)
+        try relays.fetches.writeStats(into: &w)
         try w.key("streams"); try w.beginObject()
-        try streams.writeStats(into: &w)
+        try relays.streams.writeStats(into: &w)
         try w.endObject()
-        try readvertising?.writeStats(continuing: continuing, into: &w)
+        try relays.readvertising?.writeStats(continuing: relays.continuing, into: &w)
         try w.endObject()
         try room.publisher.writeStats(typesKnown: config.activityTypes.count, messagesReceived: broker.messagesReceived, into: &w)
         if proxy != nil {
@@ -69,6 +69,32 @@ extension Gateway where Radio: ~Copyable {
 /// A capacity that is short says so in the log once a minute, naming its knob, with what it
 /// refused since the last line (issue 30): a full capacity is a steady state, counted on the
 /// stats topic, not a line per beacon.
+/// What keeps the gateway itself told and watched: systemd's notifier (readiness and its
+/// watchdog), the stats' schedule and their scratch buffer, the read-back of the own retained
+/// status, and the minute's capacity warnings.
+struct GatewayUpkeep: ~Copyable {
+    var notifier: SystemdNotifier
+    let startedAt: Instant
+    var nextStats: Instant
+    /// Reads this gateway's own retained status back (docs/broker.md "A status the broker
+    /// did not keep").
+    var statusCheck: StatusCheck
+    var capacityWarnings: CapacityWarnings
+    /// The stats JSON is written here: 8 KiB, allocated once.
+    let statsScratch: UnsafeMutableRawBufferPointer
+
+    init(config: GatewayConfig, environment: [String: String], now: Instant) {
+        self.notifier = SystemdNotifier(environment: environment)
+        self.startedAt = now
+        self.nextStats = now + config.statusInterval
+        self.statusCheck = StatusCheck(interval: config.statusInterval)
+        self.capacityWarnings = CapacityWarnings(now: now)
+        self.statsScratch = .allocate(byteCount: 8192, alignment: 8)
+    }
+
+    deinit { statsScratch.deallocate() }
+}
+
 struct CapacityWarnings {
     static let every: Duration = .seconds(60)
     var next: Instant

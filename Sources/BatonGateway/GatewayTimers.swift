@@ -53,9 +53,9 @@ extension Gateway where Radio: ~Copyable {
         case .correction: room.publisher.nextCorrection
         case .rooms: room.rooms.tickDue
         case .sightings: room.rooms.nextSightingCheck
-        case .statusCheck: statusCheck.deadline
-        case .capacityWarnings: capacityWarnings.next
-        case .stats: nextStats
+        case .statusCheck: upkeep.statusCheck.deadline
+        case .capacityWarnings: upkeep.capacityWarnings.next
+        case .stats: upkeep.nextStats
         }
     }
 
@@ -65,20 +65,18 @@ extension Gateway where Radio: ~Copyable {
         case .appleExpiry: room.expireApple(now: now, mqtt: &broker.mqtt)
         case .retainedScanEnd:
             room.publisher.endRetainedScan(&broker.mqtt)
-            var ended: [Readvertiser.Change] = []
-            readvertising?.readvertiser?.retainedScanEnded { ended.append($0) }
-            for change in ended { readvertiseChanged(change) }
+            relays.readvertising?.retainedScanEnded()
         case .orphans: room.clearOrphans(now: now, mqtt: &broker.mqtt)
         case .standIns: room.republishStandIns(mqtt: &broker.mqtt)
         case .correction: room.correct(now: now, mqtt: &broker.mqtt)
         case .rooms: room.roomsTick(now: now, mqtt: &broker.mqtt)
         case .sightings: room.sendSightings(now: now, mqtt: &broker.mqtt)
         case .statusCheck:
-            if let step = statusCheck.due(now: now) { statusChecked(step) }
-        case .capacityWarnings: capacityWarnings.check(now: now, table: room.table, rooms: room.rooms, log: log)
+            if let step = upkeep.statusCheck.due(now: now) { statusChecked(step) }
+        case .capacityWarnings: upkeep.capacityWarnings.check(now: now, table: room.table, rooms: room.rooms, log: log)
         case .stats:
             publishStats(now: now)
-            nextStats = now + config.statusInterval
+            upkeep.nextStats = now + config.statusInterval
         }
     }
 

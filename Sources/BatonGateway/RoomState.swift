@@ -151,6 +151,40 @@ struct RoomState: ~Copyable {
     }
 }
 
+extension RoomState {
+    // What the relays ask the room before they take a fetch or a stream (docs/relay.md §4).
+
+    /// The one admission check of fetches and streams (docs/relay.md §4 "Admission"), from
+    /// what this gateway knows of the device: the rooms rule and the activity table.
+    func admit(_ kind: RequestKind, device: UInt64?, bodyError: WireError? = nil) -> Result<FetchTarget, Refusal> {
+        var activity: AdmittedActivity?
+        if let device, let a = table.activity(deviceID: device), a.state == .current {
+            activity = AdmittedActivity(address: a.address, addressType: a.addressType, psm: a.beacon.psm,
+                                        sequence: a.beacon.sequence, supportsStreams: a.beacon.flags.contains(.supportsStreams))
+        }
+        return Admission.check(kind, device: device, bodyError: bodyError,
+                               owns: device.map { rooms.ownership.owns($0) } ?? false,
+                               follows: device.map { rooms.ownership.follows($0) } ?? false, activity: activity)
+    }
+
+    /// The one gateway that answers a request about `device` (docs/relay.md §4): its owner
+    /// while online, else the online gateway whose id sorts first. With neighbourhoods the
+    /// rule here follows only the devices around this room (docs/rooms.md §8.3): a device it
+    /// has no online owner for may have one at the far end of the building, the gateway its
+    /// activity topic names, and then that one answers, not the first.
+    func answers(for device: UInt64?) -> Bool {
+        var answerer = rooms.ownership.firstOnline
+        if let device {
+            if let owner = rooms.ownership.owner(of: device), rooms.ownership.isOnline(owner) {
+                answerer = owner
+            } else if let publisher = rooms.publishers.publisher(of: device), rooms.ownership.isOnline(publisher) {
+                answerer = publisher
+            }
+        }
+        return answerer == rooms.ownership.selfSlot
+    }
+}
+
 /// What `RoomState.statusReceived` tells the relays of a gateway gone offline.
 struct GatewayWentOffline {
     let id: Substring

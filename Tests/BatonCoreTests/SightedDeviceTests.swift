@@ -32,7 +32,7 @@ private func hearPhone(_ apple: inout AppleDeviceTable, rssi: Int8, at t: Instan
     apple.hear(.empty, rssi: rssi, address: address, addressType: 1, identity: phone, now: t) { _ in }
 }
 
-/// `due` over both sources, as the gateway's loop calls it (Gateway.sendSightings).
+/// `due` over both sources, as the gateway's loop calls it (RoomState.sendSightings).
 private func due(_ schedule: inout SightingSchedule, _ table: borrowing ActivityTable, _ apple: borrowing AppleDeviceTable,
                  at t: Instant) -> [DueSighting] {
     var out: [DueSighting] = []
