@@ -73,8 +73,13 @@ private func replayedHall(_ name: String, seed: UInt64) throws
         }
         let o = try #require(stats, "\(gateway.log)")
         #expect(o["beacons"] as? Int ?? 0 > 900)
-        // Each device became current at least once and was cleared once.
-        #expect(o["changes_published"] as? Int ?? 0 >= 2 * capture.lastBeacons.count)
+        // Each device became current at least once and was cleared once: published at once,
+        // or owed while the broker had not answered yet (a replay as fast as possible can
+        // outrun the connection on a loaded machine) and sent on connect (docs/mqtt.md §1).
+        let brokerStats = o["broker"] as? [String: Any] ?? [:]
+        #expect(o["changes_published"] as? Int ?? 0 >= capture.lastBeacons.count)
+        #expect((o["changes_published"] as? Int ?? 0) + (brokerStats["changes_while_away"] as? Int ?? 0)
+                >= 2 * capture.lastBeacons.count)
         #expect(try broker.retained("baton/activities/+").isEmpty)
         // Their Home Assistant devices stay (the device is still in the room), reading unknown.
         #expect(try broker.retained("homeassistant/sensor/#").count == 2 * capture.lastBeacons.count)

@@ -39,16 +39,19 @@ struct Bench: ~Copyable {
         }
     }
 
-    /// Turns until the server holds `n` clients, for at most `bound` of the clock: a client's
-    /// close reaches the server's socket when the kernel's softirq runs, which under a loaded
-    /// machine (the suite's parallel fuzz build) can be later than five 20 ms turns.
+    /// Turns until the server holds `n` clients, for at most `bound` of the clock: on a loaded
+    /// machine (the suite's parallel fuzz build) five 20 ms turns can pass before the loop is
+    /// scheduled again. A client's close reaches the server only if no child process holds a
+    /// copy of it: the client is close-on-exec (`connectClient`), and `ChildProcess` passes
+    /// its children nothing past stderr.
     mutating func turn(untilClients n: Int, within bound: Duration = .seconds(5)) {
         let end = Instant.now + bound
         repeat { turn(1) } while server.clientCount != n && Instant.now < end
     }
 
     func connectClient() -> Int32 {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        // Close-on-exec: a child a parallel test starts must not hold the client open.
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         var a = sockaddr_in()
         a.sin_family = sa_family_t(AF_INET)
         a.sin_port = server.port.bigEndian

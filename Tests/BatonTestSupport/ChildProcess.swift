@@ -15,7 +15,7 @@
 // a deinit (a crash, a timeout, an object never released), the kernel kills the child.
 // The parent-death signal follows the *thread* that started the child, and the test runner's
 // worker threads come and go, so every child is started from one thread that lives as long as
-// the process (`Spawner`).
+// the process (`Spawner`). It inherits stdin, stdout and stderr only.
 import Foundation
 import Glibc
 
@@ -32,6 +32,10 @@ public final class ChildProcess: @unchecked Sendable {
         posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
         posix_spawn_file_actions_addopen(&actions, 1, stdout ?? "/dev/null", O_WRONLY | O_CREAT | O_TRUNC, 0o644)
         posix_spawn_file_actions_addopen(&actions, 2, stderr ?? "/dev/null", O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+        // Nothing else of the test process: a socket a parallel test holds open would stay
+        // open in the child (a broker lives as long as its test), and that test's close()
+        // would never reach its peer.
+        _ = Self.addCloseFrom?(&actions, 3)
 
         var attributes = posix_spawnattr_t()
         posix_spawnattr_init(&attributes)
@@ -65,6 +69,12 @@ public final class ChildProcess: @unchecked Sendable {
         // Whatever it started and left behind (its process group outlives it).
         Glibc.kill(-pid, SIGKILL)
     }
+
+    /// glibc's `posix_spawn_file_actions_addclosefrom_np` (2.34+; Debian bookworm has 2.36),
+    /// looked up at run time: Swift's Glibc module declares it only under _GNU_SOURCE.
+    typealias AddCloseFrom = @convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32
+    static let addCloseFrom: AddCloseFrom? = dlsym(nil, "posix_spawn_file_actions_addclosefrom_np")
+        .map { unsafeBitCast($0, to: AddCloseFrom.self) }
 
     /// util-linux's setpriv (`--pdeathsig` since 2.33); without it children start directly.
     static let setpriv: String? = FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv") ? "/usr/bin/setpriv" : nil
