@@ -77,18 +77,20 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
             discovery: config.discovery, appleAddresses: config.appleAddresses, orphanGrace: config.table.expiry,
             ownedCapacity: config.table.capacity + config.apple.capacity, log: log)
         publisher.keyedGroup = keys.verifier?.groupHash
-        publisher.neighbourhoods = config.neighbourhoods && config.sightingBatches
+        publisher.subscriptions.neighbourhoods = config.neighbourhoods && config.sightingBatches
         publisher.appleNames = config.appleIRKs.map({ $0.name })
         let link = Self.deviceLink(config)
         // Titles are fetched over the same links, so only with one (docs/relay.md §4.1).
         publisher.names = ActivityNames(types: config.activityTypes, fetchTitles: config.fetchTitles && link != nil,
                                         capacity: config.table.capacity, fetches: config.relay.fetches)
-        self.room = RoomState(config: config, keys: keys, publisher: publisher, log: log, unixMicroseconds: unixMicroseconds,
-                              now: now)
         var readvertiser: Readvertiser?
         if let readvertising, let group = keys.verifier?.groupHash, keys.tagger != nil {
             readvertiser = Readvertiser(groupHash: group, selfID: config.gatewayID, psms: readvertising.psms)
+            // The owners' answers to the phones' fetches (docs/relay.md §9).
+            publisher.subscriptions.answers = topics.answerPattern
         }
+        self.room = RoomState(config: config, keys: keys, publisher: publisher, log: log, unixMicroseconds: unixMicroseconds,
+                              now: now)
         self.relays = GatewayRelays(
             fetches: FetchRelay(config: config.relay, link: link, gatewayID: config.gatewayID, room: config.room, topics: topics),
             streams: StreamRelay(config: config.relay, link: link, gatewayID: config.gatewayID),

@@ -165,13 +165,7 @@ extension Gateway where Radio: ~Copyable {
                 publishStats(now: now)
                 room.sendAllSightings(now: now, mqtt: &broker.mqtt)
                 relays.streams.reconnected(now: now, mqtt: &broker.mqtt)
-                if relays.readvertising?.readvertiser != nil {
-                    relays.readvertising?.readvertiser?.reconnected()
-                    // The owners' answers to the phones' fetches (docs/relay.md §9).
-                    do throws(MQTTError) { try broker.mqtt.subscribe(relays.continuing.answerPattern, qos: 1) } catch {
-                        log.warning("subscribing to the answers for phones failed: \(error)")
-                    }
-                }
+                relays.readvertising?.readvertiser?.reconnected()
             case .refused(let reason):
                 log.error("\(reason)")
             case .disconnected(let reason):
@@ -191,11 +185,10 @@ extension Gateway where Radio: ~Copyable {
     /// What the status check says to do: ask the broker for the own retained status, stop
     /// asking, or say `online` again (docs/broker.md "A status the broker did not keep").
     mutating func statusChecked(_ step: StatusCheck.Step) {
-        let topic = room.publisher.topics.status
         do throws(MQTTError) {
             switch step {
-            case .ask: try broker.mqtt.subscribe(topic, qos: 0)
-            case .kept, .republish: try broker.mqtt.unsubscribe(topic)
+            case .ask: try room.publisher.subscriptions.ownStatus(asking: true, &broker.mqtt)
+            case .kept, .republish: try room.publisher.subscriptions.ownStatus(asking: false, &broker.mqtt)
             }
         } catch {
             // The connection is going: the next connect starts the check over.
@@ -205,7 +198,7 @@ extension Gateway where Radio: ~Copyable {
         guard case .republish(let kept) = step else { return }
         let what = kept.map { "'\($0)'" } ?? "nothing"
         if upkeep.statusCheck.republishedThisConnection == 1 {
-            log.warning("the broker did not keep this gateway's status (it holds \(what) at \(topic), not 'online'): saying 'online' again (until a broker keeps it, a Home Assistant or gateway that starts reads this gateway as unavailable)")
+            log.warning("the broker did not keep this gateway's status (it holds \(what) at \(room.publisher.topics.status), not 'online'): saying 'online' again (until a broker keeps it, a Home Assistant or gateway that starts reads this gateway as unavailable)")
         } else {
             log.debug("the broker still does not keep this gateway's status (\(what)): saying 'online' again")
         }

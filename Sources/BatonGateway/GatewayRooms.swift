@@ -298,19 +298,18 @@ extension RoomState {
     /// Start or stop receiving a gateway's batches (docs/rooms.md §8.3); change-rate, so the
     /// topic is built here.
     mutating func neighbour(_ g: GatewaySlot, subscribe: Bool, mqtt: inout MQTTClient) {
-        Self.neighbour(g, subscribe: subscribe, ownership: rooms.ownership, topics: publisher.topics,
+        Self.neighbour(g, subscribe: subscribe, ownership: rooms.ownership, subscriptions: publisher.subscriptions,
                        mqtt: &mqtt, log: log)
     }
 
-    static func neighbour(_ g: GatewaySlot, subscribe: Bool, ownership: borrowing RoomOwnership, topics: Topics,
+    static func neighbour(_ g: GatewaySlot, subscribe: Bool, ownership: borrowing RoomOwnership, subscriptions: Subscriptions,
                           mqtt: inout MQTTClient, log: Logger) {
         let id = ownership.id(of: g)
-        let topic = topics.batch(of: id)
         do throws(MQTTError) {
-            if subscribe { try mqtt.subscribe(topic, qos: 0) } else { try mqtt.unsubscribe(topic) }
+            try subscriptions.neighbour(id, subscribe: subscribe, &mqtt)
             log.debug("neighbour \(id): \(subscribe ? "subscribed to" : "unsubscribed from") its batches")
         } catch {
-            log.warning("\(subscribe ? "subscribing to" : "unsubscribing from") \(topic) failed: \(error)")
+            log.warning("\(subscribe ? "subscribing to" : "unsubscribing from") \(subscriptions.topics.batch(of: id)) failed: \(error)")
         }
     }
 
@@ -437,7 +436,7 @@ extension RoomState {
     /// tick's newcomers go out as one building-wide batch (docs/rooms.md §8.3).
     mutating func sendBuildingBatch(now: Instant, mqtt: inout MQTTClient) {
         rooms.neighbourhood?.expire(now: now) { g in
-            Self.neighbour(g, subscribe: false, ownership: rooms.ownership, topics: publisher.topics,
+            Self.neighbour(g, subscribe: false, ownership: rooms.ownership, subscriptions: publisher.subscriptions,
                            mqtt: &mqtt, log: log)
         }
         // Our current sighting of each device owed: heard, or `rssi: null` from its owner that

@@ -47,7 +47,7 @@ extension Gateway where Radio: ~Copyable {
         switch timer {
         case .tableExpiry: room.table.nextExpiry
         case .appleExpiry: room.apple.nextExpiry
-        case .retainedScanEnd: room.publisher.retainedScanEnds
+        case .retainedScanEnd: room.publisher.subscriptions.retainedScanEnds
         case .orphans: room.publisher.nextOrphanDeadline
         case .standIns: room.rooms.standInsDue
         case .correction: room.publisher.nextCorrection

@@ -61,9 +61,8 @@ public struct Publisher: ~Copyable {
     public let appleAddresses: Bool
     /// The group whose beacons this gateway verifies, if any: its activities say `verified`.
     public var keyedGroup: UInt32?
-    /// `rooms.neighbourhoods` (docs/rooms.md §8.3): on connect, subscribe to this gateway's own
-    /// batches and the building-wide ones, not every gateway's; the loop adds the neighbours.
-    public var neighbourhoods = false
+    /// What this gateway asks the broker for (Subscriptions): subscribed here at connect.
+    public var subscriptions: Subscriptions
     /// The names of `apple.irks`, in file order: a named device's entry says its name.
     public var appleNames: [String] = []
     /// What each activity is called, and the fetches for its title (docs/mqtt.md §2).
@@ -106,6 +105,7 @@ public struct Publisher: ~Copyable {
     public init(topics: Topics, origin: Payloads.Origin, clock: WallClock, version: String,
                 discovery: Bool, appleAddresses: Bool, orphanGrace: Duration, ownedCapacity: Int, log: Logger) {
         self.topics = topics
+        self.subscriptions = Subscriptions(topics: topics)
         self.batchTopic = topics.batch
         self.buildingBatchTopic = topics.buildingBatch
         self.origin = origin
@@ -449,35 +449,9 @@ public struct Publisher: ~Copyable {
         disputes.removeAll(keepingCapacity: true)
         orphansOverflowed = false
         rescanAt = nil
-        // Every gateway's status and sightings, for the ownership rule (docs/rooms.md). The
-        // statuses come first, so the retained scan below knows who is online.
-        // All at QoS 0 (the statuses and building batches are published at QoS 1, so the
-        // broker has them): mosquitto sends a
-        // QoS 0 message at once but may hold a QoS 1 one behind a full inflight window, so a
-        // gateway's batch could overtake its own `online` and be dropped as an unknown
-        // gateway's; and at 50 rooms the acknowledgements of the building batches were a write
-        // per message at every gateway (docs/rooms.md §8.3). A delivery is lost only with the
-        // connection, and a reconnect starts the rooms over (§7).
-        do throws(MQTTError) {
-            try mqtt.subscribe(topics.statusPattern, qos: 0)
-            // The gateways' sighting batches (docs/rooms.md §8.1), and single JSON sightings
-            // from gateways older than batches (§2), so a building can be upgraded room by room.
-            // With neighbourhoods (§8.3), our own and the building-wide ones; the neighbours'
-            // follow as the loop learns them.
-            if neighbourhoods {
-                try mqtt.subscribe(topics.batch, qos: 0)
-                try mqtt.subscribe(topics.buildingBatchPattern, qos: 0)
-            } else {
-                try mqtt.subscribe(topics.batchPattern, qos: 0)
-            }
-            try mqtt.subscribe(topics.sightingPattern, qos: 0)
-            // Payload fetches for any device: the owner answers (docs/relay.md §4).
-            try mqtt.subscribe(topics.fetchPattern, qos: 1)
-            // Stream opens, and who carries which stream (docs/relay.md §7).
-            try mqtt.subscribe(topics.streamOpenPattern, qos: 1)
-            // Retain As Published: the stream directory takes only retained claims (docs/relay.md §7.3).
-            try mqtt.subscribe(topics.streamCarrierPattern, qos: 1, retainAsPublished: true)
-        } catch {
+        // Every gateway's status and sightings, for the ownership rule (docs/rooms.md), and
+        // the relay's requests.
+        do throws(MQTTError) { try subscriptions.subscribeBuilding(&mqtt) } catch {
             log.warning("subscribing to the building's statuses, sightings, fetches and streams failed: \(error)")
         }
         publishBirth(&mqtt)
@@ -504,13 +478,7 @@ public struct Publisher: ~Copyable {
         }
         // Retained entries naming this gateway that it no longer holds (a restart of the
         // gateway, or clears lost while away) arrive as retained messages and become orphans.
-        // The activities stay subscribed for good: an owner keeps the retained state of what
-        // it owns right, whoever wrote it (docs/rooms.md §7).
-        do throws(MQTTError) {
-            try mqtt.subscribe(topics.activityPattern, qos: 1)
-            try mqtt.subscribe(topics.applePattern, qos: 1)
-            retainedScanEnds = now + Self.retainedScan
-        } catch {
+        do throws(MQTTError) { try subscriptions.startRetainedScan(&mqtt, now: now) } catch {
             log.warning("subscribing to this gateway's retained entries failed: \(error)")
         }
     }
@@ -536,36 +504,10 @@ public struct Publisher: ~Copyable {
     }
 
     /// Before a clean stop: nothing more is wanted from the broker.
-    public mutating func stopListening(_ mqtt: inout MQTTClient) {
-        var patterns = [topics.statusPattern, topics.batchPattern, topics.batch, topics.buildingBatchPattern,
-                        topics.sightingPattern, topics.fetchPattern,
-                        topics.streamOpenPattern,
-                        topics.streamCarrierPattern, topics.activityPattern]
-        if retainedScanEnds != nil { patterns.append(topics.applePattern) }
-        for pattern in patterns {
-            do throws(MQTTError) { try mqtt.unsubscribe(pattern) } catch { return }
-        }
-    }
-
-    /// The broker sends retained messages right after SUBACK; after this long the Apple
-    /// subscription only brings every gateway's live changes (ours included), each copied
-    /// into the heap for nothing, so it ends. The activities' stays (docs/rooms.md §7).
-    public static var retainedScan: Duration { .seconds(5) }
-    public private(set) var retainedScanEnds: Instant?
+    public mutating func stopListening(_ mqtt: inout MQTTClient) { subscriptions.unsubscribeAll(&mqtt) }
 
     public mutating func endRetainedScan(_ mqtt: inout MQTTClient) {
-        retainedScanEnds = nil
-        do throws(MQTTError) {
-            try mqtt.unsubscribe(topics.applePattern)
-            // From now on the activities bring only the building's live changes, a few hundred a
-            // second at 50 rooms: at QoS 1 each cost an acknowledgement back to the broker, a
-            // write of its own at every gateway (docs/rooms.md §8.6). A live change lost with the
-            // connection is found again by the next connect's scan, which is QoS 1. Under MQTT
-            // 3.1.1 subscribing again would bring every retained entry once more: it stays.
-            if mqtt.protocolVersion == .v5 {
-                try mqtt.subscribe(topics.activityPattern, qos: 0, sendRetained: false)
-            }
-        } catch {
+        do throws(MQTTError) { try subscriptions.endRetainedScan(&mqtt) } catch {
             // Harmless: the messages keep coming, as before.
             log.debug("changing the subscriptions after the retained scan failed: \(error)")
         }
@@ -745,11 +687,7 @@ public struct Publisher: ~Copyable {
         lastRescan = now
         orphansOverflowed = false
         counters.orphanRescans &+= 1
-        do throws(MQTTError) {
-            try mqtt.subscribe(topics.activityPattern, qos: 1)
-            try mqtt.subscribe(topics.applePattern, qos: 1)
-            retainedScanEnds = now + Self.retainedScan
-        } catch {
+        do throws(MQTTError) { try subscriptions.startRetainedScan(&mqtt, now: now) } catch {
             orphansOverflowed = true
             log.warning("asking the broker again for retained entries failed: \(error)")
         }
