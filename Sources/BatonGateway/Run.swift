@@ -175,15 +175,7 @@ public enum GatewayLauncher {
                                      version: BatonVersion.current)
         let server: ProxyServer
         do throws(ProxyStartError) {
-            server = try ProxyServer(settings: settings, identity: identity) { level, line in
-                switch level {
-                case .debug: log.debug(line)
-                case .info: log.info(line)
-                case .notice: log.notice(line)
-                case .warning: log.warning(line)
-                case .error: log.error(line)
-                }
-            }
+            server = try ProxyServer(settings: settings, identity: identity, log: log)
         } catch {
             log.critical("esphome: \(error)")
             return .failed

@@ -17,8 +17,6 @@ import BatonLibc
 import BatonWire
 import CLibc
 
-public enum ProxyLogLevel: Sendable { case debug, info, notice, warning, error }
-
 /// Counters for the stats topic (`writeStats`).
 public struct ProxyCounters: Sendable, Equatable {
     public var accepted = 0
@@ -49,7 +47,7 @@ public struct ProxyServer: ~Copyable, LoopPart {
     /// The port bound (settings.port, or the kernel's choice for port 0).
     public private(set) var port: UInt16 = 0
     public private(set) var counters = ProxyCounters()
-    public var log: (ProxyLogLevel, String) -> Void
+    public var log: Logger
     /// What a scanner-state message reports: the gateway sets it from its radio.
     public private(set) var scannerState: UInt32 = ScannerState.running
     /// The mode the radio scans in (`ScannerMode`), as the gateway last set it from the radio.
@@ -75,7 +73,7 @@ public struct ProxyServer: ~Copyable, LoopPart {
 
     /// Binds and listens. Throws `Errno` when the address is taken or not this machine's.
     public init(settings: ProxySettings, info: DeviceInfo, compactMAC: String,
-                log: @escaping (ProxyLogLevel, String) -> Void = { _, _ in }) throws(ProxyStartError) {
+                log: Logger = .off) throws(ProxyStartError) {
         precondition(settings.clients >= 1 && settings.receiveBuffer >= 256 && settings.sendBuffer >= 2048)
         self.settings = settings
         self.info = info
@@ -101,12 +99,12 @@ public struct ProxyServer: ~Copyable, LoopPart {
         // (1), the node name and NUL, the MAC as compact hex and NUL (ESPHome 2025.4+).
         serverHello = [1] + info.name + [0] + Array(compactMAC.utf8) + [0]
         helloResponse = HelloResponse(serverInfo: Array("Baton (ESPHome native API)".utf8), name: info.name)
-        log(.notice, "esphome: listening on \(settings.address):\(port) (\(isEncrypted ? "Noise" : "plaintext, esphome.encryption: none"))")
+        log.notice("esphome: listening on \(settings.address):\(port) (\(isEncrypted ? "Noise" : "plaintext, esphome.encryption: none"))")
     }
 
     /// The server for a gateway: `identity` from its settings, id and room.
     public init(settings: ProxySettings, identity: ProxyIdentity,
-                log: @escaping (ProxyLogLevel, String) -> Void = { _, _ in }) throws(ProxyStartError) {
+                log: Logger = .off) throws(ProxyStartError) {
         try self.init(settings: settings, info: identity.info, compactMAC: identity.compactMAC, log: log)
     }
 
@@ -270,7 +268,7 @@ public struct ProxyServer: ~Copyable, LoopPart {
             } catch {
                 // ECONNABORTED: the client left before we took it; EMFILE/ENFILE: out of
                 // descriptors, which the next turn retries.
-                if error.code != ECONNABORTED { log(.warning, "esphome: accept failed: \(error)") }
+                if error.code != ECONNABORTED { log.warning("esphome: accept failed: \(error)") }
                 return
             }
             guard let got else { return }
@@ -278,7 +276,7 @@ public struct ProxyServer: ~Copyable, LoopPart {
             let name = Self.describe(peer)
             guard let i = slots.firstIndex(where: { $0.fd < 0 }) else {
                 counters.refusedFull &+= 1
-                log(.warning, "esphome: refused \(name): all \(settings.clients) client slots are taken (raise esphome.clients)")
+                log.warning("esphome: refused \(name): all \(settings.clients) client slots are taken (raise esphome.clients)")
                 Syscall.close(fd)
                 continue
             }
@@ -290,7 +288,7 @@ public struct ProxyServer: ~Copyable, LoopPart {
             _ = setsockopt(fd, Int32(IPPROTO_TCP), 1, &one, socklen_t(MemoryLayout<Int32>.size))
             counters.accepted &+= 1
             slots[i].open(fd: fd, peer: name, now: now, phase: isEncrypted ? .noiseHello : .ready)
-            log(.info, "esphome: \(name) connected (\(isEncrypted ? "Noise" : "plaintext"))")
+            log.info("esphome: \(name) connected (\(isEncrypted ? "Noise" : "plaintext"))")
         }
     }
 
@@ -427,7 +425,7 @@ public struct ProxyServer: ~Copyable, LoopPart {
         case .hello(let clientInfo, let major, let minor):
             let name = String(decoding: UnsafeRawBufferPointer(rebasing: body[clientInfo]).prefix(64), as: UTF8.self)
             slots[i].helloed = true
-            log(.info, "esphome: \(slots[i].peer) is \(printable(name)) (API \(major).\(minor))")
+            log.info("esphome: \(slots[i].peer) is \(printable(name)) (API \(major).\(minor))")
             enqueue(i, type: MessageType.helloResponse, helloResponse)
         case .deviceInfoRequest:
             enqueue(i, type: MessageType.deviceInfoResponse, DeviceInfoResponse(info))
@@ -441,12 +439,12 @@ public struct ProxyServer: ~Copyable, LoopPart {
         case .disconnectRequest:
             enqueue(i, type: MessageType.disconnectResponse, EmptyMessage())
             slots[i].closing = true
-            log(.info, "esphome: \(slots[i].peer) said goodbye")
+            log.info("esphome: \(slots[i].peer) said goodbye")
         case .disconnectResponse:
             close(i, "disconnected")
         case .subscribeAdvertisements(let flags):
             guard flags & SubscriptionFlag.rawAdvertisements != 0 else {
-                log(.notice, "esphome: \(slots[i].peer) asked for parsed advertisements; Baton sends raw ones only (feature flag 32)")
+                log.notice("esphome: \(slots[i].peer) asked for parsed advertisements; Baton sends raw ones only (feature flag 32)")
                 return
             }
             if !slots[i].subscribed {
@@ -459,7 +457,7 @@ public struct ProxyServer: ~Copyable, LoopPart {
         case .setScannerMode(let mode):
             // api.proto: 0 passive, 1 active; anything else is not a mode and changes nothing.
             guard mode == ScannerMode.passive || mode == ScannerMode.active else {
-                log(.notice, "esphome: \(slots[i].peer) asked for scanner mode \(mode), which is neither passive (0) nor active (1)")
+                log.notice("esphome: \(slots[i].peer) asked for scanner mode \(mode), which is neither passive (0) nor active (1)")
                 return sendScannerState(i)
             }
             let active = mode == ScannerMode.active
@@ -467,9 +465,9 @@ public struct ProxyServer: ~Copyable, LoopPart {
                 slots[i].wantsActive = active
                 switch settings.scanMode {
                 case .onRequest:
-                    log(.info, "esphome: \(slots[i].peer) asked for \(active ? "active" : "passive") scanning")
+                    log.info("esphome: \(slots[i].peer) asked for \(active ? "active" : "passive") scanning")
                 case .passive, .active:
-                    log(.info, "esphome: \(slots[i].peer) asked for \(active ? "active" : "passive") scanning; esphome.scan-mode keeps it \(settings.scanMode == .active ? "active" : "passive")")
+                    log.info("esphome: \(slots[i].peer) asked for \(active ? "active" : "passive") scanning; esphome.scan-mode keeps it \(settings.scanMode == .active ? "active" : "passive")")
                 }
             }
             // The state follows once the radio has changed (`setScannerState`); this answer says
@@ -513,7 +511,7 @@ public struct ProxyServer: ~Copyable, LoopPart {
             message.writeBody(&w)
             for _ in 0..<NoiseFrame.tagSize { w.write(0) }
             guard transport.seal(UnsafeMutableRawBufferPointer(rebasing: room[NoiseFrame.headerSize..<need])) else {
-                log(.error, "esphome: libcrypto could not encrypt for \(slots[i].peer)")
+                log.error("esphome: libcrypto could not encrypt for \(slots[i].peer)")
                 slots[i].closing = true
                 return false
             }
@@ -599,7 +597,7 @@ public struct ProxyServer: ~Copyable, LoopPart {
         case .timedOut: counters.timedOut &+= 1
         case nil: break
         }
-        log(.warning, "esphome: \(slots[i].peer) \(reason); disconnected")
+        log.warning("esphome: \(slots[i].peer) \(reason); disconnected")
         if slots[i].pending > 0, counter != .stalled {
             let pending = UnsafeRawBufferPointer(rebasing: slots[i].send[slots[i].sendStart..<slots[i].sendEnd])
             _ = try? Syscall.send(slots[i].fd, pending)
@@ -608,7 +606,7 @@ public struct ProxyServer: ~Copyable, LoopPart {
     }
 
     mutating func close(_ i: Int, _ why: String?) {
-        if let why { log(.info, "esphome: \(slots[i].peer) \(why)") }
+        if let why { log.info("esphome: \(slots[i].peer) \(why)") }
         unsubscribe(i)
         Syscall.close(slots[i].fd)
         slots[i].reset()

@@ -34,7 +34,19 @@ struct ClientRun {
     func first(_ key: String) -> Any? { lines.first { $0[key] != nil }?[key] }
 }
 
-final class LogLines: @unchecked Sendable { var lines: [String] = [] }
+/// What a server logged: its Logger writes to a file of the test's, read back as lines
+/// (the `<N>` priority included).
+final class LogLines: @unchecked Sendable {
+    let path = NSTemporaryDirectory() + "baton-proxy-log-\(getpid())-\(UUID().uuidString.prefix(8))"
+    let fd: Int32
+    init() { fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0o644) }
+    deinit {
+        close(fd)
+        unlink(path)
+    }
+    var logger: Logger { Logger(level: .debug, descriptor: fd) }
+    var lines: [String] { ((try? String(contentsOfFile: path, encoding: .utf8)) ?? "").split(separator: "\n").map(String.init) }
+}
 
 /// Feeds the three `simulatedAdvertisements` straight into `heard`, once.
 func feedOnce() -> (inout ProxyServer) -> Void {
@@ -60,9 +72,7 @@ func runClient(server encryption: ProxyEncryption, clientKey: String?, expect co
     let info = DeviceInfo(name: "hall", macAddress: ProxySettings.macText(mac), esphomeVersion: "2025.5.0", model: "Baton gateway",
                           manufacturer: "Baton", friendlyName: "Hall", bluetoothMacAddress: "00:1A:7D:DA:71:13",
                           encryptionSupported: encryption != .none)
-    var server = try ProxyServer(settings: settings, info: info, compactMAC: ProxySettings.compactMAC(mac)) { _, line in
-        lines.lines.append(line)
-    }
+    var server = try ProxyServer(settings: settings, info: info, compactMAC: ProxySettings.compactMAC(mac), log: lines.logger)
     let dir = NSTemporaryDirectory() + "baton-esphome-\(getpid())-\(server.port)"
     try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
     defer { try? FileManager.default.removeItem(atPath: dir) }

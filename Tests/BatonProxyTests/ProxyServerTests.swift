@@ -22,8 +22,7 @@ struct Bench: ~Copyable {
         s.port = 0
         s.clients = clients
         s.sendBuffer = sendBuffer
-        let lines = log
-        server = try ProxyServer(settings: s, info: hallInfo, compactMAC: "02ba70000001") { _, l in lines.lines.append(l) }
+        server = try ProxyServer(settings: s, info: hallInfo, compactMAC: "02ba70000001", log: log.logger)
         server.fixedEphemeralKey = vectorResponderEphemeral
         loop = PollLoop(parts: 1, descriptors: server.descriptorLimit, longestWait: .milliseconds(20))
     }

@@ -1,10 +1,9 @@
-// The gateway's log: one line per event on stderr, prefixed with its syslog priority the way
-// sd-daemon(3) describes (`<6>` info, `<4>` warning, …), so journald files each line under its
-// level and a terminal still reads it. Written with write(2) on descriptor 2: no buffering to
-// lose on a crash, no Foundation, and it compiles in Embedded Swift like the rest of the
-// daemon (docs/firmware.md). The level comes from `log.level` in the config (docs/config.md).
-import BatonLibc
-
+// The firmware's log, the gateway's and its parts' alike (the ESPHome server's): one line per
+// event on stderr, prefixed with its syslog priority the way sd-daemon(3) describes (`<6>`
+// info, `<4>` warning, …), so journald files each line under its level and a terminal still
+// reads it. Written with write(2) on descriptor 2: no buffering to lose on a crash, no
+// Foundation, and it compiles in Embedded Swift like the rest of the daemon (docs/firmware.md).
+// The level comes from `log.level` in the config (docs/config.md).
 public struct Logger: Sendable {
     /// The levels `log.level` accepts, most verbose first, with their syslog priorities.
     public enum Level: String, CaseIterable, Sendable, Comparable {
@@ -47,8 +46,11 @@ public struct Logger: Sendable {
         self.descriptor = descriptor
     }
 
+    /// Writes nothing: for a part whose caller keeps no log (a benchmark).
+    public static var off: Logger { Logger(level: .critical, descriptor: -1) }
+
     public func log(level: Level, _ message: @autoclosure () -> String) {
-        guard level >= self.level else { return }
+        guard level >= self.level, descriptor >= 0 else { return }
         var line = "<\(level.priority)>"
         line += message()
         line += "\n"
