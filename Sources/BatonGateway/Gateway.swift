@@ -219,26 +219,20 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         broker.serve(ready: loop.ready(brokerPart), now: now)
         if !broker.events.isEmpty { handleBrokerEvents(now: now) }
 
-        // Device links, then their deadlines.
-        if !loop.ready(fetches).isEmpty { relays.fetches.poll(fds: loop.ready(fetches), now: now, mqtt: &broker.mqtt) }
-        if let due = relays.fetches.nextDeadline, due <= now { relays.fetches.tick(now: now, mqtt: &broker.mqtt) }
-        if !loop.ready(streamsPart).isEmpty { relays.streams.poll(fds: loop.ready(streamsPart), now: now, mqtt: &broker.mqtt) }
+        // Device links, each part's readiness and then its deadlines.
+        relays.fetches.serve(loop.ready(fetches), now: now, mqtt: &broker.mqtt)
+        relays.streams.serve(loop.ready(streamsPart), now: now, mqtt: &broker.mqtt)
         if let phones { relays.readvertising?.serve(loop.ready(phones), due: loop.isDue(phones), now: now, continuing: &relays.continuing) }
-        if !loop.ready(continuingPart).isEmpty {
-            relays.continuing.poll(fds: loop.ready(continuingPart), now: now, mqtt: &broker.mqtt, streams: &relays.streams)
-        }
+        relays.continuing.serve(loop.ready(continuingPart), now: now, mqtt: &broker.mqtt, streams: &relays.streams)
         if room.publisher.names.owed > 0, broker.mqtt.isConnected { fetchTitles(now: now) }
         if !relays.fetches.ownAnswers.isEmpty { takeTitles(now: now) }
-        if let due = relays.continuing.nextDeadline, due <= now { relays.continuing.tick(now: now) }
-        if let due = relays.streams.nextDeadline, due <= now { relays.streams.tick(now: now, mqtt: &broker.mqtt) }
         logLinkFailures()
 
         // Home Assistant's clients: requests, then this turn's advertisements as they arrived
         // (a batch goes out every turn, not every N seconds).
-        if let proxyPart, loop.hasWork(proxyPart) { proxy!.handle(ready: loop.ready(proxyPart), now: now) }
+        if let proxyPart { proxy!.serve(loop.ready(proxyPart), now: now) }
         // Active scanning while Home Assistant asks for it (docs/esphome.md "Active scanning").
         if let wanted = proxy?.wantedScanMode { radio.ask(wanted == ScannerMode.active ? .active : .passive, now: now) }
-        proxy?.flush(now: now)
 
         runTimers(now: now)
         upkeep.notifier.pingIfDue(now: now)

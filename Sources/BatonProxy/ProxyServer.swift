@@ -183,6 +183,14 @@ public struct ProxyServer: ~Copyable, LoopPart {
         return next
     }
 
+    /// The loop's one verb for the server (docs/architecture.md §2), at the end of a turn:
+    /// the clients' requests when there are any, then this turn's advertisements and what
+    /// every socket takes.
+    public mutating func serve(_ ready: ArraySlice<pollfd>, now: Instant) {
+        if ready.contains(where: { $0.revents != 0 }) || nextDeadline.map({ $0 <= now }) == true { handle(ready: ready, now: now) }
+        flush(now: now)
+    }
+
     /// Does this turn's work: accepts, reads and answers, writes, and ends the clients whose
     /// time is up. `ready` is what poll(2) said of `pollDescriptors`' descriptors, in order.
     public mutating func handle(ready: ArraySlice<pollfd>, now: Instant) {

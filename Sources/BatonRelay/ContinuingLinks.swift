@@ -137,6 +137,13 @@ public struct ContinuingLinks: ~Copyable {
         case hangUp
     }
 
+    /// The loop's one verb for the phones' links (docs/architecture.md §2): their readiness
+    /// (an open goes to `streams`), then what is due.
+    public mutating func serve(_ ready: ArraySlice<pollfd>, now: Instant, mqtt: inout MQTTClient, streams: inout StreamRelay) {
+        if !ready.isEmpty { poll(fds: ready, now: now, mqtt: &mqtt, streams: &streams) }
+        if let due = nextDeadline, due <= now { tick(now: now) }
+    }
+
     /// Handles the links' readiness; a link whose first message is an open goes to `streams`.
     public mutating func poll(fds: ArraySlice<pollfd>, now: Instant, mqtt: inout MQTTClient,
                               streams: inout StreamRelay) {

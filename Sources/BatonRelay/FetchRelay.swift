@@ -477,6 +477,13 @@ public struct FetchRelay: ~Copyable {
         links.pollDescriptors(into: &fds)
     }
 
+    /// The loop's one verb for the relay (docs/architecture.md §2): the links' readiness, then
+    /// what is due.
+    public mutating func serve(_ ready: ArraySlice<pollfd>, now: Instant, mqtt: inout MQTTClient) {
+        if !ready.isEmpty { poll(fds: ready, now: now, mqtt: &mqtt) }
+        if let due = nextDeadline, due <= now { tick(now: now, mqtt: &mqtt) }
+    }
+
     /// Handles the links' readiness (`fds` is what `pollDescriptors` appended, after poll()):
     /// each link's messages, one at a time, then what they decided for it.
     public mutating func poll(fds: ArraySlice<pollfd>, now: Instant, mqtt: inout MQTTClient) {

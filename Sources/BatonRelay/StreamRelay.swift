@@ -532,6 +532,13 @@ public struct StreamRelay: ~Copyable {
         links.pollDescriptors(into: &fds)
     }
 
+    /// The loop's one verb for the stream relay (docs/architecture.md §2): the links' readiness, then
+    /// what is due.
+    public mutating func serve(_ ready: ArraySlice<pollfd>, now: Instant, mqtt: inout MQTTClient) {
+        if !ready.isEmpty { poll(fds: ready, now: now, mqtt: &mqtt) }
+        if let due = nextDeadline, due <= now { tick(now: now, mqtt: &mqtt) }
+    }
+
     /// The link side's readiness: its frames, one at a time. A frame that ends the stream
     /// hangs the link up (`end`): what else it sent this turn is read and dropped, the error
     /// frame if any is said, and no more is read.
