@@ -162,8 +162,19 @@ extension FaultBuilding {
         let (converged, diff) = try rig.convergence(since: nodeKilled, bound: 45)
         rig.report("node c killed: retained == truth \(converged.map { String(format: "%.2f s", $0) } ?? "NOT within 45 s") after the kill")
         // Nothing lost, however long it took: the truth is back, every device at its latest
-        // sequence in its room.
-        #expect(converged != nil, "the retained state was not the truth again within 45 s of node c's death:\n\(diff)")
+        // sequence in its room. Unless the broker itself handed out an old message again: seen
+        // once in a full suite, nats-server 2.9.10 delivered (and retained) a claim long
+        // superseded, from a gateway killed since, byte for byte as the first time, after the
+        // owner's newer message (docs/broker.md). That case is a known issue; any other fails.
+        let replayed = converged == nil ? Self.replayedByTheBroker(diff, watcher.messages) : []
+        if converged == nil, !replayed.isEmpty, replayed.count == diff.split(separator: "\n").count {
+            withKnownIssue("nats-server 2.9.10 delivered a superseded retained message again after a node's death (docs/broker.md)",
+                           isIntermittent: true) {
+                Issue.record("the retained state was not the truth again within 45 s of node c's death, the broker having replayed \(replayed):\n\(diff)")
+            }
+        } else {
+            #expect(converged != nil, "the retained state was not the truth again within 45 s of node c's death:\n\(diff)")
+        }
         withKnownIssue("nats-server 2.9.10 takes a JetStream election and request timeouts, not a second, to take a dead node's gateways (docs/broker.md)",
                        isIntermittent: true) {
             for g in onVictim {
@@ -211,5 +222,23 @@ extension FaultBuilding {
         rig.report(String(format: "node c rejoined: a current replica again %@ after its start; test took %.1f s",
                           current.map { String(format: "%.2f s", $0) } ?? "never", Date().timeIntervalSince(began)))
         _ = watcher
+    }
+
+    /// The devices of `diff` (one "id: …" line each) whose last message, as a subscriber saw
+    /// them, repeats an earlier one that a different message had followed: the broker sent it
+    /// again, nothing of the gateways' (a gateway's second message has a new `changed`).
+    static func replayedByTheBroker(_ diff: String, _ messages: [String: [[String: Any]?]]) -> [String] {
+        diff.split(separator: "\n").compactMap { line -> String? in
+            guard let id = line.split(separator: ":").first.map({ String($0).trimmingCharacters(in: .whitespaces) }),
+                  let seen = messages[id], seen.count >= 3, let last = seen.last ?? nil else { return nil }
+            func same(_ m: [String: Any]?) -> Bool {
+                guard let m else { return false }
+                return m["gateway"] as? String == last["gateway"] as? String && m["changed"] as? String == last["changed"] as? String
+                    && m["seq"] as? Int == last["seq"] as? Int
+            }
+            let earlier = seen.dropLast()
+            guard let first = earlier.firstIndex(where: same), earlier[(first + 1)...].contains(where: { !same($0) }) else { return nil }
+            return id
+        }
     }
 }
