@@ -75,8 +75,9 @@ var targets: [Target] = [
     // as Embedded Swift; here it builds as full Swift, so the tests run its argument parsing.
     .executableTarget(name: "BatonFirmware", dependencies: ["BatonGateway", "BatonLibc", "CLibc"], swiftSettings: wireSettings),
 
-    // Starts a real mosquitto on 127.0.0.1 and a free port for the tests that need a broker.
-    .target(name: "BatonTestSupport", path: "Tests/BatonTestSupport"),
+    // Starts a real mosquitto on 127.0.0.1 and a free port for the tests that need a broker,
+    // and turns the parts under test as the gateway's loop does (TestLoop).
+    .target(name: "BatonTestSupport", dependencies: ["BatonLibc"], path: "Tests/BatonTestSupport"),
 
     .testTarget(name: "BatonYAMLTests", dependencies: ["BatonYAML"]),
     .testTarget(name: "BatonWireTests", dependencies: ["BatonLibc", "BatonWire", "BatonTestSupport"], exclude: ["Interop"]),

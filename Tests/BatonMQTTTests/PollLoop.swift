@@ -1,11 +1,12 @@
-// The gateway's loop in miniature: one real poll() over the clients' sockets (POLLIN, plus
-// POLLOUT while `wantsWrite`) and any other descriptors a test serves, with the timeout from
-// the nearest `nextDeadline` (architecture.md §5.7). Every test drives MQTTClient through it, so
-// the client is exercised exactly as `baton gateway` will drive it.
+// The gateway's loop for the MQTT tests (TestLoop): one real poll() over the clients' sockets
+// (POLLIN, plus POLLOUT while `wantsWrite`) and any other descriptors a test serves, with the
+// timeout from the nearest `nextDeadline` (architecture.md §5.7). Every test drives
+// MQTTClient through it, so the client is exercised exactly as `baton gateway` will drive it.
 
 import BatonLibc
-import Glibc
 import BatonMQTT
+import BatonTestSupport
+import Glibc
 
 /// A client's observable state, copied out (the client is `~Copyable`: `#expect` and the
 /// loop's `until` closure cannot hold it).
@@ -60,28 +61,21 @@ protocol LoopPeer: AnyObject {
 @discardableResult
 func runLoop(_ a: inout MQTTClient, _ logA: EventLog, _ b: inout MQTTClient, _ logB: EventLog,
              peer: (any LoopPeer)? = nil, limit: Duration = .seconds(5), until done: () -> Bool) -> Bool {
-    let end = Instant.now + limit
     logA.state = ClientState(a)
     logB.state = ClientState(b)
     // The gateway's driver (BatonLibc's PollLoop), with the two clients and the peer as parts.
-    var loop = PollLoop(parts: 4, descriptors: 16)
-    while true {
-        if done() { return true }
-        let now = Instant.now
-        if now >= end { return false }
-
-        loop.begin(now: now)
-        let partA = loop.add(&a)
-        let partB = loop.add(&b)
+    var loop = TestLoop(parts: 3, descriptors: 16)
+    return loop.run(limit: limit, until: done) { driver in
+        let partA = driver.add(&a)
+        let partB = driver.add(&b)
         var peerFDs = DescriptorList(peer?.pollDescriptors ?? [])
-        let peerPart = loop.add(&peerFDs)
-        loop.add(deadline: end)
-        let after = loop.wait()
-        a.poll(now: after, ready: loop.ready(partA)) { logA.events.append($0) }
-        b.poll(now: after, ready: loop.ready(partB)) { logB.events.append($0) }
+        let peerPart = driver.add(&peerFDs)
+        let after = driver.wait()
+        a.poll(now: after, ready: driver.ready(partA)) { logA.events.append($0) }
+        b.poll(now: after, ready: driver.ready(partB)) { logB.events.append($0) }
         logA.state = ClientState(a)
         logB.state = ClientState(b)
-        peer?.ready(Array(loop.ready(peerPart)))
+        peer?.ready(Array(driver.ready(peerPart)))
     }
 }
 

@@ -79,16 +79,13 @@ func runClient(server encryption: ProxyEncryption, clientKey: String?, expect co
     let child = try ChildProcess(esphomePython, [repoRoot + "/Tests/BatonProxyTests/Interop/esphome_client.py", "\(server.port)",
                                                  clientKey ?? "-", "\(count)"],
                                  stdout: dir + "/out", stderr: dir + "/err")
-    var loop = PollLoop(parts: 1, descriptors: server.descriptorLimit, longestWait: .milliseconds(50))
-    var turns = 0
-    while child.isRunning, turns < 600 {
-        turns += 1
-        loop.begin(now: .now)
-        let slot = loop.add(&server)
-        loop.wait()
-        server.handle(ready: loop.ready(slot), now: loop.now)
+    // As the gateway turns: this turn's advertisements (to a subscribed client), then the server.
+    var loop = TestLoop(parts: 1, descriptors: server.descriptorLimit, longestWait: .milliseconds(50))
+    try loop.run(limit: .seconds(30), until: { !child.isRunning }) { driver in
         if server.subscriberCount > 0 { feed(&server) }
-        server.flush(now: loop.now)
+        let slot = driver.add(&server)
+        driver.wait()
+        server.serve(driver.ready(slot), now: driver.now)
     }
     _ = child.wait(timeout: .seconds(5))
     let out = (try? String(contentsOfFile: dir + "/out", encoding: .utf8)) ?? ""

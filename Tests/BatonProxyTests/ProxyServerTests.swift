@@ -13,7 +13,6 @@ import Testing
 /// A server on 127.0.0.1 and a way to turn it, as the gateway's loop does.
 struct Bench: ~Copyable {
     var server: ProxyServer
-    var loop: PollLoop
     let log = LogLines()
 
     init(clients: Int = 2, sendBuffer: Int = 16 * 1024, encryption: ProxyEncryption = .none) throws {
@@ -24,17 +23,15 @@ struct Bench: ~Copyable {
         s.sendBuffer = sendBuffer
         server = try ProxyServer(settings: s, info: hallInfo, compactMAC: "02ba70000001", log: log.logger)
         server.fixedEphemeralKey = vectorResponderEphemeral
-        loop = PollLoop(parts: 1, descriptors: server.descriptorLimit, longestWait: .milliseconds(20))
     }
 
-    /// A few turns at `now` (default: the clock).
+    /// A few turns at `now` (default: the clock), each waiting at most 20 ms.
     mutating func turn(_ times: Int = 5, now: Instant? = nil) {
-        for _ in 0..<times {
-            loop.begin(now: now ?? .now)
-            let slot = loop.add(&server)
-            loop.wait()
-            server.handle(ready: loop.ready(slot), now: now ?? loop.now)
-            server.flush(now: now ?? loop.now)
+        var loop = TestLoop(parts: 1, descriptors: server.descriptorLimit, longestWait: .milliseconds(20))
+        loop.turns(times, now: now) { driver in
+            let slot = driver.add(&server)
+            driver.wait()
+            server.serve(driver.ready(slot), now: now ?? driver.now)
         }
     }
 

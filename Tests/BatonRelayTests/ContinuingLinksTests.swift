@@ -115,27 +115,22 @@ private final class Rig {
     /// The gateway's loop in miniature (as Gateway.swift turns); true when `done()` held in time.
     @discardableResult
     func run(limit: Duration = .seconds(10), until done: () -> Bool) -> Bool {
-        let end = Instant.now + limit
         // The gateway's driver; the links' deadlines are on the test's clock, so their
         // descriptors are a part without one, and a turn waits at most 50 ms.
-        var loop = PollLoop(parts: 5, descriptors: 64, longestWait: .milliseconds(50))
-        while true {
-            pumpPhones()
-            if done() { return true }
-            if Instant.now >= end { return false }
-            loop.begin(now: .now)
-            let g = loop.add(&gateway)
-            let o = loop.add(&owner)
+        var loop = TestLoop(parts: 4, longestWait: .milliseconds(50))
+        return loop.run(limit: limit, before: { pumpPhones() }, until: done) { driver in
+            let g = driver.add(&gateway)
+            let o = driver.add(&owner)
             var phoneLinks = DescriptorList()
             links.pollDescriptors(into: &phoneLinks.fds)
-            let linkFDs = loop.add(&phoneLinks)
+            let linkFDs = driver.add(&phoneLinks)
             var ends = DescriptorList(phones.indices.filter { !hungUp[$0] }.map { pollfd(fd: phones[$0], events: Int16(POLLIN), revents: 0) })
-            loop.add(&ends)
-            let after = loop.wait()
+            driver.add(&ends)
+            let after = driver.wait()
             var gatewayEvents: [MQTTEvent] = []
             var ownerEvents: [MQTTEvent] = []
-            gateway.poll(now: after, ready: loop.ready(g)) { gatewayEvents.append($0) }
-            owner.poll(now: after, ready: loop.ready(o)) { ownerEvents.append($0) }
+            gateway.poll(now: after, ready: driver.ready(g)) { gatewayEvents.append($0) }
+            owner.poll(now: after, ready: driver.ready(o)) { ownerEvents.append($0) }
             for case .message(let m) in gatewayEvents {
                 if m.topic == "probe/gateway" { probes.insert(m.topic); continue }
                 let p = m.properties
@@ -146,8 +141,7 @@ private final class Rig {
                                payload: m.payload, now: now)
             }
             for case .message(let m) in ownerEvents { ownerReceived(m) }
-            links.poll(fds: loop.ready(linkFDs), now: now, mqtt: &gateway, streams: &streams)
-            links.tick(now: now)
+            links.serve(driver.ready(linkFDs), now: now, mqtt: &gateway, streams: &streams)
         }
     }
 

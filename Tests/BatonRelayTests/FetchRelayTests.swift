@@ -100,28 +100,20 @@ private final class Rig {
     /// The gateway's loop in miniature; returns whether `done()` held within `limit`.
     @discardableResult
     func run(limit: Duration = .seconds(10), until done: () -> Bool) -> Bool {
-        let end = Instant.now + limit
         // The gateway's driver, with the relay and its MQTT client as parts.
-        var loop = PollLoop(parts: 5, descriptors: 64)
-        while true {
-            devices.pump()
-            if done() { return true }
-            let now = Instant.now
-            if now >= end { return false }
-            loop.begin(now: now)
-            let g = loop.add(&gateway)
-            let r = loop.add(&requester)
-            let links = loop.add(&relay)
+        var loop = TestLoop(parts: 4)
+        return loop.run(limit: limit, before: { devices.pump() }, until: done) { driver in
+            let g = driver.add(&gateway)
+            let r = driver.add(&requester)
+            let links = driver.add(&relay)
             var ends = DescriptorList(devices.pollDescriptors)
-            loop.add(&ends)
-            loop.add(deadline: end)
-            let after = loop.wait()
-            gateway.poll(now: after, ready: loop.ready(g)) { _ in }
-            requester.poll(now: after, ready: loop.ready(r)) {
+            driver.add(&ends)
+            let after = driver.wait()
+            gateway.poll(now: after, ready: driver.ready(g)) { _ in }
+            requester.poll(now: after, ready: driver.ready(r)) {
                 if case .message(let m) = $0 { messages.append(m) }
             }
-            relay.poll(fds: loop.ready(links), now: after, mqtt: &gateway)
-            relay.tick(now: after, mqtt: &gateway)
+            relay.serve(driver.ready(links), now: after, mqtt: &gateway)
         }
     }
 

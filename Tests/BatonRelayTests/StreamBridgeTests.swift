@@ -178,34 +178,25 @@ private final class Rig {
 
     @discardableResult
     func run(limit: Duration = .seconds(10), until done: () -> Bool) -> Bool {
-        let end = Instant.now + limit
         // The gateway's driver; the relay's deadlines are on the test's clock (as in
         // StreamRelayTests): its links are a part without a deadline, a turn at most 100 ms.
-        var loop = PollLoop(parts: 5, descriptors: 64, longestWait: .milliseconds(100))
-        while true {
-            phones.pump()
-            devices.pump()
-            if done() { return true }
-            let wall = Instant.now
-            if wall >= end { return false }
-            loop.begin(now: wall)
-            let g = loop.add(&gateway)
-            let c = loop.add(&carrier)
+        var loop = TestLoop(parts: 4, longestWait: .milliseconds(100))
+        return loop.run(limit: limit, before: { phones.pump(); devices.pump() }, until: done) { driver in
+            let g = driver.add(&gateway)
+            let c = driver.add(&carrier)
             var relayLinks = DescriptorList()
             relay.pollDescriptors(into: &relayLinks.fds)
-            let links = loop.add(&relayLinks)
+            let links = driver.add(&relayLinks)
             // A paused phone has unread records: polling its end would spin.
             var ends = DescriptorList((phones.paused ? [] : phones.pollDescriptors) + devices.pollDescriptors)
-            loop.add(&ends)
-            loop.add(deadline: end)
-            let after = loop.wait()
+            driver.add(&ends)
+            let after = driver.wait()
             var events: [MQTTEvent] = []
-            gateway.poll(now: after, ready: loop.ready(g)) { events.append($0) }
-            carrier.poll(now: after, ready: loop.ready(c)) { carrierEvent($0) }
-            // As Gateway.swift: the broker's messages, then the links, then the timer.
+            gateway.poll(now: after, ready: driver.ready(g)) { events.append($0) }
+            carrier.poll(now: after, ready: driver.ready(c)) { carrierEvent($0) }
+            // As Gateway.swift: the broker's messages, then the links and what is due.
             for e in events { gatewayEvent(e) }
-            relay.poll(fds: loop.ready(links), now: now, mqtt: &gateway)
-            relay.tick(now: now, mqtt: &gateway)
+            relay.serve(driver.ready(links), now: now, mqtt: &gateway)
         }
     }
 
@@ -886,36 +877,32 @@ private final class TwoRooms {
     /// polled on the others), the device on every turn.
     @discardableResult
     func run(phone: Peer? = nil, device: Peer? = nil, limit: Duration = .seconds(60), until done: () -> Bool) throws -> Bool {
-        let end = Instant.now + limit
         var turn = 0
         // The two gateways' parts on one driver; the relays' deadlines are on the test's clock.
-        var loop = PollLoop(parts: 6, descriptors: 64)
-        while true {
+        var loop = TestLoop(parts: 5)
+        return try loop.run(limit: limit, before: {
             turn += 1
             phones.paused = turn % 4 != 0
             phones.pump()
             devices.pump()
             try phone?.step()
             try device?.step()
-            if done() { return true }
-            let wall = Instant.now
-            if wall >= end { return false }
-            loop.begin(now: wall)
-            let hallPart = loop.add(&hallClient)
-            let studyPart = loop.add(&studyClient)
+        }, until: done) { driver in
+            let hallPart = driver.add(&hallClient)
+            let studyPart = driver.add(&studyClient)
             var hallLinks = DescriptorList(), studyLinks = DescriptorList()
             hall.pollDescriptors(into: &hallLinks.fds)
             study.pollDescriptors(into: &studyLinks.fds)
-            let hallFDs = loop.add(&hallLinks)
-            let studyFDs = loop.add(&studyLinks)
+            let hallFDs = driver.add(&hallLinks)
+            let studyFDs = driver.add(&studyLinks)
             var ends = DescriptorList(devices.pollDescriptors + (phones.paused ? [] : phones.pollDescriptors))
-            loop.add(&ends)
+            driver.add(&ends)
             // A paused phone is read again within a millisecond.
-            loop.add(deadline: wall + (phones.paused ? .milliseconds(1) : .milliseconds(100)))
-            let after = loop.wait()
+            driver.add(deadline: driver.now + (phones.paused ? .milliseconds(1) : .milliseconds(100)))
+            let after = driver.wait()
             var hallEvents: [MQTTEvent] = [], studyEvents: [MQTTEvent] = []
-            hallClient.poll(now: after, ready: loop.ready(hallPart)) { hallEvents.append($0) }
-            studyClient.poll(now: after, ready: loop.ready(studyPart)) { studyEvents.append($0) }
+            hallClient.poll(now: after, ready: driver.ready(hallPart)) { hallEvents.append($0) }
+            studyClient.poll(now: after, ready: driver.ready(studyPart)) { studyEvents.append($0) }
             for e in hallEvents {
                 guard case .message(let m) = e else { continue }
                 let level = m.topic.split(separator: "/", omittingEmptySubsequences: false)
@@ -940,10 +927,8 @@ private final class TwoRooms {
                     }
                 }
             }
-            hall.poll(fds: loop.ready(hallFDs), now: now, mqtt: &hallClient)
-            study.poll(fds: loop.ready(studyFDs), now: now, mqtt: &studyClient)
-            hall.tick(now: now, mqtt: &hallClient)
-            study.tick(now: now, mqtt: &studyClient)
+            hall.serve(driver.ready(hallFDs), now: now, mqtt: &hallClient)
+            study.serve(driver.ready(studyFDs), now: now, mqtt: &studyClient)
         }
     }
 }

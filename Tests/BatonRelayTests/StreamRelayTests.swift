@@ -168,33 +168,25 @@ private final class Rig {
     /// The gateway's loop in miniature; returns whether `done()` held within `limit`.
     @discardableResult
     func run(limit: Duration = .seconds(10), until done: () -> Bool) -> Bool {
-        let end = Instant.now + limit
         // The gateway's driver. The relay's deadlines are on the test's clock, not the wall
-        // clock: its links are a part without a deadline, it ticks every turn, and a turn is at
-        // most 100 ms.
-        var loop = PollLoop(parts: 5, descriptors: 64, longestWait: .milliseconds(100))
-        while true {
-            devices.pump()
-            if done() { return true }
-            let wall = Instant.now
-            if wall >= end { return false }
-            loop.begin(now: wall)
-            let g = loop.add(&gateway)
-            let e = loop.add(&endpoint)
+        // clock: its links are a part without a deadline, it is served every turn, and a turn
+        // is at most 100 ms.
+        var loop = TestLoop(parts: 4, longestWait: .milliseconds(100))
+        return loop.run(limit: limit, before: { devices.pump() }, until: done) { driver in
+            let g = driver.add(&gateway)
+            let e = driver.add(&endpoint)
             var relayLinks = DescriptorList()
             relay.pollDescriptors(into: &relayLinks.fds)
-            let links = loop.add(&relayLinks)
+            let links = driver.add(&relayLinks)
             var ends = DescriptorList(devices.pollDescriptors)
-            loop.add(&ends)
-            loop.add(deadline: end)
-            let after = loop.wait()
+            driver.add(&ends)
+            let after = driver.wait()
             var events: [MQTTEvent] = []
-            gateway.poll(now: after, ready: loop.ready(g)) { events.append($0) }
-            endpoint.poll(now: after, ready: loop.ready(e)) { endpointEvent($0) }
-            // As Gateway.swift: the broker's messages, then the links, then the timer.
+            gateway.poll(now: after, ready: driver.ready(g)) { events.append($0) }
+            endpoint.poll(now: after, ready: driver.ready(e)) { endpointEvent($0) }
+            // As Gateway.swift: the broker's messages, then the links and what is due.
             for e in events { gatewayEvent(e) }
-            relay.poll(fds: loop.ready(links), now: now, mqtt: &gateway)
-            relay.tick(now: now, mqtt: &gateway)
+            relay.serve(driver.ready(links), now: now, mqtt: &gateway)
         }
     }
 
