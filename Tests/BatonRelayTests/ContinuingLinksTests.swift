@@ -112,7 +112,7 @@ private final class Rig {
         }
     }
 
-    /// The gateway's loop in miniature (as Gateway.swift turns); true when `done()` held in time.
+    /// Turns as Gateway.swift does (TestLoop); true when `done()` held in time.
     @discardableResult
     func run(limit: Duration = .seconds(10), until done: () -> Bool) -> Bool {
         // The gateway's driver; the links' deadlines are on the test's clock, so their

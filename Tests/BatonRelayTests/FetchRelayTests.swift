@@ -97,7 +97,7 @@ private final class Rig {
 
     func answers(_ route: FetchRoute) -> [MQTTMessage] { messages.filter { $0.topic == route.responseTopic } }
 
-    /// The gateway's loop in miniature; returns whether `done()` held within `limit`.
+    /// Turns as Gateway.swift does (TestLoop); returns whether `done()` held within `limit`.
     @discardableResult
     func run(limit: Duration = .seconds(10), until done: () -> Bool) -> Bool {
         // The gateway's driver, with the relay and its MQTT client as parts.

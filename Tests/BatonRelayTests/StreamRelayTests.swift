@@ -165,7 +165,7 @@ private final class Rig {
 
     // MARK: the loop
 
-    /// The gateway's loop in miniature; returns whether `done()` held within `limit`.
+    /// Turns as Gateway.swift does (TestLoop); returns whether `done()` held within `limit`.
     @discardableResult
     func run(limit: Duration = .seconds(10), until done: () -> Bool) -> Bool {
         // The gateway's driver. The relay's deadlines are on the test's clock, not the wall
