@@ -187,7 +187,8 @@ public struct ProxyServer: ~Copyable, LoopPart {
     /// the clients' requests when there are any, then this turn's advertisements and what
     /// every socket takes.
     public mutating func serve(_ ready: ArraySlice<pollfd>, now: Instant) {
-        if ready.contains(where: { $0.revents != 0 }) || nextDeadline.map({ $0 <= now }) == true { handle(ready: ready, now: now) }
+        let due = nextDeadline.map { $0 <= now } ?? false
+        if due || ready.contains(where: { $0.revents != 0 }) { handle(ready: ready, now: now) }
         flush(now: now)
     }
 

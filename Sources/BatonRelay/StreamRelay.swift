@@ -532,8 +532,8 @@ public struct StreamRelay: ~Copyable {
         links.pollDescriptors(into: &fds)
     }
 
-    /// The loop's one verb for the stream relay (docs/architecture.md §2): the links' readiness, then
-    /// what is due.
+    /// The loop's one verb for the stream relay (docs/architecture.md §2): the links'
+    /// readiness, then what is due.
     public mutating func serve(_ ready: ArraySlice<pollfd>, now: Instant, mqtt: inout MQTTClient) {
         if !ready.isEmpty { poll(fds: ready, now: now, mqtt: &mqtt) }
         if let due = nextDeadline, due <= now { tick(now: now, mqtt: &mqtt) }
