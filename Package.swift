@@ -77,7 +77,7 @@ var targets: [Target] = [
 
     // Starts a real mosquitto on 127.0.0.1 and a free port for the tests that need a broker,
     // and turns the parts under test as the gateway's loop does (TestLoop).
-    .target(name: "BatonTestSupport", dependencies: ["BatonLibc"], path: "Tests/BatonTestSupport"),
+    .target(name: "BatonTestSupport", dependencies: ["BatonLibc", "BatonRelay", "CBlueZ"], path: "Tests/BatonTestSupport"),
 
     .testTarget(name: "BatonYAMLTests", dependencies: ["BatonYAML"]),
     .testTarget(name: "BatonWireTests", dependencies: ["BatonLibc", "BatonWire", "BatonTestSupport"], exclude: ["Interop"]),
@@ -92,7 +92,7 @@ var targets: [Target] = [
     .testTarget(name: "BatonKeysTests", dependencies: ["BatonLibc", "BatonKeys", "BatonWire", "BatonTestSupport"], exclude: ["Interop"]),
     .testTarget(name: "BatonRelayTests", dependencies: ["BatonLibc", "BatonRelay", "BatonWire", "BatonHCI", "BatonMQTT", "BatonSim",
                                                         "BatonTestSupport"]),
-    .testTarget(name: "BatonProxyTests", dependencies: ["BatonLibc", "BatonProxy", "BatonWire", "BatonHCI", "BatonSim", "BatonTestSupport"],
+    .testTarget(name: "BatonProxyTests", dependencies: ["BatonLibc", "BatonProxy", "BatonRelay", "BatonWire", "BatonHCI", "BatonSim", "BatonTestSupport"],
                 exclude: ["Interop"]),
     .testTarget(name: "BatonMQTTTests", dependencies: ["BatonLibc", "BatonMQTT", "BatonTestSupport"]),
     .testTarget(name: "BatonGatewayTests",

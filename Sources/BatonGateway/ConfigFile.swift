@@ -39,7 +39,7 @@ enum ConfigSchema {
         ("status", ["interval"]),
         ("log", ["level"]),
         ("esphome", ["encryption-key", "encryption", "address", "port", "clients", "name", "friendly-name", "mac",
-                     "mdns-service-file", "scan-mode"]),
+                     "mdns-service-file", "scan-mode", "connections"]),
     ]
 
     static func keys(of path: String) -> [String] {
@@ -520,6 +520,7 @@ struct ConfigFileReader {
            let m = choice(e, [("auto", ProxyScanMode.onRequest), ("passive", .passive), ("active", .active)]) {
             settings.scanMode = m
         }
+        if let e = s["connections"], let n = integer(e, ProxySettings.connectionsRange) { settings.connections = n }
         c.esphome = settings
     }
 

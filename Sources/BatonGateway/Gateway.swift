@@ -12,6 +12,7 @@
 //   phones      GatewayReadvertising.swift                           (docs/relay.md §9)
 //   continuing  ContinuingLinks, in GatewayRelays                    (docs/relay.md §9)
 //   proxy       ProxyServer (BatonProxy)  Home Assistant's ESPHome clients
+//   connections GATTConnections (BatonRelay)  the devices Home Assistant connects to through it
 //   timers      GatewayTimers.swift: the room's, the stats, the status check, the watchdog
 //
 // `Gateway` holds the parts and routes between them; what a part does is its own type's.
@@ -52,6 +53,9 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     /// The ESPHome API server, Home Assistant's Bluetooth proxy (`esphome:`, docs/esphome.md);
     /// nil when the config has none.
     var proxy: ProxyServer?
+    /// The devices Home Assistant is connected to through the proxy (`esphome.connections`,
+    /// docs/esphome.md §11); nil without the proxy, connections or a device link.
+    var connections: GATTConnections?
     // The loop itself.
     var loop: PollLoop
     var log: Logger
@@ -98,7 +102,12 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
             readvertising: readvertising.map {
                 GatewayReadvertising(radio: $0, readvertiser: readvertiser, tagger: keys.tagger, companyID: config.companyID, log: log)
             })
-        let proxyDescriptors = proxy?.descriptorLimit ?? 0
+        let proxyDescriptors = (proxy?.descriptorLimit ?? 0) + (proxy?.settings.connections ?? 0)
+        if let link, let slots = proxy?.settings.connections, slots > 0 {
+            self.connections = GATTConnections(limit: slots, link: link)
+        } else {
+            self.connections = nil
+        }
         self.proxy = proxy
         self.loop = PollLoop(parts: Self.loopParts, descriptors: config.polledDescriptors(proxy: proxyDescriptors), now: now)
         self.log = log
@@ -154,9 +163,9 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
     }
 
     /// The parts `turn` adds to the loop: radio, broker, stop pipe, fetches, streams,
-    /// re-advertising, continuing links, ESPHome server, and three deadlines (timers, title
-    /// fetches, systemd's watchdog).
-    static var loopParts: Int { 11 }
+    /// re-advertising, continuing links, ESPHome server, its connections, and three deadlines
+    /// (timers, title fetches, systemd's watchdog).
+    static var loopParts: Int { 12 }
 
     /// What the parts say they poll at most (`LoopPart.descriptorLimit`): what
     /// `GatewayConfig.polledDescriptors` sized the loop and the open-file limit with, from the
@@ -166,6 +175,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         mutating get {
             radio.descriptorLimit + broker.descriptorLimit + 1 + relays.fetches.descriptorLimit + relays.streams.descriptorLimit
                 + (relays.readvertising?.descriptorLimit ?? 0) + relays.continuing.descriptorLimit + (proxy?.descriptorLimit ?? 0)
+                + (connections?.descriptorLimit ?? 0)
         }
     }
 
@@ -183,6 +193,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         let phones = relays.readvertising == nil ? nil : loop.add(&relays.readvertising!)
         let continuingPart = loop.add(&relays.continuing)
         let proxyPart = proxy == nil ? nil : loop.add(&proxy!)
+        let connectionsPart = connections == nil ? nil : loop.add(&connections!)
         loop.add(deadline: timersDeadline)
         // Owed title fetches are started in the turn (below); this is when the next one may.
         loop.add(deadline: broker.mqtt.isConnected ? room.publisher.names.nextDeadline : nil)
@@ -231,6 +242,14 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         // Home Assistant's clients: requests, then this turn's advertisements as they arrived
         // (a batch goes out every turn, not every N seconds).
         if let proxyPart { proxy!.serve(loop.ready(proxyPart), now: now) }
+        // What the clients asked of devices goes to the connections, and what the devices say
+        // back to the client that asked (docs/esphome.md §11).
+        if let connectionsPart {
+            while let a = proxy!.nextGATTAsk() {
+                connections!.ask(a.ask, client: a.client, address: a.address, data: a.data, now: now, to: &proxy!)
+            }
+            connections!.serve(loop.ready(connectionsPart), now: now, to: &proxy!)
+        }
         // Active scanning while Home Assistant asks for it (docs/esphome.md "Active scanning").
         if let wanted = proxy?.wantedScanMode { radio.ask(wanted == ScannerMode.active ? .active : .passive, now: now) }
 
@@ -248,6 +267,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
         // Every fetch taken gets its one answer, even now (docs/relay.md §4).
         relays.fetches.stop(mqtt: &broker.mqtt)
         relays.streams.stop(mqtt: &broker.mqtt)
+        if connections != nil { connections!.stop(to: &proxy!) }
         guard broker.mqtt.isConnected else { return }
         room.publisher.stopListening(&broker.mqtt)
         room.publisher.publish(&broker.mqtt, room.publisher.topics.status, text: "offline")
@@ -258,7 +278,7 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
 extension GatewayConfig {
     /// The loop's poll(2) entries, reserved once so no turn grows them: radio, broker, stop
     /// pipe; fetch and continuing links; streams; re-advertising's listeners and its management
-    /// socket; the ESPHome server's listener and clients (`proxy`). Idle entries count too:
+    /// socket; the ESPHome server's listener, clients and connections to devices (`proxy`). Idle entries count too:
     /// poll(2) refuses more entries than the open-file limit (`OpenFileLimit`, raised at start).
     public func polledDescriptors(proxy: Int) -> Int {
         3 + 2 * relay.links + relay.streams + (readvertise > 0 ? readvertise + 1 : 0) + proxy

@@ -62,6 +62,10 @@ extension Gateway where Radio: ~Copyable {
             try w.key("esphome")
             try proxy?.writeStats(into: &w)
         }
+        if connections != nil {
+            try w.key("esphome_connections")
+            try connections?.writeStats(into: &w)
+        }
         try w.endObject()
     }
 }

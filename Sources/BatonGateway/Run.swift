@@ -106,7 +106,7 @@ public enum GatewayLauncher {
         var proxyDescriptors = 0
         switch startProxy(config: config, log: log) {
         case .started(let server):
-            proxyDescriptors = server.descriptorLimit
+            proxyDescriptors = server.descriptorLimit + server.settings.connections
             proxy = consume server
         case .off: proxy = nil
         case .failed: return 1
@@ -164,12 +164,23 @@ public enum GatewayLauncher {
     /// cannot be written is said and the server runs anyway (Home Assistant can be given the
     /// host and port by hand); a server that cannot listen stops the start.
     public static func startProxy(config: GatewayConfig, log: Logger) -> ProxyStart {
-        guard let settings = config.esphome else {
+        guard var settings = config.esphome else {
             // Off: a file left by an earlier config announces nothing now (absent is fine).
             do throws(Errno) {
                 try MDNSService.write(MDNSService.emptyXML(name: config.gatewayID), to: ProxySettings.defaultServiceFile)
             } catch {}
             return .off
+        }
+        // Connections go over the gateway's device link (docs/esphome.md §11): without one (an
+        // H4 radio, a capture) the scanner is not connectable.
+        switch config.resolvedRelayLink {
+        case .none, .auto:
+            if settings.connections > 0 {
+                log.notice("esphome: no device link (relay.link), so Home Assistant cannot connect to devices through this gateway")
+            }
+            settings.connections = 0
+        case .bluez, .simulator:
+            break
         }
         let identity = ProxyIdentity(settings: settings, gatewayID: config.gatewayID, room: config.room,
                                      version: BatonVersion.current)

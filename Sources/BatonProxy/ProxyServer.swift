@@ -39,14 +39,27 @@ public struct ProxyCounters: Sendable, Equatable {
     public var tooLong = 0
     /// Baton's own activity beacons, not passed on (docs/esphome.md §3.7), while a client was subscribed.
     public var batonBeaconsWithheld = 0
+    /// GATT requests answered at once with an error: the queue to the connections was full.
+    public var gattAsksRefused = 0
 }
 
 public struct ProxyServer: ~Copyable, LoopPart {
     public let settings: ProxySettings
     public let info: DeviceInfo
+    /// Active connections (docs/esphome.md §11): what clients asked this turn, for the
+    /// gateway to hand to `GATTConnections` (`nextGATTAsk`), each with its data in `askData`.
+    var gattAsks: [(client: GATTClient, address: UInt64, ask: GATTAsk, data: Int)]
+    var gattAskTaken = 0
+    let askData: UnsafeMutableRawBufferPointer
+    /// The connection slots as the connections last said (81 `BluetoothConnectionsFreeResponse`).
+    var connectionsFree: Int
+    var connectionsAllocated: [UInt64]
+    var lastClientSerial: UInt64 = 0
+    /// The most asks a turn queues; one more is refused at once (`gattAsksRefused`).
+    public static let gattAskLimit = 16
     /// The port bound (settings.port, or the kernel's choice for port 0).
     public private(set) var port: UInt16 = 0
-    public private(set) var counters = ProxyCounters()
+    public internal(set) var counters = ProxyCounters()
     public var log: Logger
     /// What a scanner-state message reports: the gateway sets it from its radio.
     public private(set) var scannerState: UInt32 = ScannerState.running
@@ -76,8 +89,17 @@ public struct ProxyServer: ~Copyable, LoopPart {
                 log: Logger = .off) throws(ProxyStartError) {
         precondition(settings.clients >= 1 && settings.receiveBuffer >= 256 && settings.sendBuffer >= 2048)
         self.settings = settings
+        var info = info
+        // Connectable only with connections (Home Assistant reads flag 2 as "connectable").
+        if settings.connections > 0 { info.featureFlags |= ProxyFeature.activeConnections | ProxyFeature.remoteCaching }
         self.info = info
         self.log = log
+        gattAsks = []
+        gattAsks.reserveCapacity(Self.gattAskLimit)
+        askData = .allocate(byteCount: Self.gattAskLimit * Self.askDataLimit, alignment: 8)
+        connectionsFree = settings.connections
+        connectionsAllocated = []
+        connectionsAllocated.reserveCapacity(settings.connections)
         let fd = try Self.listen(address: settings.address, port: settings.port)
         listenFD = fd
         port = Self.boundPort(fd)
@@ -112,6 +134,7 @@ public struct ProxyServer: ~Copyable, LoopPart {
         for s in slots where s.fd >= 0 { Syscall.close(s.fd) }
         Syscall.close(listenFD)
         memory.deallocate()
+        askData.deallocate()
     }
 
     public var subscriberCount: Int { subscribers }
@@ -296,6 +319,8 @@ public struct ProxyServer: ~Copyable, LoopPart {
             var one: Int32 = 1
             _ = setsockopt(fd, Int32(IPPROTO_TCP), 1, &one, socklen_t(MemoryLayout<Int32>.size))
             counters.accepted &+= 1
+            lastClientSerial &+= 1
+            slots[i].serial = lastClientSerial
             slots[i].open(fd: fd, peer: name, now: now, phase: isEncrypted ? .noiseHello : .ready)
             log.info("esphome: \(name) connected (\(isEncrypted ? "Noise" : "plaintext"))")
         }
@@ -427,9 +452,14 @@ public struct ProxyServer: ~Copyable, LoopPart {
             return
         }
         let m: ClientMessage
-        do throws(WireError) { m = try ClientMessage.decode(type: type, body: body) } catch {
+        let g: GATTMessage?
+        do throws(WireError) {
+            g = try GATTMessage.decode(type: type, body: body)
+            m = g == nil ? try ClientMessage.decode(type: type, body: body) : .other(type: type)
+        } catch {
             return drop(i, reason: "sent a message \(type) that is not protobuf: \(error)", counter: .badFrame)
         }
+        if let g { return gatt(i, g, body: body) }
         switch m {
         case .hello(let clientInfo, let major, let minor):
             let name = String(decoding: UnsafeRawBufferPointer(rebasing: body[clientInfo]).prefix(64), as: UTF8.self)
@@ -645,6 +675,7 @@ public struct ProxyServer: ~Copyable, LoopPart {
         try w.key("scan_responses_merged"); try w.int(Int64(scanResponses.merged))
         try w.key("scan_responses_alone"); try w.int(Int64(scanResponses.alone))
         try w.key("baton_beacons_withheld"); try w.int(Int64(counters.batonBeaconsWithheld))
+        try w.key("gatt_asks_refused"); try w.int(Int64(counters.gattAsksRefused))
         try w.endObject()
     }
 
@@ -765,6 +796,10 @@ struct ClientSlot {
     var sendEnd = 0
     var transport: NoiseTransport? = nil
     var subscribed = false
+    /// Which client this is: a later one in the slot has another serial (`GATTClient`).
+    var serial: UInt64 = 0
+    /// It asked to hear the connection slots (80).
+    var hearsConnectionSlots = false
     /// It asked for active scanning (`BluetoothScannerSetModeRequest`) and not since for passive.
     var wantsActive = false
     var helloed = false
@@ -802,6 +837,8 @@ struct ClientSlot {
         sendEnd = 0
         transport = nil
         subscribed = false
+        hearsConnectionSlots = false
+        serial = 0
         wantsActive = false
         helloed = false
         closing = false

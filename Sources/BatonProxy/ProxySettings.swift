@@ -54,6 +54,11 @@ public struct ProxySettings: Sendable, Equatable {
     public var mac: String? = nil
     /// Who sets the scan type (docs/esphome.md "Active scanning").
     public var scanMode: ProxyScanMode = .onRequest
+    /// `connections`: devices Home Assistant may be connected to through the gateway at once
+    /// (0: none, and the scanner is not connectable), as an ESP32's
+    /// `bluetooth_proxy.connection_slots` (default 3, at most 9).
+    public var connections: Int = 3
+    public static let connectionsRange = 0 ... 9
 
     public init(encryption: ProxyEncryption) { self.encryption = encryption }
 

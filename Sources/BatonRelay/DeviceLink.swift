@@ -108,8 +108,20 @@ public protocol DeviceLink {
     /// Starts connecting (non-blocking). The channel is `.connecting` until its `poll`
     /// finds it open; failures that are known at once throw.
     func connect(to device: LinkAddress) throws(LinkError) -> LinkChannel
+    /// Starts connecting to the device's Attribute Protocol (the ATT fixed channel, CID 4:
+    /// Core 5.4, Vol 3, Part F), the channel Home Assistant's GATT requests go over
+    /// (docs/esphome.md §11). One read is one ATT PDU, one write one PDU. `device.psm` is not
+    /// used.
+    func connectAttributes(to device: LinkAddress) throws(LinkError) -> LinkChannel
     /// "bluez hci0", "sim /tmp/b/hall.link": for logs.
     var description: String { get }
+}
+
+extension DeviceLink {
+    /// A link that reaches no attribute channel (a test's).
+    public func connectAttributes(to device: LinkAddress) throws(LinkError) -> LinkChannel {
+        throw .unreachable("\(description) opens no GATT connections")
+    }
 }
 
 /// A `DeviceLink` held by value, as the relays keep theirs: Embedded Swift has no existentials
@@ -117,13 +129,16 @@ public protocol DeviceLink {
 public struct AnyDeviceLink: CustomStringConvertible {
     public let description: String
     private let open: (LinkAddress) throws(LinkError) -> LinkChannel
+    private let openAttributes: (LinkAddress) throws(LinkError) -> LinkChannel
 
     public init(_ link: some DeviceLink) {
         description = link.description
         open = { (device: LinkAddress) throws(LinkError) -> LinkChannel in try link.connect(to: device) }
+        openAttributes = { (device: LinkAddress) throws(LinkError) -> LinkChannel in try link.connectAttributes(to: device) }
     }
 
     public func connect(to device: LinkAddress) throws(LinkError) -> LinkChannel { try open(device) }
+    public func connectAttributes(to device: LinkAddress) throws(LinkError) -> LinkChannel { try openAttributes(device) }
 }
 
 /// An exchange a link makes on a connected socket before its channel is open: one request
@@ -609,6 +624,58 @@ public struct L2CAPLink: DeviceLink {
         return channel
     }
 
+    /// The ATT fixed channel (CID 4) to `device`: the kernel makes the LE connection as for a
+    /// credit-based channel, and the socket is the connection's ATT bearer (one SDU one PDU,
+    /// Core 5.4, Vol 3, Part A, §2.1: fixed channels carry no credits). A client ATT socket
+    /// takes the connection's ATT channel before bluetoothd's listening one would be given it
+    /// (net/bluetooth/l2cap_core.c `l2cap_le_conn_ready`: "Client ATT sockets should override
+    /// the server one"), so bluetoothd may run beside the gateway (docs/esphome.md §11).
+    /// The ATT MTU is the GATT client's to exchange (Vol 3, Part F, §3.4.2), not the socket's.
+    public func connectAttributes(to device: LinkAddress) throws(LinkError) -> LinkChannel {
+        guard let random = device.isRandom else { throw device.anonymousError }
+        let type = Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue)
+        let fd = socket(AF_BLUETOOTH, type, BTPROTO_L2CAP)
+        if fd < 0 {
+            let e = errno
+            if e == EAFNOSUPPORT {
+                throw .noBluetooth("this kernel has no Bluetooth (AF_BLUETOOTH unavailable), so no GATT connection can be made: run the gateway on a machine with BlueZ")
+            }
+            throw .os(Errno(e, call: "socket(AF_BLUETOOTH, BTPROTO_L2CAP)"))
+        }
+        // The largest ATT PDU a GATT client takes (517: a 512-byte value and its header).
+        var channel = LinkChannel(fd: fd, sendMTU: Self.attributeMTU)
+        channel.peer = device
+        var local = sockaddr_l2()
+        local.l2_family = sa_family_t(AF_BLUETOOTH)
+        local.l2_bdaddr = try Self.adapterAddress(adapter)
+        local.l2_cid = Self.attributeCID.littleEndian
+        local.l2_bdaddr_type = UInt8(BDADDR_LE_PUBLIC)
+        let bound = withUnsafePointer(to: &local) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                CLibc.bind(fd, $0, socklen_t(MemoryLayout<sockaddr_l2>.stride))
+            }
+        }
+        if bound < 0 { throw .os(Errno(errno, call: "bind(L2CAP ATT)")) }
+        var remote = Self.remoteAddress(LinkAddress(address: device.address, addressType: device.addressType, psm: 0), random: random)
+        remote.l2_cid = Self.attributeCID.littleEndian
+        let connected = withUnsafePointer(to: &remote) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                CLibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_l2>.stride))
+            }
+        }
+        if connected < 0 {
+            let e = errno
+            if e != EINPROGRESS { throw LinkChannel.connectFailure(e, peer: device) }
+        }
+        return channel
+    }
+
+    /// The ATT fixed channel's CID (Core 5.4, Vol 3, Part A, §2.1, Table 2.3).
+    static let attributeCID: UInt16 = 0x0004
+    /// The largest ATT PDU: opcode, handle and a 512-byte value, plus an offset (Vol 3, Part F,
+    /// §3.2.9: attribute values are at most 512 bytes), what BlueZ's own client asks for.
+    public static let attributeMTU = 517
+
     public var description: String { "bluez \(adapter)" }
 
     /// The least MTU an LE credit-based channel accepts (Core 5.4, Vol 3, Part A, §4.22).
@@ -800,6 +867,12 @@ public struct SimulatedLink: DeviceLink {
         var channel = LinkChannel(connected: fd, handshake: handshake, sendMTU: sendMTU)
         channel.peer = device
         return channel
+    }
+
+    /// The simulator's attribute channel: the connect message with PSM 0 (docs/protocol.md
+    /// §5.5), then ATT PDUs, one packet each.
+    public func connectAttributes(to device: LinkAddress) throws(LinkError) -> LinkChannel {
+        try connect(to: LinkAddress(address: device.address, addressType: device.addressType, psm: 0))
     }
 
     public var description: String { "sim \(path)" }

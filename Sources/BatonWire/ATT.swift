@@ -52,6 +52,8 @@ public enum ATTErrorCode {
     public static let requestNotSupported: UInt8 = 0x06
     public static let attributeNotFound: UInt8 = 0x0A
     public static let attributeNotLong: UInt8 = 0x0B
+    public static let invalidAttributeValueLength: UInt8 = 0x0D
+    public static let insufficientResources: UInt8 = 0x11
 }
 
 /// GATT's attribute types (Vol 3, Part G, §3: Assigned Numbers, "GATT Declarations").

@@ -136,7 +136,7 @@ struct ESPHomeGatewayTests {
         #expect(info["name"] as? String == "hall")
         #expect(info["friendly_name"] as? String == "Hall")
         // Passive scan 1, raw advertisements 32, state and mode 64 (docs/esphome.md §3).
-        #expect(info["bluetooth_proxy_feature_flags"] as? Int == 97)
+        #expect(info["bluetooth_proxy_feature_flags"] as? Int == 97, "relay.link none: no connections, so not connectable")
         #expect(info["api_encryption_supported"] as? Bool == true)
         // Home Assistant's device page: "Baton gateway by Baton", firmware "0.4.0 (ESPHome
         // 2025.5.0)", and no "outdated ESPHome firmware" repair for a named project (§3.2).

@@ -67,6 +67,8 @@ func runClient(server encryption: ProxyEncryption, clientKey: String?, expect co
     var settings = ProxySettings(encryption: encryption)
     settings.address = "127.0.0.1"
     settings.port = 0
+    // The passive proxy: no connections part here, so none offered (97).
+    settings.connections = 0
     let lines = LogLines()
     let mac: UInt64 = 0x02BA_7000_0001
     let info = DeviceInfo(name: "hall", macAddress: ProxySettings.macText(mac), esphomeVersion: "2025.5.0", model: "Baton gateway",

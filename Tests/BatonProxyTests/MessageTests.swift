@@ -55,6 +55,8 @@ let bthomeData = hx("02 01 06  0b 16 d2fc 40 00c4 02ca09 03bf13")
             """))
         // 0x61 = 97 = passive scan 1 | raw advertisements 32 | state and mode 64.
         #expect(ProxyFeature.baton == 97)
+        // With connections (docs/esphome.md §11): | active connections 2 | remote caching 4.
+        #expect(ProxyFeature.batonConnecting == 103)
     }
 
     @Test func rawAdvertisementsSection3_4() throws {
