@@ -57,7 +57,7 @@ public enum GATTMessage: Equatable {
     case subscribeConnectionsFree
 
     /// nil: not one of these messages. Every body is walked to its end.
-    static func decode(type: UInt32, body: UnsafeRawBufferPointer) throws(WireError) -> GATTMessage? {
+    public static func decode(type: UInt32, body: UnsafeRawBufferPointer) throws(WireError) -> GATTMessage? {
         var address: UInt64 = 0, handle: UInt32 = 0, flag = false, number: UInt32 = 0
         var hasAddressType = false, addressType: UInt32 = 0
         var data = 0 ..< 0

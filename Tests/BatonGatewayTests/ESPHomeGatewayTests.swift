@@ -217,3 +217,87 @@ struct ESPHomeGatewayTests {
         #expect((s.stats?["esphome"] as? [String: Any])?["wrong_key"] as? Int == 1, "\(String(describing: s.stats))")
     }
 }
+
+extension ESPHomeGatewayTests {
+    /// Issue 32 item 1 through the whole gateway: Home Assistant connects to a thermometer through
+    /// the gateway's ESPHome server, `Gateway.turn()` hands what it asks to the connections and
+    /// what the device says back, over the simulator's link socket (an attribute channel is its
+    /// connect message with PSM 0, docs/protocol.md §5.5). The stats topic counts it.
+    @Test func homeAssistantConnectsToADeviceThroughTheGateway() throws {
+        let broker = try MosquittoBroker()
+        let dir = try scratchDirectory("esphome-gatt")
+        let thermometer: UInt64 = 0xC0FF_EE00_0001
+        var config = GatewayConfig.defaults(hostName: "hall")
+        try config.apply(GatewayOverrides(broker: "mqtt://127.0.0.1:\(broker.port)", radio: "sim:/run/baton/hall.sock",
+                                          room: "Hall", id: "hall"))
+        let devices = try GATTLinkSocket(path: dir.path + "/hall.link")
+        config.relayLink = .simulator(path: devices.path)
+        var settings = ProxySettings(encryption: .noise(key: try #require(ProxySettings.key(base64: key))))
+        settings.address = "127.0.0.1"
+        settings.port = 0
+        settings.mdnsServiceFile = ""
+        config.esphome = settings  // connections: 3, the default
+
+        var h4: [Int32] = [-1, -1]
+        try #require(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &h4) == 0)
+        let room = VirtualController(fd: h4[1])
+        var radio = try RadioH4(fd: h4[0])
+        var mqtt = try MQTTClient(config: GatewayLauncher.mqttConfig(config))
+        let start = Instant.now
+        mqtt.start(now: start)
+        try radio.start(now: start)
+        guard case .started(let proxy) = GatewayLauncher.startProxy(config: config, log: Logger()) else {
+            Issue.record("the ESPHome server did not start")
+            return
+        }
+        let port = proxy.port
+        var gateway = Gateway(config: config, radio: radio, mqtt: mqtt, proxy: proxy, log: Logger(), environment: [:],
+                              now: start, unixMicroseconds: 1_790_000_000_000_000)
+        let client = try ChildProcess(python, [repoRoot + "/Tests/BatonProxyTests/Interop/gatt_client.py", "\(port)",
+                                               "\(thermometer)", key],
+                                      stdout: dir.path + "/out", stderr: dir.path + "/err")
+        var notified = false
+        let end = Instant.now + .seconds(45)
+        while client.isRunning, Instant.now < end {
+            room.poll()
+            room.flush()
+            devices.serve()
+            if !notified, let d = devices.devices[thermometer], d.value(10) == [0x01, 0x00] {
+                notified = true
+                d.notify(9, [0x36, 0x08])
+            }
+            _ = gateway.turn()
+        }
+        _ = client.wait(timeout: .seconds(5))
+        #expect(gateway.partsDescriptorLimit == gateway.loop.descriptorLimit)
+        #expect(gateway.loop.oversizedTurns == 0)
+        gateway.publishStats(now: .now)
+        let settle = Instant.now + .milliseconds(500)
+        while Instant.now < settle { _ = gateway.turn() }
+
+        var lines: [[String: Any]] = []
+        let out = (try? String(contentsOfFile: dir.path + "/out", encoding: .utf8)) ?? ""
+        for line in out.split(separator: "\n") {
+            if let o = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any] { lines.append(o) }
+        }
+        func first(_ k: String) -> Any? { lines.first { $0[k] != nil }?[k] }
+        let err = (try? String(contentsOfFile: dir.path + "/err", encoding: .utf8)) ?? ""
+        #expect(first("error") == nil, "\(lines) \(err)")
+        #expect(first("feature_flags") as? Int == 103)
+        #expect(devices.psms == [0], "one attribute channel: the connect message's PSM 0")
+        #expect(first("connected") as? [[Int]] == [[1, 247, 0]])
+        #expect((first("services") as? [[String: Any]])?.map { $0["uuid"] as? String }
+                == ["0000180f-0000-1000-8000-00805f9b34fb", "1f1e1d1c-1b1a-1918-1716-151413121110"])
+        #expect(first("battery") as? String == "57")
+        #expect(first("written") as? String == "04")
+        #expect(first("notification") as? String == "3608")
+        #expect(first("states") as? [[Int]] == [[1, 247, 0], [0, 0, 22]])
+        #expect(first("disconnected") as? Bool == true)
+
+        let stats = try broker.retained("baton/gateways/hall/stats")["baton/gateways/hall/stats"] ?? []
+        let s = try #require(try? JSONSerialization.jsonObject(with: Data(stats)) as? [String: Any])
+        let c = try #require(s["esphome_connections"] as? [String: Any], "\(s.keys)")
+        #expect(c["slots"] as? Int == 3 && c["connected_now"] as? Int == 0)
+        #expect(c["connects"] as? Int == 1 && c["connected"] as? Int == 1 && c["failed"] as? Int == 0)
+    }
+}

@@ -185,3 +185,59 @@ public struct GATTTestLink: DeviceLink {
     }
     public var description: String { "test ATT socketpair" }
 }
+
+// MARK: - A device at the simulator's link socket
+
+/// Devices behind a simulator's link socket (docs/protocol.md §5.5) that take attribute
+/// channels: the connect message with PSM 0 is answered 00, and the channel is then a
+/// `TestGATTDevice`'s.
+public final class GATTLinkSocket {
+    public let path: String
+    let listener: Int32
+    public private(set) var devices: [UInt64: TestGATTDevice] = [:]
+    /// Every connect message's PSM, in order.
+    public private(set) var psms: [UInt16] = []
+
+    public init(path: String) throws {
+        unlink(path)
+        let listener = socket(AF_UNIX, Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard listener >= 0 else { throw Errno(Glibc.errno, call: "socket") }
+        self.listener = listener
+        var a = sockaddr_un()
+        a.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &a.sun_path) { p in
+            for (i, b) in path.utf8.prefix(p.count - 1).enumerated() { p[i] = b }
+        }
+        let bound = withUnsafePointer(to: &a) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        guard bound == 0, listen(listener, 8) == 0 else { throw Errno(Glibc.errno, call: "bind/listen") }
+        self.path = path
+    }
+
+    deinit {
+        close(listener)
+        unlink(path)
+    }
+
+    /// Takes waiting connects (each answered 00 once its connect message came) and serves the
+    /// devices' requests.
+    public func serve(mtu: UInt16 = 247) {
+        while true {
+            let fd = accept(listener, nil, nil)
+            guard fd >= 0 else { break }
+            // The gateway sends its connect message at once: wait for it (bounded, 1 s).
+            var m = [UInt8](repeating: 0, count: 16)
+            var p = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+            _ = poll(&p, 1, 1000)
+            let n = m.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
+            guard n == 10, m[0] == 0x4C else { close(fd); continue }
+            var address: UInt64 = 0
+            for k in 0 ..< 6 { address |= UInt64(m[2 + k]) << (8 * UInt64(k)) }
+            psms.append(UInt16(m[8]) | UInt16(m[9]) << 8)
+            _ = [UInt8(0)].withUnsafeBytes { send(fd, $0.baseAddress, 1, Int32(MSG_NOSIGNAL)) }
+            devices[address] = TestGATTDevice(fd: fd, mtu: mtu)
+        }
+        for d in devices.values { d.serve() }
+    }
+}

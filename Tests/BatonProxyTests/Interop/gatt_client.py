@@ -7,7 +7,7 @@ characteristic's notifications on (the notify request, then the CCCD write a cli
 on a proxy with remote caching), waits for a notification, and disconnects. One JSON line per
 step on stdout; the Swift test reads them after the process exits.
 
-    gatt_client.py PORT ADDRESS
+    gatt_client.py PORT ADDRESS [KEY]
 """
 import asyncio
 import json
@@ -22,7 +22,8 @@ def say(**kw):
 
 async def main() -> None:
     port, address = int(sys.argv[1]), int(sys.argv[2])
-    client = APIClient("127.0.0.1", port, None, client_info="baton-gatt-test", keepalive=60)
+    key = sys.argv[3] if len(sys.argv) > 3 else None
+    client = APIClient("127.0.0.1", port, None, noise_psk=key, client_info="baton-gatt-test", keepalive=60)
     try:
         await asyncio.wait_for(client.connect(login=False), 15)
         info = await client.device_info()

@@ -8,7 +8,10 @@
 //   * a type the server does not know decodes to `.other(type)`; a hello's client_info lies in
 //     the body;
 //   * appending an unknown field (number 1000, varint) changes nothing, and so does a known
-//     field written with another wire type (skipped as unknown).
+//     field written with another wire type (skipped as unknown);
+//   * the messages of active connections (`GATTMessage.decode`, 68, 70, 73, 75–78, 80) throw
+//     exactly when the walk throws, decode every other type to nil, keep a write's data inside
+//     the body, and ignore an appended unknown field (docs/esphome.md §11).
 import BatonProxy
 import BatonWire
 import FuzzSupport
@@ -47,11 +50,34 @@ func decode(_ type: UInt32, _ body: UnsafeRawBufferPointer) -> Result<ClientMess
     do throws(WireError) { return .success(try ClientMessage.decode(type: type, body: body)) } catch { return .failure(error) }
 }
 
+let gattTypes: Set<UInt32> = [68, 70, 73, 75, 76, 77, 78, 80]
+
+func decodeGATT(_ type: UInt32, _ body: UnsafeRawBufferPointer) -> Result<GATTMessage?, WireError> {
+    do throws(WireError) { return .success(try GATTMessage.decode(type: type, body: body)) } catch { return .failure(error) }
+}
+
+func checkGATT(_ type: UInt32, _ body: UnsafeRawBufferPointer, walked: WireError?) {
+    let result = decodeGATT(type, body)
+    switch result {
+    case .failure(let e):
+        invariant(gattTypes.contains(type) && walked == e, "GATT decode of \(type) threw \(e), the walk \(String(describing: walked))")
+    case .success(nil):
+        invariant(!gattTypes.contains(type), "type \(type) is a GATT message and decoded to nothing")
+    case .success(let m?):
+        invariant(gattTypes.contains(type) && walked == nil, "type \(type) decoded to \(m)")
+        if case .ask(_, _, let data) = m { invariant(data.lowerBound >= 0 && data.upperBound <= body.count, "data \(data) outside the body") }
+        let longer = Array(body) + [0xC0, 0x3E, 0x2A]
+        let again = longer.withUnsafeBytes { decodeGATT(type, $0) }
+        invariant(again == result, "with an unknown field: \(again)")
+    }
+}
+
 func check(_ input: UnsafeRawBufferPointer) {
     guard input.count >= 2 else { return }
     let type = UInt32(input[0]) << 8 | UInt32(input[1])
     let body = UnsafeRawBufferPointer(rebasing: input[2...])
     let walked = walk(body)
+    checkGATT(type, body, walked: walked)
     let result = decode(type, body)
     switch result {
     case .failure(let e):
