@@ -77,7 +77,7 @@ var targets: [Target] = [
 
     // Starts a real mosquitto on 127.0.0.1 and a free port for the tests that need a broker,
     // and turns the parts under test as the gateway's loop does (TestLoop).
-    .target(name: "BatonTestSupport", dependencies: ["BatonLibc", "BatonRelay", "CBlueZ"], path: "Tests/BatonTestSupport"),
+    .target(name: "BatonTestSupport", dependencies: ["BatonLibc", "BatonRelay", "BatonSim", "CBlueZ"], path: "Tests/BatonTestSupport"),
 
     .testTarget(name: "BatonYAMLTests", dependencies: ["BatonYAML"]),
     .testTarget(name: "BatonWireTests", dependencies: ["BatonLibc", "BatonWire", "BatonTestSupport"], exclude: ["Interop"]),

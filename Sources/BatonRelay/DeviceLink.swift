@@ -37,7 +37,7 @@ public struct LinkAddress: Sendable, Equatable, CustomStringConvertible {
 
     /// `AA:BB:CC:DD:EE:FF (random)`: the address most significant byte first, as BlueZ's
     /// `ba2str` and every phone's settings screen print it.
-    var deviceName: String {
+    public var deviceName: String {
         var text = ""
         for i in stride(from: 5, through: 0, by: -1) {
             text += hex(UInt8(truncatingIfNeeded: address >> (8 * UInt64(i))))
@@ -745,6 +745,19 @@ public struct L2CAPListener: ~Copyable {
         guard psm <= 0x00FF else {
             throw .cannotListen("PSM 0x\(hex(psm)) is not an LE PSM (0x0001 to 0x00FF, Core 5.4, Vol 3, Part A, §4.22)")
         }
+        try self.init(adapter: adapter, psm: psm, cid: 0, receiveMTU: receiveMTU, backlog: backlog)
+    }
+
+    /// The ATT fixed channel (CID 4) of `adapter`'s LE connections: each central that connects
+    /// to this controller is one accepted socket, its ATT bearer (l2cap_core.c
+    /// `l2cap_le_conn_ready` hands an incoming connection's ATT channel to the socket listening
+    /// on CID 4; bluetoothd listens there too, so only one of them can: EADDRINUSE). One read
+    /// is one ATT PDU. What `baton sim sensor` serves its GATT database on (docs/esphome.md §11).
+    public init(attributesOn adapter: String, backlog: Int32 = 8) throws(LinkError) {
+        try self.init(adapter: adapter, psm: 0, cid: L2CAPLink.attributeCID, receiveMTU: nil, backlog: backlog)
+    }
+
+    init(adapter: String, psm: UInt16, cid: UInt16, receiveMTU: Int?, backlog: Int32) throws(LinkError) {
         // The adapter's public address; all zero (BDADDR_ANY) when it has none and advertises
         // from a static random address, which the kernel then matches as "any".
         let address = try L2CAPLink.adapterAddress(adapter)
@@ -759,6 +772,7 @@ public struct L2CAPListener: ~Copyable {
         var local = sockaddr_l2()
         local.l2_family = sa_family_t(AF_BLUETOOTH)
         local.l2_psm = psm.littleEndian
+        local.l2_cid = cid.littleEndian
         local.l2_bdaddr = address
         // An LE address type makes this an LE listener (l2cap_sock_bind: LE_FLOWCTL mode);
         // public or random does not matter for matching (l2cap_global_chan_by_psm only asks "LE").
@@ -771,14 +785,18 @@ public struct L2CAPListener: ~Copyable {
         if bound < 0 {
             let e = errno
             switch e {
+            case EADDRINUSE where cid != 0:
+                throw fail(.cannotListen("the ATT channel of \(adapter) is taken by another program (bluetoothd's GATT server: stop bluetooth.service, or use another adapter)"))
             case EADDRINUSE: throw fail(.cannotListen("PSM 0x\(hex(psm)) on \(adapter) is taken by another program (choose another with --psm, or 0 for any)"))
             case EACCES: throw fail(.cannotListen("PSM 0x\(hex(psm)) is below 0x0080 and needs CAP_NET_BIND_SERVICE (use 0x0080…0x00FF, or 0 for any)"))
             default: throw fail(.os(Errno(e, call: "bind(L2CAP)")))
             }
         }
-        var mtu = UInt16(receiveMTU)
-        if setsockopt(fd, SOL_BLUETOOTH, BT_RCVMTU, &mtu, socklen_t(MemoryLayout<UInt16>.size)) < 0 {
-            throw fail(.os(Errno(errno, call: "setsockopt(BT_RCVMTU)")))
+        if let receiveMTU {
+            var mtu = UInt16(receiveMTU)
+            if setsockopt(fd, SOL_BLUETOOTH, BT_RCVMTU, &mtu, socklen_t(MemoryLayout<UInt16>.size)) < 0 {
+                throw fail(.os(Errno(errno, call: "setsockopt(BT_RCVMTU)")))
+            }
         }
         if CLibc.listen(fd, backlog) < 0 { throw fail(.os(Errno(errno, call: "listen(L2CAP)"))) }
         // The PSM the kernel gave (l2cap_add_psm picks a free dynamic one for 0).

@@ -16,7 +16,7 @@ struct Sim: ParsableCommand {
             baton sim --scenario FILE --sockets DIR runs a building of simulated rooms (the default \
             subcommand, "building"); see docs/simulator.md "Scenarios".
             """,
-        subcommands: [BuildingCommand.self, Capture.self, Room.self],
+        subcommands: [BuildingCommand.self, Capture.self, Room.self, Sensor.self],
         defaultSubcommand: BuildingCommand.self)
 
     struct Capture: ParsableCommand {

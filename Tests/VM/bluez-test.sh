@@ -356,6 +356,52 @@ PY
 [[ "$verdict" == FAIL* ]] && fail "active scanning through the gateway: ${verdict#FAIL }"
 grep -q 'radio hci3: active scanning, for Home Assistant' "$W/esphome-gateway.log" || fail "the gateway did not log its active scan"
 pass "$verdict"
+
+step "Home Assistant connects through the office gateway to a thermometer's GATT server on $PHONE (docs/esphome.md §11)"
+# The kernel's own stack end to end: the gateway's ATT socket on $OFFICE (CID 4) makes the LE
+# connection, `baton sim sensor` holds $PHONE's ATT channel, aioesphomeapi drives the gateway's
+# ESPHome server as bleak-esphome does. btvirt carries one LE connection per controller: the
+# phone's and the office's last links must be gone.
+wait_unlinked $PHONE 20 || fail "$PHONE still has a connection: $(hcitool -i $PHONE con)"
+wait_unlinked $OFFICE 20 || fail "$OFFICE still has a connection: $(hcitool -i $OFFICE con)"
+"$BATON" sim sensor --adapter $PHONE --interval 0.5 --seconds 90 >"$W/sensor.log" 2>&1 &
+SENSOR=$!
+pids+=("$SENSOR")
+for i in $(seq 1 25); do grep -q 'serving' "$W/sensor.log" && break; sleep 0.2; done
+grep -q 'serving' "$W/sensor.log" || fail "baton sim sensor did not start: $(cat "$W/sensor.log")"
+mg -i $PHONE remove-adv 1 >/dev/null; mg -i $PHONE add-adv -c -d $SENSOR_ADV 1 >/dev/null
+A2=$(hciconfig $PHONE | awk '/BD Address/{print $3}')
+A2INT=$((16#${A2//:/}))
+# Public address (address_type 0): the kernel advertises connectable from it.
+timeout 60 "$ESPHOME_PYTHON" Tests/BatonProxyTests/Interop/gatt_client.py 6053 "$A2INT" - 0 >"$W/gatt-client-out.log" 2>"$W/gatt-client.log" ||
+  fail "the aioesphomeapi GATT client failed (exit $?): $(tail -5 "$W/gatt-client.log")"
+verdict=$("$ESPHOME_PYTHON" - "$W/gatt-client-out.log" <<'PY'
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+first = lambda k: next((l[k] for l in lines if k in l), None)
+problems = []
+if first("error"): problems.append(f"{first('error')}: {first('message')}")
+if first("feature_flags") != 103: problems.append(f"feature flags {first('feature_flags')}, not 103")
+conn = first("connected") or []
+if not conn or not conn[0][0]: problems.append(f"not connected: {conn}")
+uuids = [s["uuid"] for s in first("services") or []]
+if uuids[:1] != ["0000180f-0000-1000-8000-00805f9b34fb"] or len(uuids) != 2: problems.append(f"services {uuids}")
+if first("battery") != "57": problems.append(f"battery level {first('battery')}, not 57")
+if first("long") != bytes(range(40)).hex(): problems.append(f"long value {first('long')}")
+if first("written") != "04": problems.append(f"after the writes {first('written')}, not 04")
+note = first("notification") or ""
+if len(note) != 4: problems.append(f"notification {note!r}")
+states = first("states") or []
+if len(states) != 2 or states[1][0]: problems.append(f"connection states {states}")
+slots = first("slots") or []
+if not slots or slots[-1][0] != slots[-1][1]: problems.append(f"slots at the end {slots}")
+print(("FAIL " + "; ".join(problems)) if problems else
+      f"connected (MTU {conn[0][1]}), {len(uuids)} services, battery 87 %, 40-byte value read, written with and without response, notified {note}, disconnected {states[1]}, slots {slots}")
+PY
+)
+[[ "$verdict" == FAIL* ]] && fail "a connection through the gateway: ${verdict#FAIL }"
+pass "$verdict"
+kill -TERM "$SENSOR" 2>/dev/null; wait "$SENSOR" 2>/dev/null
 kill -TERM "$EGW" 2>/dev/null; wait "$EGW" 2>/dev/null
 
 stop_gateway

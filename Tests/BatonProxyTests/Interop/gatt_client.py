@@ -7,7 +7,7 @@ characteristic's notifications on (the notify request, then the CCCD write a cli
 on a proxy with remote caching), waits for a notification, and disconnects. One JSON line per
 step on stdout; the Swift test reads them after the process exits.
 
-    gatt_client.py PORT ADDRESS [KEY]
+    gatt_client.py PORT ADDRESS [KEY|- [ADDRESS_TYPE]]   (address type 1, random, by default)
 """
 import asyncio
 import json
@@ -22,7 +22,8 @@ def say(**kw):
 
 async def main() -> None:
     port, address = int(sys.argv[1]), int(sys.argv[2])
-    key = sys.argv[3] if len(sys.argv) > 3 else None
+    key = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] != "-" else None
+    address_type = int(sys.argv[4]) if len(sys.argv) > 4 else 1
     client = APIClient("127.0.0.1", port, None, noise_psk=key, client_info="baton-gatt-test", keepalive=60)
     try:
         await asyncio.wait_for(client.connect(login=False), 15)
@@ -41,7 +42,7 @@ async def main() -> None:
                 connected.set()
 
         await client.bluetooth_device_connect(address, on_state, timeout=10, feature_flags=flags, has_cache=False,
-                                              address_type=1)
+                                              address_type=address_type)
         await asyncio.wait_for(connected.wait(), 10)
         say(connected=states)
         services = await client.bluetooth_gatt_get_services(address)
