@@ -129,33 +129,40 @@ public enum GATTMessage: Equatable {
 /// 82 `BluetoothGATTErrorResponse`: address (1), handle (2), error (int32, 3).
 /// 72 `BluetoothGATTGetServicesDoneResponse`: address (1).
 /// 85, 86, 88 pairing, unpairing, cache clearing: address (1), success (2), error (int32, 3).
-/// All varints after the address: one shape, each field's number given.
+/// All varints after the address, fields 2, 3, 4 in order as each message has them: one shape,
+/// held by value (nothing allocated per message).
 public struct GATTVarintMessage: ServerMessage {
     public let address: UInt64
-    public let fields: [(UInt32, UInt64)]
-    public init(address: UInt64, _ fields: (UInt32, UInt64)...) { self.address = address; self.fields = fields }
+    let values: (UInt64, UInt64, UInt64)
+    let count: Int
+    public init(address: UInt64, _ v2: UInt64? = nil, _ v3: UInt64? = nil, _ v4: UInt64? = nil) {
+        self.address = address
+        values = (v2 ?? 0, v3 ?? 0, v4 ?? 0)
+        count = v4 != nil ? 3 : v3 != nil ? 2 : v2 != nil ? 1 : 0
+    }
+    func value(_ k: Int) -> UInt64 { k == 0 ? values.0 : k == 1 ? values.1 : values.2 }
     public var bodySize: Int {
         var n = Protobuf.varintFieldSize(1, address)
-        for (f, v) in fields { n &+= Protobuf.varintFieldSize(f, v) }
+        for k in 0 ..< count { n &+= Protobuf.varintFieldSize(UInt32(2 + k), value(k)) }
         return n
     }
     public func writeBody(_ w: inout ByteWriter) {
         Protobuf.writeVarintField(1, address, &w)
-        for (f, v) in fields { Protobuf.writeVarintField(f, v, &w) }
+        for k in 0 ..< count { Protobuf.writeVarintField(UInt32(2 + k), value(k), &w) }
     }
 
     public static func connection(address: UInt64, connected: Bool, mtu: UInt16, error: Int32) -> GATTVarintMessage {
-        GATTVarintMessage(address: address, (2, connected ? 1 : 0), (3, UInt64(mtu)), (4, int32Bits(error)))
+        GATTVarintMessage(address: address, connected ? 1 : 0, UInt64(mtu), int32Bits(error))
     }
     public static func handle(address: UInt64, _ handle: UInt16) -> GATTVarintMessage {
-        GATTVarintMessage(address: address, (2, UInt64(handle)))
+        GATTVarintMessage(address: address, UInt64(handle))
     }
     public static func error(address: UInt64, handle: UInt16, code: Int32) -> GATTVarintMessage {
-        GATTVarintMessage(address: address, (2, UInt64(handle)), (3, int32Bits(code)))
+        GATTVarintMessage(address: address, UInt64(handle), int32Bits(code))
     }
     /// The refusal of a request Baton does not do: not done, with ESP-IDF's "not supported".
     public static func refused(address: UInt64) -> GATTVarintMessage {
-        GATTVarintMessage(address: address, (2, 0), (3, int32Bits(Self.notSupported)))
+        GATTVarintMessage(address: address, 0, int32Bits(Self.notSupported))
     }
     /// ESP_GATT_REQ_NOT_SUPPORTED.
     public static let notSupported: Int32 = 0x06

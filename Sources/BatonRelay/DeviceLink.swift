@@ -627,9 +627,10 @@ public struct L2CAPLink: DeviceLink {
     /// The ATT fixed channel (CID 4) to `device`: the kernel makes the LE connection as for a
     /// credit-based channel, and the socket is the connection's ATT bearer (one SDU one PDU,
     /// Core 5.4, Vol 3, Part A, §2.1: fixed channels carry no credits). A client ATT socket
-    /// takes the connection's ATT channel before bluetoothd's listening one would be given it
-    /// (net/bluetooth/l2cap_core.c `l2cap_le_conn_ready`: "Client ATT sockets should override
-    /// the server one"), so bluetoothd may run beside the gateway (docs/esphome.md §11).
+    /// holds the connection's ATT channel, and bluetoothd's listening one is given a new
+    /// connection's fixed channel only when no client holds it (net/bluetooth/l2cap_core.c
+    /// `l2cap_connect_cfm`: "Client fixed channels should override server ones"), so bluetoothd
+    /// may run beside the gateway (docs/esphome.md §11.1).
     /// The ATT MTU is the GATT client's to exchange (Vol 3, Part F, §3.4.2), not the socket's.
     public func connectAttributes(to device: LinkAddress) throws(LinkError) -> LinkChannel {
         guard let random = device.isRandom else { throw device.anonymousError }
@@ -750,8 +751,8 @@ public struct L2CAPListener: ~Copyable {
 
     /// The ATT fixed channel (CID 4) of `adapter`'s LE connections: each central that connects
     /// to this controller is one accepted socket, its ATT bearer (l2cap_core.c
-    /// `l2cap_le_conn_ready` hands an incoming connection's ATT channel to the socket listening
-    /// on CID 4; bluetoothd listens there too, so only one of them can: EADDRINUSE). One read
+    /// `l2cap_connect_cfm` gives a new connection's fixed channels to the sockets listening on
+    /// them; bluetoothd listens on CID 4 too, so only one of them can: EADDRINUSE). One read
     /// is one ATT PDU. What `baton sim sensor` serves its GATT database on (docs/esphome.md §11).
     public init(attributesOn adapter: String, backlog: Int32 = 8) throws(LinkError) {
         try self.init(adapter: adapter, psm: 0, cid: L2CAPLink.attributeCID, receiveMTU: nil, backlog: backlog)

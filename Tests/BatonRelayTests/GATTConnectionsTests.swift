@@ -200,6 +200,21 @@ struct GATTHarness: ~Copyable {
         #expect(h.connections.count == 0 && h.connections.counters.failed == 1)
     }
 
+    @Test func aConnectThatNeverCompletesFailsAfterTwentySeconds() {
+        var h = GATTHarness()
+        h.box.neverAnswer.insert(thermometer)
+        h.connect()
+        #expect(h.heard.last(thermometer) == nil, "still connecting")
+        h.now = h.now + .seconds(19)
+        h.pump(turns: 1)
+        #expect(h.heard.last(thermometer) == nil)
+        h.now = h.now + .seconds(2)
+        h.pump(turns: 1)
+        // Before the client's own 30 s: 0x3E Connection Failed to be Established, the slot free.
+        #expect(h.heard.last(thermometer) == .connection(connected: false, mtu: 0, error: 0x3E))
+        #expect(h.connections.count == 0 && h.connections.counters.failed == 1 && h.heard.slots.last?.free == 3)
+    }
+
     @Test func aClientThatLeavesTakesItsConnectionsWithIt() {
         var h = GATTHarness()
         h.connect()

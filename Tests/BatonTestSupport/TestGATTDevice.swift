@@ -69,6 +69,8 @@ public final class GATTTestDevices {
     public var devices: [UInt64: TestGATTDevice] = [:]
     public var mtu: UInt16 = 247
     public var unreachable: Set<UInt64> = []
+    /// Devices whose connect never completes (the far end never answers).
+    public var neverAnswer: Set<UInt64> = []
 }
 
 public struct GATTTestLink: DeviceLink {
@@ -80,6 +82,11 @@ public struct GATTTestLink: DeviceLink {
         var pair: [Int32] = [-1, -1]
         guard socketpair(AF_UNIX, Int32(SOCK_SEQPACKET.rawValue), 0, &pair) == 0 else { throw .os(Errno(Glibc.errno, call: "socketpair")) }
         box.devices[device.address] = TestGATTDevice(fd: pair[1], mtu: box.mtu)
+        if box.neverAnswer.contains(device.address) {
+            // Connecting until an answer that never comes, as an LE connect to a device that is gone.
+            box.devices[device.address]!.silent = true
+            return LinkChannel(connected: pair[0], handshake: LinkHandshake(request: [0x4C]) { _ in nil }, sendMTU: 517)
+        }
         return LinkChannel(accepted: pair[0], peer: device, l2cap: false)
     }
     public var description: String { "test ATT socketpair" }
