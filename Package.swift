@@ -157,7 +157,8 @@ if ProcessInfo.processInfo.environment["BATON_BENCH"] != nil {
     // (docs/performance.md "The ESPHome proxy").
     targets.append(.executableTarget(
         name: "ProxyBench",
-        dependencies: ["BatonLibc", "BatonProxy", .product(name: "MallocInterposerSwift", package: "malloc-interposer")],
+        dependencies: ["BatonLibc", "BatonProxy", "BatonRelay", "BatonWire", "CBlueZ",
+                       .product(name: "MallocInterposerSwift", package: "malloc-interposer")],
         path: "Tests/Benchmarks/ProxyBench"))
 }
 

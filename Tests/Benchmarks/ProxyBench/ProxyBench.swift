@@ -4,10 +4,15 @@
 // turns. The client is this process: it sends the §4.3 vector's hello, handshake and an
 // encrypted subscription (the server's ephemeral key is fixed to the vector's, so the
 // precomputed bytes are valid), then reads and discards. Counting covers heard, the batch
-// framed and encrypted in place, and the send(2) of every turn. Exits 1 over the budget in
-// Tests/Benchmarks/Thresholds/proxy.json.
+// framed and encrypted in place, and the send(2) of every turn. Then a connection (docs/esphome.md
+// §11): the client connected to a device that notifies, each notification read by
+// `GATTConnections` and told to the client through the server, 8 a turn. Exits 1 over the
+// budget in Tests/Benchmarks/Thresholds/proxy.json.
 import BatonLibc
 import BatonProxy
+import BatonRelay
+import BatonWire
+import CBlueZ  // SOCK_SEQPACKET's one owner
 import CLibc
 import Foundation
 import Glibc
@@ -138,11 +143,72 @@ MallocInterposerSwift.unhook()
 let activeStats = MallocInterposerSwift.getStatistics()
 let activePerAdvertisement = Double(activeStats.mallocCount) / Double(measured)
 let merged = server.scanResponses.merged - mergedBefore
+
+// A connection: the device's end of a socketpair, its PDUs written from fixed buffers (so the
+// count is the gateway's and the server's alone).
+struct BenchLink: DeviceLink {
+    let fd: Int32
+    func connect(to device: LinkAddress) throws(LinkError) -> LinkChannel { throw .unreachable("no PSM links in the bench") }
+    func connectAttributes(to device: LinkAddress) throws(LinkError) -> LinkChannel {
+        LinkChannel(accepted: fd, peer: device, l2cap: false)
+    }
+    var description: String { "bench socketpair" }
+}
+var pair: [Int32] = [-1, -1]
+precondition(socketpair(AF_UNIX, Int32(SOCK_SEQPACKET.rawValue), 0, &pair) == 0)
+let device = pair[1]
+_ = BatonLibc.fcntl(device, F_SETFL, BatonLibc.fcntl(device, F_GETFL) | O_NONBLOCK)
+var connections = GATTConnections(limit: 3, link: AnyDeviceLink(BenchLink(fd: pair[0])))
+let thermometer: UInt64 = 0xC0FF_EE00_0001
+let benchClient = GATTClient(slot: 0, serial: 1)  // the server's first client
+let deviceBuffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 1024, alignment: 8)
+let mtuResponse: [UInt8] = [0x03, 0xF7, 0x00]
+let notification: [UInt8] = [0x1B, 0x09, 0x00, 0x34, 0x08]
+var fds: [pollfd] = []
+fds.reserveCapacity(4)
+@MainActor func connectionTurn() {
+    fds.removeAll(keepingCapacity: true)
+    connections.pollDescriptors(into: &fds)
+    _ = fds.withUnsafeMutableBufferPointer { Glibc.poll($0.baseAddress, nfds_t($0.count), 0) }
+    connections.serve(fds[...], now: .now, to: &server)
+    server.flush(now: .now)
+    drainClient()
+}
+let noData = UnsafeRawBufferPointer(start: nil, count: 0)
+connections.ask(.connect(addressType: 1), client: benchClient, address: thermometer, data: noData, now: .now, to: &server)
+// The device answers the MTU request (its first PDU) with 247.
+for _ in 0..<100 where connections.counters.connected == 0 {
+    if recv(device, deviceBuffer.baseAddress, deviceBuffer.count, 0) > 0 {
+        _ = mtuResponse.withUnsafeBytes { send(device, $0.baseAddress, $0.count, 0) }
+    }
+    connectionTurn()
+}
+connections.ask(.notify(handle: 9, enable: true), client: benchClient, address: thermometer, data: noData, now: .now, to: &server)
+@MainActor func notifications(_ count: Int) {
+    var i = 0
+    while i < count {
+        for _ in 0..<8 { _ = notification.withUnsafeBytes { send(device, $0.baseAddress, $0.count, 0) } }
+        i += 8
+        connectionTurn()
+    }
+}
+notifications(5_000)
+let notifiedBefore = connections.counters.notifications
+MallocInterposerSwift.initialize()
+MallocInterposerSwift.hook()
+notifications(measured)
+MallocInterposerSwift.unhook()
+let gattStats = MallocInterposerSwift.getStatistics()
+let notified = connections.counters.notifications - notifiedBefore
+let perNotification = Double(gattStats.mallocCount) / Double(max(notified, 1))
 print("""
 {"advertisements": \(measured), "mallocs": \(stats.mallocCount), "allocations_per_advertisement": \(perAdvertisement), \
 "sent": \(after.advertisementsSent - before.advertisementsSent), "dropped": \(after.advertisementsDropped - before.advertisementsDropped), \
 "batches": \(after.batchesSent - before.batchesSent), "bytes_drained": \(drained), "calibration_mallocs": \(calibration), \
 "active_mallocs": \(activeStats.mallocCount), "active_allocations_per_advertisement": \(activePerAdvertisement), \
-"active_scan_responses_merged": \(merged), "budget": \(budget)}
+"active_scan_responses_merged": \(merged), "connected": \(connections.counters.connected), \
+"notifications": \(notified), "notification_mallocs": \(gattStats.mallocCount), \
+"allocations_per_notification": \(perNotification), "connection_slot_bytes": \(GATTConnections.bytesPerSlot), "budget": \(budget)}
 """)
-exit(perAdvertisement > budget || activePerAdvertisement > budget || merged != measured / 2 ? 1 : 0)
+exit(perAdvertisement > budget || activePerAdvertisement > budget || merged != measured / 2
+     || connections.counters.connected != 1 || notified < measured || perNotification > budget ? 1 : 0)
