@@ -47,7 +47,7 @@ public struct GATTConnections: ~Copyable, LoopPart {
     /// The longest value a request carries or a read gathers (Vol 3, Part F, §3.2.9).
     public static let valueLimit = 512
     /// Discovery's bounds per device: services, and characteristics and descriptors per service.
-    public static let serviceLimit = 64, characteristicLimit = 64, descriptorLimit_ = 128
+    public static let servicesPerDevice = 64, characteristicsPerService = 64, descriptorsPerService = 128
     /// How long a connect may take before the client hears it failed (an ESP32 gives 20 s).
     public static let connectTimeout: Duration = .seconds(20)
     /// §3.3.3: a request unanswered for 30 s ends the connection.
@@ -368,7 +368,7 @@ public struct GATTConnections: ~Copyable, LoopPart {
                     protocolBroken(slot, to: &listener)
                     return
                 }
-                guard s.services.count < Self.serviceLimit else {
+                guard s.services.count < Self.servicesPerDevice else {
                     discoveryFailed(slot, code: Int32(ATTErrorCode.insufficientResources), to: &listener)
                     return
                 }
@@ -423,7 +423,7 @@ public struct GATTConnections: ~Copyable, LoopPart {
                     protocolBroken(slot, to: &listener)
                     return
                 }
-                guard s.characteristics.count < Self.characteristicLimit else {
+                guard s.characteristics.count < Self.characteristicsPerService else {
                     discoveryFailed(slot, code: Int32(ATTErrorCode.insufficientResources), to: &listener)
                     return
                 }
@@ -485,7 +485,7 @@ public struct GATTConnections: ~Copyable, LoopPart {
                     protocolBroken(slot, to: &listener)
                     return
                 }
-                guard s.descriptors.count < Self.descriptorLimit_ else {
+                guard s.descriptors.count < Self.descriptorsPerService else {
                     discoveryFailed(slot, code: Int32(ATTErrorCode.insufficientResources), to: &listener)
                     return
                 }
@@ -662,9 +662,9 @@ final class GATTSlot {
     static let notifyLimit = 32
     static var bytes: Int {
         Int(GATTConnections.receiveMTU) + GATTConnections.valueLimit * (1 + GATTConnections.queueLimit)
-            + GATTConnections.serviceLimit * MemoryLayout<GATTService>.stride
-            + GATTConnections.characteristicLimit * MemoryLayout<GATTCharacteristic>.stride
-            + GATTConnections.descriptorLimit_ * MemoryLayout<GATTDiscoveredDescriptor>.stride
+            + GATTConnections.servicesPerDevice * MemoryLayout<GATTService>.stride
+            + GATTConnections.characteristicsPerService * MemoryLayout<GATTCharacteristic>.stride
+            + GATTConnections.descriptorsPerService * MemoryLayout<GATTDiscoveredDescriptor>.stride
             + notifyLimit * 2 + GATTConnections.queueLimit * MemoryLayout<(GATTAsk, Int)>.stride
     }
 
@@ -672,9 +672,9 @@ final class GATTSlot {
         outgoing = .allocate(byteCount: Int(GATTConnections.receiveMTU), alignment: 8)
         value = .allocate(byteCount: GATTConnections.valueLimit, alignment: 8)
         queued = .allocate(byteCount: GATTConnections.valueLimit * GATTConnections.queueLimit, alignment: 8)
-        services.reserveCapacity(GATTConnections.serviceLimit)
-        characteristics.reserveCapacity(GATTConnections.characteristicLimit)
-        descriptors.reserveCapacity(GATTConnections.descriptorLimit_)
+        services.reserveCapacity(GATTConnections.servicesPerDevice)
+        characteristics.reserveCapacity(GATTConnections.characteristicsPerService)
+        descriptors.reserveCapacity(GATTConnections.descriptorsPerService)
         notifying.reserveCapacity(Self.notifyLimit)
         asks.reserveCapacity(GATTConnections.queueLimit)
     }

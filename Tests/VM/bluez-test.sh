@@ -402,6 +402,17 @@ PY
 [[ "$verdict" == FAIL* ]] && fail "a connection through the gateway: ${verdict#FAIL }"
 pass "$verdict"
 kill -TERM "$SENSOR" 2>/dev/null; wait "$SENSOR" 2>/dev/null
+# The kernel scanned and connected on the gateway's controller meanwhile: its own scan must go on.
+wait_unlinked $OFFICE 20 || fail "$OFFICE kept the connection after the disconnect: $(hcitool -i $OFFICE con)"
+( while :; do mg -i $PHONE remove-adv 1 >/dev/null; mg -i $PHONE add-adv -c -d $SENSOR_ADV 1 >/dev/null; sleep 0.3; done ) &
+READVERTISE=$!
+pids+=("$READVERTISE")
+timeout 40 "$ESPHOME_PYTHON" Tests/BatonProxyTests/Interop/esphome_client.py 6053 - 3 >"$W/after-gatt-out.log" 2>"$W/after-gatt.log" ||
+  fail "the aioesphomeapi client after the connection failed (exit $?): $(tail -5 "$W/after-gatt.log")"
+kill "$READVERTISE" 2>/dev/null
+heard=$("$ESPHOME_PYTHON" -c 'import json,sys; print(sum(len(l.get("advertisements", [])) for l in map(json.loads, open(sys.argv[1])) if "advertisements" in l))' "$W/after-gatt-out.log")
+[ "${heard:-0}" -ge 3 ] || fail "the gateway's scanner went quiet after the connection: $heard advertisements ($(cat "$W/after-gatt-out.log"))"
+pass "still scanning after the connection: $heard advertisements to Home Assistant"
 kill -TERM "$EGW" 2>/dev/null; wait "$EGW" 2>/dev/null
 
 stop_gateway
