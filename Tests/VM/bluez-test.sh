@@ -317,7 +317,9 @@ SENSOR_ADV=0616d2fc4002c4
 SENSOR_RSP=0c0968616c6c2d746865726d6f   # Complete Local Name "hall-thermo"
 mg -i $PHONE add-adv -c -d $SENSOR_ADV -s $SENSOR_RSP 1 >"$W/sensor-adv.log" 2>&1
 grep -q 'Instance added' "$W/sensor-adv.log" || fail "btmgmt add-adv with a scan response failed: $(cat "$W/sensor-adv.log")"
-printf 'esphome:\n  encryption: none\n  address: 127.0.0.1\n  port: 6053\n  mdns-service-file: ""\n' >"$W/esphome.yaml"
+# Noise, as Home Assistant is given a key (docs/esphome.md §4): a fixed one, the tests' own.
+ESPHOME_KEY=AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=
+printf 'esphome:\n  encryption-key: %s\n  address: 127.0.0.1\n  port: 6053\n  mdns-service-file: ""\n' "$ESPHOME_KEY" >"$W/esphome.yaml"
 "$GATEWAY" gateway --broker "$BROKER" --radio $OFFICE --room Office --id office --config "$W/esphome.yaml" >>"$W/esphome-gateway.log" 2>&1 &
 EGW=$!
 pids+=("$EGW")
@@ -332,7 +334,7 @@ for i in $(seq 1 50); do grep -q 'esphome: listening' "$W/esphome-gateway.log" &
 READVERTISE=$!
 pids+=("$READVERTISE")
 # The client: 3 advertisements passive, then asks for active and takes 3, then passive again.
-timeout 60 "$ESPHOME_PYTHON" Tests/BatonProxyTests/Interop/esphome_client.py 6053 - 3 active >"$W/esphome-client-out.log" 2>"$W/esphome-client.log" ||
+timeout 60 "$ESPHOME_PYTHON" Tests/BatonProxyTests/Interop/esphome_client.py 6053 "$ESPHOME_KEY" 3 active >"$W/esphome-client-out.log" 2>"$W/esphome-client.log" ||
   fail "the aioesphomeapi client failed (exit $?): $(tail -5 "$W/esphome-client.log")"
 kill "$READVERTISE" 2>/dev/null
 verdict=$("$ESPHOME_PYTHON" - "$W/esphome-client-out.log" "$SENSOR_ADV" "$SENSOR_RSP" <<'PY'
@@ -360,7 +362,7 @@ pass "$verdict"
 step "Home Assistant connects through the office gateway to a thermometer's GATT server on $PHONE (docs/esphome.md §11)"
 # The kernel's own stack end to end: the gateway's ATT socket on $OFFICE (CID 4) makes the LE
 # connection, `baton sim sensor` holds $PHONE's ATT channel, aioesphomeapi drives the gateway's
-# ESPHome server as bleak-esphome does. btvirt carries one LE connection per controller: the
+# ESPHome server over Noise as bleak-esphome does. btvirt carries one LE connection per controller: the
 # phone's and the office's last links must be gone.
 wait_unlinked $PHONE 20 || fail "$PHONE still has a connection: $(hcitool -i $PHONE con)"
 wait_unlinked $OFFICE 20 || fail "$OFFICE still has a connection: $(hcitool -i $OFFICE con)"
@@ -373,7 +375,7 @@ mg -i $PHONE remove-adv 1 >/dev/null; mg -i $PHONE add-adv -c -d $SENSOR_ADV 1 >
 A2=$(hciconfig $PHONE | awk '/BD Address/{print $3}')
 A2INT=$((16#${A2//:/}))
 # Public address (address_type 0): the kernel advertises connectable from it.
-timeout 60 "$ESPHOME_PYTHON" Tests/BatonProxyTests/Interop/gatt_client.py 6053 "$A2INT" - 0 >"$W/gatt-client-out.log" 2>"$W/gatt-client.log" ||
+timeout 60 "$ESPHOME_PYTHON" Tests/BatonProxyTests/Interop/gatt_client.py 6053 "$A2INT" "$ESPHOME_KEY" 0 >"$W/gatt-client-out.log" 2>"$W/gatt-client.log" ||
   fail "the aioesphomeapi GATT client failed (exit $?): $(tail -5 "$W/gatt-client.log")"
 verdict=$("$ESPHOME_PYTHON" - "$W/gatt-client-out.log" <<'PY'
 import json, sys
@@ -407,7 +409,7 @@ wait_unlinked $OFFICE 20 || fail "$OFFICE kept the connection after the disconne
 ( while :; do mg -i $PHONE remove-adv 1 >/dev/null; mg -i $PHONE add-adv -c -d $SENSOR_ADV 1 >/dev/null; sleep 0.3; done ) &
 READVERTISE=$!
 pids+=("$READVERTISE")
-timeout 40 "$ESPHOME_PYTHON" Tests/BatonProxyTests/Interop/esphome_client.py 6053 - 3 >"$W/after-gatt-out.log" 2>"$W/after-gatt.log" ||
+timeout 40 "$ESPHOME_PYTHON" Tests/BatonProxyTests/Interop/esphome_client.py 6053 "$ESPHOME_KEY" 3 >"$W/after-gatt-out.log" 2>"$W/after-gatt.log" ||
   fail "the aioesphomeapi client after the connection failed (exit $?): $(tail -5 "$W/after-gatt.log")"
 kill "$READVERTISE" 2>/dev/null
 heard=$("$ESPHOME_PYTHON" -c 'import json,sys; print(sum(len(l.get("advertisements", [])) for l in map(json.loads, open(sys.argv[1])) if "advertisements" in l))' "$W/after-gatt-out.log")
