@@ -573,55 +573,8 @@ public struct L2CAPLink: DeviceLink {
         guard device.psm >= 0x0001, device.psm <= 0x00FF else {
             throw .unreachable("\(device.deviceName) names PSM 0x\(hex(device.psm)) in its beacon, which is not an LE PSM (0x0001 to 0x00FF, Core 5.4, Vol 3, Part A, §4.22)")
         }
-        let type = Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue)
-        let fd = socket(AF_BLUETOOTH, type, BTPROTO_L2CAP)
-        if fd < 0 {
-            let e = errno
-            if e == EAFNOSUPPORT {
-                throw .noBluetooth("this kernel has no Bluetooth (AF_BLUETOOTH unavailable), so no L2CAP device link can be opened: run the gateway on a machine with BlueZ, or link to the simulator (relay.link)")
-            }
-            throw .os(Errno(e, call: "socket(AF_BLUETOOTH, BTPROTO_L2CAP)"))
-        }
-        // From here the channel owns the descriptor: a throw below closes it (deinit).
-        // Until the peer's MTU is known, assume the least an LE channel accepts (§4.22).
-        var channel = LinkChannel(fd: fd, sendMTU: Self.minimumMTU)
-        channel.peer = device
-        channel.readsSendMTUFromKernel = true
-
-        // Bind to the adapter with an LE source address type. PSM 0 makes the kernel pick a
-        // dynamic one (l2cap_add_psm), and a bound LE PSM switches the channel to
-        // L2CAP_MODE_LE_FLOWCTL (l2cap_sock_bind), the mode BT_RCVMTU applies to.
-        var local = sockaddr_l2()
-        local.l2_family = sa_family_t(AF_BLUETOOTH)
-        local.l2_bdaddr = try Self.adapterAddress(adapter)
-        local.l2_bdaddr_type = UInt8(BDADDR_LE_PUBLIC)
-        let bound = withUnsafePointer(to: &local) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                // The C size (14, with the tail padding), as the kernel copies min(alen, sizeof).
-                CLibc.bind(fd, $0, socklen_t(MemoryLayout<sockaddr_l2>.stride))
-            }
-        }
-        if bound < 0 { throw .os(Errno(errno, call: "bind(L2CAP)")) }
-
-        // The receive MTU goes out in our LE Credit Based Connection Request (§4.22), so it is
-        // set before connect; l2cap_sock_setsockopt(BT_RCVMTU) copies a u16.
-        var mtu = UInt16(receiveMTU)
-        if setsockopt(fd, SOL_BLUETOOTH, BT_RCVMTU, &mtu, socklen_t(MemoryLayout<UInt16>.size)) < 0 {
-            throw .os(Errno(errno, call: "setsockopt(BT_RCVMTU)"))
-        }
-
-        var remote = Self.remoteAddress(device, random: random)
-        let connected = withUnsafePointer(to: &remote) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                CLibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_l2>.stride))
-            }
-        }
-        if connected < 0 {
-            let e = errno
-            // EINPROGRESS: the kernel is connecting; SO_ERROR and POLLOUT tell the end.
-            if e != EINPROGRESS { throw LinkChannel.connectFailure(e, peer: device) }
-        }
-        return channel
+        return try open(device, random: random, cid: 0, receiveMTU: receiveMTU, sendMTU: Self.minimumMTU,
+                        without: "so no L2CAP device link can be opened: run the gateway on a machine with BlueZ, or link to the simulator (relay.link)")
     }
 
     /// The ATT fixed channel (CID 4) to `device`: the kernel makes the LE connection as for a
@@ -634,31 +587,58 @@ public struct L2CAPLink: DeviceLink {
     /// The ATT MTU is the GATT client's to exchange (Vol 3, Part F, §3.4.2), not the socket's.
     public func connectAttributes(to device: LinkAddress) throws(LinkError) -> LinkChannel {
         guard let random = device.isRandom else { throw device.anonymousError }
+        // The largest ATT PDU a GATT client takes (517: a 512-byte value and its header).
+        return try open(LinkAddress(address: device.address, addressType: device.addressType, psm: 0), random: random,
+                        cid: Self.attributeCID, receiveMTU: nil, sendMTU: Self.attributeMTU,
+                        without: "so no GATT connection can be made: run the gateway on a machine with BlueZ")
+    }
+
+    /// An L2CAP socket to `device`, connecting: to its PSM (`cid` 0: an LE credit-based channel,
+    /// asking for `receiveMTU`), or to the fixed channel `cid`. `without`: what a kernel without
+    /// Bluetooth means for the caller.
+    func open(_ device: LinkAddress, random: Bool, cid: UInt16, receiveMTU: Int?, sendMTU: Int,
+              without: String) throws(LinkError) -> LinkChannel {
         let type = Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue)
         let fd = socket(AF_BLUETOOTH, type, BTPROTO_L2CAP)
         if fd < 0 {
             let e = errno
-            if e == EAFNOSUPPORT {
-                throw .noBluetooth("this kernel has no Bluetooth (AF_BLUETOOTH unavailable), so no GATT connection can be made: run the gateway on a machine with BlueZ")
-            }
+            if e == EAFNOSUPPORT { throw .noBluetooth("this kernel has no Bluetooth (AF_BLUETOOTH unavailable), " + without) }
             throw .os(Errno(e, call: "socket(AF_BLUETOOTH, BTPROTO_L2CAP)"))
         }
-        // The largest ATT PDU a GATT client takes (517: a 512-byte value and its header).
-        var channel = LinkChannel(fd: fd, sendMTU: Self.attributeMTU)
+        // From here the channel owns the descriptor: a throw below closes it (deinit).
+        // Until a channel's peer MTU is known, assume the least an LE channel accepts (§4.22).
+        var channel = LinkChannel(fd: fd, sendMTU: sendMTU)
         channel.peer = device
+        channel.readsSendMTUFromKernel = receiveMTU != nil
+
+        // Bind to the adapter with an LE source address type. PSM 0 makes the kernel pick a
+        // dynamic one (l2cap_add_psm), and a bound LE PSM switches the channel to
+        // L2CAP_MODE_LE_FLOWCTL (l2cap_sock_bind), the mode BT_RCVMTU applies to; a CID binds
+        // the fixed channel instead.
         var local = sockaddr_l2()
         local.l2_family = sa_family_t(AF_BLUETOOTH)
         local.l2_bdaddr = try Self.adapterAddress(adapter)
-        local.l2_cid = Self.attributeCID.littleEndian
+        local.l2_cid = cid.littleEndian
         local.l2_bdaddr_type = UInt8(BDADDR_LE_PUBLIC)
         let bound = withUnsafePointer(to: &local) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                // The C size (14, with the tail padding), as the kernel copies min(alen, sizeof).
                 CLibc.bind(fd, $0, socklen_t(MemoryLayout<sockaddr_l2>.stride))
             }
         }
-        if bound < 0 { throw .os(Errno(errno, call: "bind(L2CAP ATT)")) }
-        var remote = Self.remoteAddress(LinkAddress(address: device.address, addressType: device.addressType, psm: 0), random: random)
-        remote.l2_cid = Self.attributeCID.littleEndian
+        if bound < 0 { throw .os(Errno(errno, call: "bind(L2CAP)")) }
+
+        if let receiveMTU {
+            // The receive MTU goes out in our LE Credit Based Connection Request (§4.22), so it is
+            // set before connect; l2cap_sock_setsockopt(BT_RCVMTU) copies a u16.
+            var mtu = UInt16(receiveMTU)
+            if setsockopt(fd, SOL_BLUETOOTH, BT_RCVMTU, &mtu, socklen_t(MemoryLayout<UInt16>.size)) < 0 {
+                throw .os(Errno(errno, call: "setsockopt(BT_RCVMTU)"))
+            }
+        }
+
+        var remote = Self.remoteAddress(device, random: random)
+        remote.l2_cid = cid.littleEndian
         let connected = withUnsafePointer(to: &remote) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
                 CLibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_l2>.stride))
@@ -666,6 +646,7 @@ public struct L2CAPLink: DeviceLink {
         }
         if connected < 0 {
             let e = errno
+            // EINPROGRESS: the kernel is connecting; SO_ERROR and POLLOUT tell the end.
             if e != EINPROGRESS { throw LinkChannel.connectFailure(e, peer: device) }
         }
         return channel

@@ -380,14 +380,8 @@ public struct GATTConnections: ~Copyable, LoopPart {
                      awaiting: .services(next: last + 1), now: now, to: &listener)
                 return
             }
-        case .error(_, _, ATTErrorCode.attributeNotFound):
-            break
-        case .error(_, _, let code):
-            discoveryFailed(slot, code: Int32(code), to: &listener)
-            return
         default:
-            protocolBroken(slot, to: &listener)
-            return
+            guard phaseEnded(slot, pdu, to: &listener) else { return }
         }
         nextService(slot, 0, now: now, to: &listener)
     }
@@ -435,14 +429,8 @@ public struct GATTConnections: ~Copyable, LoopPart {
                      awaiting: .characteristics(service: index, next: last + 1), now: now, to: &listener)
                 return
             }
-        case .error(_, _, ATTErrorCode.attributeNotFound):
-            break
-        case .error(_, _, let code):
-            discoveryFailed(slot, code: Int32(code), to: &listener)
-            return
         default:
-            protocolBroken(slot, to: &listener)
-            return
+            guard phaseEnded(slot, pdu, to: &listener) else { return }
         }
         nextDescriptors(slot, service: index, from: 0, now: now, to: &listener)
     }
@@ -497,16 +485,25 @@ public struct GATTConnections: ~Copyable, LoopPart {
                      now: now, to: &listener)
                 return
             }
-        case .error(_, _, ATTErrorCode.attributeNotFound):
-            break
-        case .error(_, _, let code):
-            discoveryFailed(slot, code: Int32(code), to: &listener)
-            return
         default:
-            protocolBroken(slot, to: &listener)
-            return
+            guard phaseEnded(slot, pdu, to: &listener) else { return }
         }
         nextDescriptors(slot, service: index, from: c + 1, now: now, to: &listener)
+    }
+
+    /// A discovery response that is not its list: Attribute Not Found ends the phase (true: go
+    /// on, §4.4.1); another error fails discovery and anything else breaks the protocol (false:
+    /// told, stop).
+    mutating func phaseEnded<Listener: GATTListener & ~Copyable>(_ slot: Int, _ pdu: ATTServerPDU, to listener: inout Listener) -> Bool {
+        switch pdu {
+        case .error(_, _, ATTErrorCode.attributeNotFound):
+            return true
+        case .error(_, _, let code):
+            discoveryFailed(slot, code: Int32(code), to: &listener)
+        default:
+            protocolBroken(slot, to: &listener)
+        }
+        return false
     }
 
     mutating func discoveryFailed<Listener: GATTListener & ~Copyable>(_ slot: Int, code: Int32, to listener: inout Listener) {

@@ -96,6 +96,22 @@ struct GATTHarness: ~Copyable {
         #expect(h.device.received[1] == [0x10, 0x01, 0x00, 0xFF, 0xFF, 0x00, 0x28])
     }
 
+    @Test func aDiscoveryTheDeviceRefusesIsAnErrorAndTheConnectionStays() {
+        var h = GATTHarness()
+        h.connect()
+        h.device.silent = true
+        h.ask(.services)
+        // Error Response to Read By Group Type (10), handle 0001: 0E Unlikely Error.
+        h.device.send([0x01, 0x10, 0x01, 0x00, 0x0E])
+        h.pump()
+        #expect(h.heard.last(thermometer) == .error(handle: 0, code: 0x0E))
+        #expect(h.connections.count == 1, "a failed discovery leaves the connection up")
+        // And the queue goes on: the next request is sent and answered.
+        h.device.silent = false
+        h.ask(.read(handle: 3))
+        #expect(h.heard.last(thermometer) == .read(handle: 3))
+    }
+
     @Test func aValueLongerThanOnePDUIsReadOnWithReadBlob() {
         var h = GATTHarness(mtu: 23)
         h.connect()
