@@ -533,6 +533,10 @@ struct L2CAPLinkTests {
                     #expect(error.description.contains("AF_BLUETOOTH"))
                 }
             }
+            // Home Assistant's connections (docs/esphome.md §11) say what they cannot do.
+            #expect(throws: LinkError.noBluetooth("this kernel has no Bluetooth (AF_BLUETOOTH unavailable), so no GATT connection can be made: run the gateway on a machine with BlueZ")) {
+                _ = try L2CAPLink(adapter: "hci0", receiveMTU: 4099).connectAttributes(to: randomDevice)
+            }
         } else {
             // A kernel with Bluetooth (the qemu VM): a non-existent adapter is named as such.
             close(probe)
@@ -542,6 +546,9 @@ struct L2CAPLinkTests {
             } catch {
                 #expect(error == .noBluetooth(
                     "no Bluetooth adapter named hci99 (`btmgmt info` or `bluetoothctl list` shows the adapters this machine has)"))
+            }
+            #expect(throws: LinkError.noBluetooth("no Bluetooth adapter named hci99 (`btmgmt info` or `bluetoothctl list` shows the adapters this machine has)")) {
+                _ = try L2CAPLink(adapter: "hci99", receiveMTU: 4099).connectAttributes(to: randomDevice)
             }
         }
     }

@@ -15,11 +15,18 @@ import Testing
             #expect(throws: LinkError.noBluetooth("this kernel has no Bluetooth (AF_BLUETOOTH unavailable)")) {
                 _ = try L2CAPListener(adapter: "hci0", psm: 0, receiveMTU: 1029)
             }
+            // `baton sim sensor`'s ATT listener (docs/simulator.md "A sensor to connect to").
+            #expect(throws: LinkError.noBluetooth("this kernel has no Bluetooth (AF_BLUETOOTH unavailable)")) {
+                _ = try L2CAPListener(attributesOn: "hci0")
+            }
         } else {
             close(probe)
             // The VM: hci99 is not there.
             #expect(throws: LinkError.noBluetooth("no Bluetooth adapter named hci99 (`btmgmt info` or `bluetoothctl list` shows the adapters this machine has)")) {
                 _ = try L2CAPListener(adapter: "hci99", psm: 0, receiveMTU: 1029)
+            }
+            #expect(throws: LinkError.noBluetooth("no Bluetooth adapter named hci99 (`btmgmt info` or `bluetoothctl list` shows the adapters this machine has)")) {
+                _ = try L2CAPListener(attributesOn: "hci99")
             }
         }
         // Not an LE PSM: refused before any socket is made (Core 5.4, Vol 3, Part A, §4.22).
