@@ -187,7 +187,12 @@ public struct GATTConnections: ~Copyable, LoopPart {
             guard let slot = pool.ready(k, fd) else { continue }
             let r = LinkReadiness(fd)
             pool[channel: slot].ready(readable: r.readable, writable: r.writable, buffer: receive)
-            if r.writable, let s = pool[slot], s.unsent > 0 { flushUnsent(slot, to: &listener) }
+            if r.writable, let s = pool[slot], s.unsent > 0 {
+                flushUnsent(slot, to: &listener)
+                // A Write Command that waited for room is answered by nothing: what is queued
+                // behind it goes now.
+                advance(slot, now: now, to: &listener)
+            }
             guard pool[slot] != nil else { continue }
             serveChannel(slot, now: now, to: &listener)
         }

@@ -251,6 +251,26 @@ struct GATTHarness: ~Copyable {
         #expect(h.connections.counters.malformed == 1)
     }
 
+    @Test func writeCommandsThatFindTheSocketFullGoOnceThereIsRoomInOrder() {
+        var h = GATTHarness()
+        h.connect()
+        // The device reads nothing meanwhile: the socket fills, then the queue, then refusals.
+        for i in 0 ..< 2_000 {
+            [UInt8(truncatingIfNeeded: i), UInt8(truncatingIfNeeded: i >> 8)].withUnsafeBytes {
+                h.connections.ask(.write(handle: 7, response: false), client: client, address: thermometer, data: $0,
+                                  now: h.now, to: &h.heard)
+            }
+        }
+        let refused = h.heard.events.filter { $0.0 == .error(handle: 7, code: 0x11) }.count
+        #expect(refused > 0, "2,000 commands should outrun a socket's buffer and a queue of 8")
+        h.pump(turns: 40)
+        let commands = h.device.received.filter { $0.first == 0x52 }
+        // Every command not refused reached the device, in the order asked.
+        #expect(commands.count == 2_000 - refused)
+        let sequence = commands.map { Int($0[3]) | Int($0[4]) << 8 }
+        #expect(sequence == sequence.sorted() && sequence.first == 0)
+    }
+
     @Test func aQueueOfAsksIsAnsweredInOrderAndAFullOneRefused() {
         var h = GATTHarness()
         h.connect()
