@@ -76,7 +76,7 @@ public struct GATTConnections: ~Copyable, LoopPart {
     public var descriptorLimit: Int { limit }
 
     public mutating func pollDescriptors(into fds: inout [pollfd]) {
-        pool.pollDescriptors(into: &fds) { $0.unsent > 0 }
+        pool.pollDescriptors(into: &fds) { $0.unsent > 0 || $0.replyUnsent > 0 }
     }
 
     public var nextDeadline: Instant? {
@@ -187,7 +187,7 @@ public struct GATTConnections: ~Copyable, LoopPart {
             guard let slot = pool.ready(k, fd) else { continue }
             let r = LinkReadiness(fd)
             pool[channel: slot].ready(readable: r.readable, writable: r.writable, buffer: receive)
-            if r.writable, let s = pool[slot], s.unsent > 0 {
+            if r.writable, let s = pool[slot], s.unsent > 0 || s.replyUnsent > 0 {
                 flushUnsent(slot, to: &listener)
                 // A Write Command that waited for room is answered by nothing: what is queued
                 // behind it goes now.
@@ -567,12 +567,25 @@ public struct GATTConnections: ~Copyable, LoopPart {
     mutating func send<Listener: GATTListener & ~Copyable>(_ slot: Int, _ request: ATTRequest, awaiting: GATTSlot.Awaiting?,
                                                             now: Instant, to listener: inout Listener) {
         guard let s = pool[slot] else { return }
-        var w = ByteWriter(s.outgoing)
+        // The answers to the device's own PDUs (a confirmation, a refusal) have a buffer of their
+        // own: they may be due while a Write Command still waits for room in `outgoing`.
+        let reply: Bool = switch request {
+        case .confirmation, .error: true
+        default: false
+        }
+        var w = ByteWriter(reply ? s.reply : s.outgoing)
         do throws(WireError) { try request.encode(into: &w) } catch {
-            // Proof: every request the queue holds fits 517 bytes (values are bounded by the MTU).
+            // Proof: every request the queue holds fits 517 bytes (values are bounded by the MTU),
+            // and a reply is at most 5.
             preconditionFailure("an ATT request over \(s.outgoing.count) bytes")
         }
-        s.unsent = w.count
+        if reply {
+            // A device that sends a second before the first left: the older one is replaced
+            // (the socket had no room for either).
+            s.replyUnsent = w.count
+        } else {
+            s.unsent = w.count
+        }
         if let awaiting {
             s.awaiting = awaiting
             s.deadline = now + Self.transactionTimeout
@@ -581,9 +594,12 @@ public struct GATTConnections: ~Copyable, LoopPart {
     }
 
     mutating func flushUnsent<Listener: GATTListener & ~Copyable>(_ slot: Int, to listener: inout Listener) {
-        guard let s = pool[slot], s.unsent > 0 else { return }
+        guard let s = pool[slot], s.unsent > 0 || s.replyUnsent > 0 else { return }
         do throws(LinkError) {
-            if try pool[channel: slot].send(UnsafeRawBufferPointer(rebasing: s.outgoing[..<s.unsent])) { s.unsent = 0 }
+            if s.replyUnsent > 0, try pool[channel: slot].send(UnsafeRawBufferPointer(rebasing: s.reply[..<s.replyUnsent])) {
+                s.replyUnsent = 0
+            }
+            if s.unsent > 0, try pool[channel: slot].send(UnsafeRawBufferPointer(rebasing: s.outgoing[..<s.unsent])) { s.unsent = 0 }
         } catch {
             end(slot, error: GATTConnectionError.peerTerminated, to: &listener)
         }
@@ -649,6 +665,9 @@ final class GATTSlot {
     /// The request being sent: `unsent` bytes of `outgoing` the socket has not taken yet.
     let outgoing: UnsafeMutableRawBufferPointer
     var unsent = 0
+    /// A confirmation or refusal for the device, not yet taken by the socket.
+    let reply: UnsafeMutableRawBufferPointer
+    var replyUnsent = 0
     /// A long read's value as it gathers.
     let value: UnsafeMutableRawBufferPointer
     var services: [GATTService] = []
@@ -663,7 +682,7 @@ final class GATTSlot {
 
     static let notifyLimit = 32
     static var bytes: Int {
-        Int(GATTConnections.receiveMTU) + GATTConnections.valueLimit * (1 + GATTConnections.queueLimit)
+        Int(GATTConnections.receiveMTU) + 8 + GATTConnections.valueLimit * (1 + GATTConnections.queueLimit)
             + GATTConnections.servicesPerDevice * MemoryLayout<GATTService>.stride
             + GATTConnections.characteristicsPerService * MemoryLayout<GATTCharacteristic>.stride
             + GATTConnections.descriptorsPerService * MemoryLayout<GATTDiscoveredDescriptor>.stride
@@ -672,6 +691,7 @@ final class GATTSlot {
 
     init() {
         outgoing = .allocate(byteCount: Int(GATTConnections.receiveMTU), alignment: 8)
+        reply = .allocate(byteCount: 8, alignment: 8)
         value = .allocate(byteCount: GATTConnections.valueLimit, alignment: 8)
         queued = .allocate(byteCount: GATTConnections.valueLimit * GATTConnections.queueLimit, alignment: 8)
         services.reserveCapacity(GATTConnections.servicesPerDevice)
@@ -683,6 +703,7 @@ final class GATTSlot {
 
     deinit {
         outgoing.deallocate()
+        reply.deallocate()
         value.deallocate()
         queued.deallocate()
     }
@@ -696,6 +717,7 @@ final class GATTSlot {
         awaiting = nil
         holdQueue = false
         unsent = 0
+        replyUnsent = 0
         services.removeAll(keepingCapacity: true)
         characteristics.removeAll(keepingCapacity: true)
         descriptors.removeAll(keepingCapacity: true)

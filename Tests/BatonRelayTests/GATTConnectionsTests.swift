@@ -53,11 +53,16 @@ struct GATTHarness: ~Copyable {
     mutating func pump(turns: Int = 12) {
         for _ in 0 ..< turns {
             for d in box.devices.values { d.serve() }
-            var fds: [pollfd] = []
-            connections.pollDescriptors(into: &fds)
-            _ = poll(&fds, nfds_t(fds.count), 0)
-            connections.serve(fds[...], now: now, to: &heard)
+            gatewayTurn()
         }
+    }
+
+    /// One turn of the connections alone (the devices read nothing meanwhile).
+    mutating func gatewayTurn() {
+        var fds: [pollfd] = []
+        connections.pollDescriptors(into: &fds)
+        _ = poll(&fds, nfds_t(fds.count), 0)
+        connections.serve(fds[...], now: now, to: &heard)
     }
 
     mutating func connect(_ address: UInt64 = thermometer) {
@@ -251,7 +256,7 @@ struct GATTHarness: ~Copyable {
         #expect(h.connections.counters.malformed == 1)
     }
 
-    @Test func writeCommandsThatFindTheSocketFullGoOnceThereIsRoomInOrder() {
+    @Test func writeCommandsAndAConfirmationThatFindTheSocketFullGoOnceThereIsRoomInOrder() {
         var h = GATTHarness()
         h.connect()
         // The device reads nothing meanwhile: the socket fills, then the queue, then refusals.
@@ -263,7 +268,11 @@ struct GATTHarness: ~Copyable {
         }
         let refused = h.heard.events.filter { $0.0 == .error(handle: 7, code: 0x11) }.count
         #expect(refused > 0, "2,000 commands should outrun a socket's buffer and a queue of 8")
+        // An indication meanwhile: its confirmation waits for room too, beside the command.
+        h.device.send([0x1D, 0x09, 0x00, 0x35, 0x08])
+        h.gatewayTurn()
         h.pump(turns: 40)
+        #expect(h.device.confirmations == 1)
         let commands = h.device.received.filter { $0.first == 0x52 }
         // Every command not refused reached the device, in the order asked.
         #expect(commands.count == 2_000 - refused)
