@@ -169,7 +169,7 @@ private let emptyCapture: [UInt8] = Array("btsnoop\0".utf8) + [0, 0, 0, 1, 0, 0,
         // The loop was sized from the configuration alone, before the parts existed: it holds
         // what they say they poll (two listeners and the management socket among them).
         #expect(gateway.partsDescriptorLimit == gateway.loop.descriptorLimit)
-        #expect(gateway.loop.parts == gateway.loop.partLimit - 1, "every part but the ESPHome server, re-advertising included")
+        #expect(gateway.loop.parts == gateway.loop.partLimit - 2, "every part but the ESPHome server and its connections, re-advertising included")
         let first = try #require(controller.beacon(0))
         #expect(first.deviceID == device && first.sequence == 258 && first.psm == 0x0091)
         #expect(first.flags.contains(.relayed) && first.flags.contains(.supportsStreams))
