@@ -102,7 +102,8 @@ public enum GATTMessage: Equatable {
             case DeviceRequestType.connect, DeviceRequestType.connectWithCache, DeviceRequestType.connectWithoutCache:
                 // Without an address type (clients before aioesphomeapi 30 sent none) the
                 // address is taken as public.
-                return .ask(address: address, .connect(addressType: hasAddressType ? UInt8(truncatingIfNeeded: addressType) : 0), data: data)
+                return .ask(address: address, .connect(addressType: hasAddressType ? UInt8(truncatingIfNeeded: addressType) : 0,
+                                                       withCache: number == DeviceRequestType.connectWithCache), data: data)
             case DeviceRequestType.disconnect:
                 return .ask(address: address, .disconnect, data: data)
             default:

@@ -97,8 +97,9 @@ public struct GATTConnections: ~Copyable, LoopPart {
         to listener: inout Listener
     ) {
         let slot = pool.first { $0.address == address }
-        if case .connect(let addressType) = ask {
-            connect(client: client, address: address, addressType: addressType, existing: slot, now: now, to: &listener)
+        if case .connect(let addressType, let withCache) = ask {
+            connect(client: client, address: address, addressType: addressType, withCache: withCache, existing: slot, now: now,
+                    to: &listener)
             return
         }
         guard let slot, let s = pool[slot], s.client == client else {
@@ -139,14 +140,15 @@ public struct GATTConnections: ~Copyable, LoopPart {
     }
 
     mutating func connect<Listener: GATTListener & ~Copyable>(
-        client: GATTClient, address: UInt64, addressType: UInt8, existing: Int?, now: Instant, to listener: inout Listener
+        client: GATTClient, address: UInt64, addressType: UInt8, withCache: Bool, existing: Int?, now: Instant,
+        to listener: inout Listener
     ) {
         let nothing = UnsafeRawBufferPointer(start: nil, count: 0)
         counters.connects &+= 1
         if let existing, let s = pool[existing] {
             // Asked again: the same client hears where its connection is; another is refused
             // (one device, one central here).
-            if s.client == client, s.phase == .ready {
+            if s.client == client, s.phase == .ready || (s.toldEarly && s.phase == .exchangingMTU) {
                 listener.gatt(.connection(connected: true, mtu: s.mtu, error: 0), client: client, address: address, value: nothing, service: nil)
             } else if s.client != client {
                 counters.refused &+= 1
@@ -172,6 +174,7 @@ public struct GATTConnections: ~Copyable, LoopPart {
         }
         let (slot, s) = pool.add(channel)
         s.reset(client: client, address: address, deadline: now + Self.connectTimeout)
+        s.toldEarly = withCache
         slotsChanged = true
         // A channel open at once (the simulator's, a test's) starts its MTU exchange now; a
         // connecting one when poll says so.
@@ -248,9 +251,14 @@ public struct GATTConnections: ~Copyable, LoopPart {
             break
         }
         if s.phase == .connecting {
-            // Open: the MTU first (§3.4.2), before anything the client asks.
+            // Open: the MTU first (§3.4.2), before anything the client asks (what it asks
+            // meanwhile waits in the queue). A client with a cache hears of the link now.
             s.phase = .exchangingMTU
             s.deadline = nil
+            if s.toldEarly {
+                counters.connected &+= 1
+                tell(slot, .connection(connected: true, mtu: s.mtu, error: 0), to: &listener)
+            }
             send(slot, .exchangeMTU(clientRxMTU: Self.receiveMTU), awaiting: .mtu, now: now, to: &listener)
         }
         while pool[slot] != nil, let pdu = pool[channel: slot].next(into: receive) {
@@ -309,8 +317,10 @@ public struct GATTConnections: ~Copyable, LoopPart {
             if case .exchangeMTU(let server) = pdu { s.mtu = ATTMTU.agreed(client: Self.receiveMTU, server: server) }
             // An error: the device keeps the least MTU (§3.4.2.2).
             s.phase = .ready
-            counters.connected &+= 1
-            tell(slot, .connection(connected: true, mtu: s.mtu, error: 0), to: &listener)
+            if !s.toldEarly {
+                counters.connected &+= 1
+                tell(slot, .connection(connected: true, mtu: s.mtu, error: 0), to: &listener)
+            }
         case .services(let next):
             discoverServices(slot, pdu, bytes, after: next, now: now, to: &listener)
         case .characteristics(let service, let next):
@@ -656,6 +666,8 @@ final class GATTSlot {
     var client = GATTClient(slot: -1, serial: 0)
     var address: UInt64 = 0
     var phase = Phase.connecting
+    /// Told connected when the link came up (a client with a cache), not after the MTU.
+    var toldEarly = false
     var mtu = ATTMTU.minimum
     /// The connect's end, or the request in flight's (§3.3.3).
     var deadline: Instant?

@@ -13,8 +13,11 @@ public struct GATTClient: Equatable, Sendable {
 
 /// What a client asks of a device (ESPHome messages 68, 70, 73, 75–78, docs/esphome.md §11).
 public enum GATTAsk: Equatable, Sendable {
-    /// Connect at the advertised address type (0 public, 1 random).
-    case connect(addressType: UInt8)
+    /// Connect at the advertised address type (0 public, 1 random). `withCache`: the client
+    /// holds the device's services and MTU from before, and is told it is connected as soon as
+    /// the link is up (as an ESP32 tells `CONNECT_V3_WITH_CACHE`); otherwise once the MTU is
+    /// agreed.
+    case connect(addressType: UInt8, withCache: Bool = false)
     case disconnect
     /// The device's services, characteristics and descriptors.
     case services

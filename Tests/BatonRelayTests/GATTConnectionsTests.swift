@@ -81,6 +81,22 @@ struct GATTHarness: ~Copyable {
         #expect(h.heard.slots.last?.free == 2 && h.heard.slots.last?.allocated == [thermometer])
     }
 
+    @Test func aClientWithACacheIsToldAtOnceAndItsRequestsWaitForTheMTU() {
+        var h = GATTHarness(mtu: 247)
+        h.box.silentAtFirst = true
+        h.ask(.connect(addressType: 1, withCache: true))
+        // CONNECT_V3_WITH_CACHE: connected as the link is up, the MTU still the least (23).
+        #expect(h.heard.last(thermometer) == .connection(connected: true, mtu: 23, error: 0))
+        h.ask(.read(handle: 3))
+        #expect(h.device.received == [[0x02, 0x05, 0x02]], "the read waits behind the MTU exchange")
+        h.device.silent = false
+        h.device.send([0x03, 0xF7, 0x00])
+        h.pump()
+        #expect(h.heard.events.filter { if case .connection = $0.0 { true } else { false } }.count == 1, "told once")
+        #expect(h.heard.last(thermometer) == .read(handle: 3) && h.heard.events.last?.2 == [87])
+        #expect(h.connections.counters.connected == 1)
+    }
+
     @Test func theServicesAreDiscoveredAndToldOneServiceAtATime() throws {
         var h = GATTHarness()
         h.connect()

@@ -71,6 +71,8 @@ public final class GATTTestDevices {
     public var unreachable: Set<UInt64> = []
     /// Devices whose connect never completes (the far end never answers).
     public var neverAnswer: Set<UInt64> = []
+    /// Devices made silent (they read but answer nothing until told otherwise).
+    public var silentAtFirst = false
 }
 
 public struct GATTTestLink: DeviceLink {
@@ -82,6 +84,7 @@ public struct GATTTestLink: DeviceLink {
         var pair: [Int32] = [-1, -1]
         guard socketpair(AF_UNIX, Int32(SOCK_SEQPACKET.rawValue), 0, &pair) == 0 else { throw .os(Errno(Glibc.errno, call: "socketpair")) }
         box.devices[device.address] = TestGATTDevice(fd: pair[1], mtu: box.mtu)
+        box.devices[device.address]!.silent = box.silentAtFirst
         if box.neverAnswer.contains(device.address) {
             // Connecting until an answer that never comes, as an LE connect to a device that is gone.
             box.devices[device.address]!.silent = true
