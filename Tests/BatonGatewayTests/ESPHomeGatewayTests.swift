@@ -19,6 +19,33 @@ private let repoRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent
 private let python = ProcessInfo.processInfo.environment["BATON_ESPHOME_PYTHON"] ?? repoRoot + "/.build/esphome-venv/bin/python"
 private let key = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
 
+/// A gateway on `config` (its `esphome:` set), as `GatewayLauncher` starts one: the room's
+/// controller over H4, the broker connect and the radio started, the ESPHome server listening.
+struct StartedGateway: ~Copyable {
+    struct ServerDidNotStart: Error {}
+    let room: VirtualController
+    var gateway: Gateway<RadioH4>
+    let port: UInt16
+
+    init(_ config: GatewayConfig) throws {
+        var h4: [Int32] = [-1, -1]
+        try #require(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &h4) == 0)
+        let room = VirtualController(fd: h4[1])
+        var radio = try RadioH4(fd: h4[0])
+        var mqtt = try MQTTClient(config: GatewayLauncher.mqttConfig(config))
+        let start = Instant.now
+        mqtt.start(now: start)
+        try radio.start(now: start)
+        guard case .started(let proxy) = GatewayLauncher.startProxy(config: config, log: Logger()) else {
+            throw ServerDidNotStart()
+        }
+        self.room = room
+        port = proxy.port
+        gateway = Gateway(config: config, radio: radio, mqtt: mqtt, proxy: proxy, log: Logger(), environment: [:],
+                          now: start, unixMicroseconds: 1_790_000_000_000_000)
+    }
+}
+
 @Suite(.serialized, .enabled(if: FileManager.default.isExecutableFile(atPath: python), "scripts/esphome-venv makes the venv"))
 struct ESPHomeGatewayTests {
     struct Session {
@@ -62,21 +89,8 @@ struct ESPHomeGatewayTests {
         if let scanMode { settings.scanMode = scanMode }
         config.esphome = settings
 
-        var h4: [Int32] = [-1, -1]
-        try #require(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &h4) == 0)
-        let room = VirtualController(fd: h4[1])
-        var radio = try RadioH4(fd: h4[0])
-        var mqtt = try MQTTClient(config: GatewayLauncher.mqttConfig(config))
-        let start = Instant.now
-        mqtt.start(now: start)
-        try radio.start(now: start)
-        guard case .started(let proxy) = GatewayLauncher.startProxy(config: config, log: Logger()) else {
-            Issue.record("the ESPHome server did not start")
-            return Session()
-        }
-        let port = proxy.port
-        var gateway = Gateway(config: config, radio: radio, mqtt: mqtt, proxy: proxy, log: Logger(), environment: [:],
-                              now: start, unixMicroseconds: 1_790_000_000_000_000)
+        var run = try StartedGateway(config)
+        let room = run.room, port = run.port
         let active = scanMode != nil
         let client = try ChildProcess(python, [repoRoot + "/Tests/BatonProxyTests/Interop/esphome_client.py", "\(port)",
                                                clientKey, "\(want)"] + (active ? ["active"] : []),
@@ -91,7 +105,7 @@ struct ESPHomeGatewayTests {
             if s.controllerActive.last != room.activeScanning { s.controllerActive.append(room.activeScanning) }
             // Advertisements before Home Assistant subscribed are not its (ESPHome sends none
             // either): the room starts talking once the gateway has a subscriber.
-            let subscribed = (gateway.proxy?.subscriberCount ?? 0) > 0
+            let subscribed = (run.gateway.proxy?.subscriberCount ?? 0) > 0
             if active, room.scanning, subscribed, Instant.now >= nextSensor {
                 // The sensor advertises every 20 ms while the client runs through its modes.
                 nextSensor = Instant.now + .milliseconds(20)
@@ -105,18 +119,18 @@ struct ESPHomeGatewayTests {
                 s.delivered.append(r)
             }
             room.flush()
-            _ = gateway.turn()
+            _ = run.gateway.turn()
         }
         _ = client.wait(timeout: .seconds(5))
         // Sized from the configuration before the server existed: its listener and every
         // client slot, and no turn with the client connected outgrew it.
-        #expect(gateway.partsDescriptorLimit == gateway.loop.descriptorLimit)
-        #expect(gateway.loop.oversizedTurns == 0)
+        #expect(run.gateway.partsDescriptorLimit == run.gateway.loop.descriptorLimit)
+        #expect(run.gateway.loop.oversizedTurns == 0)
         s.controllerParameters = (room.passiveParametersSent, room.activeParametersSent)
         // The stats topic now (as after `status.interval`), and turns until it has left.
-        gateway.publishStats(now: .now)
+        run.gateway.publishStats(now: .now)
         let settle = Instant.now + .milliseconds(500)
-        while Instant.now < settle { _ = gateway.turn() }
+        while Instant.now < settle { _ = run.gateway.turn() }
         let out = (try? String(contentsOfFile: dir.path + "/out", encoding: .utf8)) ?? ""
         for line in out.split(separator: "\n") {
             if let o = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any] { s.lines.append(o) }
@@ -238,21 +252,8 @@ extension ESPHomeGatewayTests {
         settings.mdnsServiceFile = ""
         config.esphome = settings  // connections: 3, the default
 
-        var h4: [Int32] = [-1, -1]
-        try #require(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &h4) == 0)
-        let room = VirtualController(fd: h4[1])
-        var radio = try RadioH4(fd: h4[0])
-        var mqtt = try MQTTClient(config: GatewayLauncher.mqttConfig(config))
-        let start = Instant.now
-        mqtt.start(now: start)
-        try radio.start(now: start)
-        guard case .started(let proxy) = GatewayLauncher.startProxy(config: config, log: Logger()) else {
-            Issue.record("the ESPHome server did not start")
-            return
-        }
-        let port = proxy.port
-        var gateway = Gateway(config: config, radio: radio, mqtt: mqtt, proxy: proxy, log: Logger(), environment: [:],
-                              now: start, unixMicroseconds: 1_790_000_000_000_000)
+        var run = try StartedGateway(config)
+        let room = run.room, port = run.port
         let client = try ChildProcess(python, [repoRoot + "/Tests/BatonProxyTests/Interop/gatt_client.py", "\(port)",
                                                "\(thermometer)", key],
                                       stdout: dir.path + "/out", stderr: dir.path + "/err")
@@ -266,14 +267,14 @@ extension ESPHomeGatewayTests {
                 notified = true
                 d.notify(9, [0x36, 0x08])
             }
-            _ = gateway.turn()
+            _ = run.gateway.turn()
         }
         _ = client.wait(timeout: .seconds(5))
-        #expect(gateway.partsDescriptorLimit == gateway.loop.descriptorLimit)
-        #expect(gateway.loop.oversizedTurns == 0)
-        gateway.publishStats(now: .now)
+        #expect(run.gateway.partsDescriptorLimit == run.gateway.loop.descriptorLimit)
+        #expect(run.gateway.loop.oversizedTurns == 0)
+        run.gateway.publishStats(now: .now)
         let settle = Instant.now + .milliseconds(500)
-        while Instant.now < settle { _ = gateway.turn() }
+        while Instant.now < settle { _ = run.gateway.turn() }
 
         var lines: [[String: Any]] = []
         let out = (try? String(contentsOfFile: dir.path + "/out", encoding: .utf8)) ?? ""
