@@ -102,12 +102,12 @@ public struct Gateway<Radio: RadioSource & ~Copyable>: ~Copyable {
             readvertising: readvertising.map {
                 GatewayReadvertising(radio: $0, readvertiser: readvertiser, tagger: keys.tagger, companyID: config.companyID, log: log)
             })
-        let proxyDescriptors = (proxy?.descriptorLimit ?? 0) + (proxy?.settings.connections ?? 0)
         if let link, let slots = proxy?.settings.connections, slots > 0 {
             self.connections = GATTConnections(limit: slots, link: link)
         } else {
             self.connections = nil
         }
+        let proxyDescriptors = (proxy?.descriptorLimit ?? 0) + (self.connections?.descriptorLimit ?? 0)
         self.proxy = proxy
         self.loop = PollLoop(parts: Self.loopParts, descriptors: config.polledDescriptors(proxy: proxyDescriptors), now: now)
         self.log = log

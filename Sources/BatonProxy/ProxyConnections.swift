@@ -22,6 +22,19 @@ extension ProxyServer {
         return (a.client, a.address, a.ask, UnsafeRawBufferPointer(rebasing: askData[at ..< at + a.data]))
     }
 
+    /// What is left of the last turn's asks, refused (counted `gattAsksRefused`), and the queue
+    /// emptied.
+    mutating func refuseUntakenAsks() {
+        while gattAskTaken < gattAsks.count {
+            let a = gattAsks[gattAskTaken]
+            gattAskTaken += 1
+            counters.gattAsksRefused &+= 1
+            refuse(a.ask, client: a.client, address: a.address)
+        }
+        gattAsks.removeAll(keepingCapacity: true)
+        gattAskTaken = 0
+    }
+
     mutating func gatt(_ i: Int, _ message: GATTMessage, body: UnsafeRawBufferPointer) {
         switch message {
         case .subscribeConnectionsFree:

@@ -210,6 +210,9 @@ public struct ProxyServer: ~Copyable, LoopPart {
     /// the clients' requests when there are any, then this turn's advertisements and what
     /// every socket takes.
     public mutating func serve(_ ready: ArraySlice<pollfd>, now: Instant) {
+        // Asks of the last turn nobody took (no connections part to take them) are refused,
+        // so the queue never fills for good.
+        refuseUntakenAsks()
         let due = nextDeadline.map { $0 <= now } ?? false
         if due || ready.contains(where: { $0.revents != 0 }) { handle(ready: ready, now: now) }
         flush(now: now)

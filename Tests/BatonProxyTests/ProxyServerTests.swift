@@ -15,14 +15,14 @@ struct Bench: ~Copyable {
     var server: ProxyServer
     let log = LogLines()
 
-    init(clients: Int = 2, sendBuffer: Int = 16 * 1024, encryption: ProxyEncryption = .none) throws {
+    init(clients: Int = 2, sendBuffer: Int = 16 * 1024, encryption: ProxyEncryption = .none, connections: Int = 0) throws {
         var s = ProxySettings(encryption: encryption)
         s.address = "127.0.0.1"
         s.port = 0
         s.clients = clients
         s.sendBuffer = sendBuffer
-        // The passive proxy's bytes (feature flags 97): connections are GATTProxyTests'.
-        s.connections = 0
+        // The passive proxy's bytes (feature flags 97) unless asked: connections are GATTProxyTests'.
+        s.connections = connections
         server = try ProxyServer(settings: s, info: hallInfo, compactMAC: "02ba70000001", log: log.logger)
         server.fixedEphemeralKey = vectorResponderEphemeral
     }
@@ -92,6 +92,26 @@ func received(_ fd: Int32) -> [UInt8]? {
         #expect(received(c) == nil, "closed after the DisconnectResponse")
         #expect(b.server.clientCount == 0)
         #expect(b.log.lines.contains { $0.contains("is \"aioesphomeapi\" (API 1.12)") })
+    }
+
+    /// docs/esphome.md §11.2: the slots are told on subscription (80 → 81), and a GATT request no
+    /// connections part takes within its turn is refused the next (82, −1), counted, so asks
+    /// never pile up in a server whose gateway has no device link.
+    @Test func slotsAreToldAndAnAskNobodyTakesIsRefused() throws {
+        var b = try Bench(connections: 3)
+        let c = b.connectClient()
+        defer { close(c) }
+        b.turn()
+        // Hello, SubscribeBluetoothConnectionsFreeRequest (80 = 0x50), BluetoothGATTReadRequest
+        // (73 = 0x49) for address 1, handle 3.
+        sendAll(c, hx("00 13 01 0a0d61696f657370686f6d656170691001180c") + hx("00 00 50") + hx("00 04 49 0801 1003"))
+        b.turn()
+        let hello = try written(type: 2, HelloResponse(serverInfo: Array("Baton (ESPHome native API)".utf8), name: Array("hall".utf8)))
+        let slots = try written(type: 81, ConnectionsFreeMessage(free: 3, limit: 3, allocated: [][...]))
+        let refused = try written(type: 82, GATTVarintMessage.error(address: 1, handle: 3, code: -1))
+        #expect(received(c) == hello + slots + refused)
+        #expect(b.server.counters.gattAsksRefused == 1)
+        #expect(b.server.info.featureFlags == 103)
     }
 
     /// Home Assistant 2024.3 (aioesphomeapi 23) sends ConnectRequest (3, no password) with its
