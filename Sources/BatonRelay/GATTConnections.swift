@@ -325,8 +325,9 @@ public struct GATTConnections: ~Copyable, LoopPart {
             discoverServices(slot, pdu, bytes, after: next, now: now, to: &listener)
         case .characteristics(let service, let next):
             discoverCharacteristics(slot, service: service, pdu, bytes, after: next, now: now, to: &listener)
-        case .descriptors(let service, let characteristic, let end):
-            discoverDescriptors(slot, service: service, characteristic: characteristic, end: end, pdu, bytes, now: now, to: &listener)
+        case .descriptors(let service, let characteristic, let start, let end):
+            discoverDescriptors(slot, service: service, characteristic: characteristic, start: start, end: end, pdu, bytes, now: now,
+                                to: &listener)
         case .read(let handle, let offset):
             switch pdu {
             case .read(let value), .readBlob(let value):
@@ -461,7 +462,7 @@ public struct GATTConnections: ~Copyable, LoopPart {
             let start = s.characteristics[c].valueHandle &+ 1
             let end = c + 1 < s.characteristics.count ? s.characteristics[c + 1].declaration &- 1 : service.end
             if s.characteristics[c].valueHandle < end {
-                send(slot, .findInformation(start: start, end: end), awaiting: .descriptors(service: index, characteristic: c, end: end),
+                send(slot, .findInformation(start: start, end: end), awaiting: .descriptors(service: index, characteristic: c, start: start, end: end),
                      now: now, to: &listener)
                 return
             }
@@ -474,7 +475,8 @@ public struct GATTConnections: ~Copyable, LoopPart {
     }
 
     mutating func discoverDescriptors<Listener: GATTListener & ~Copyable>(
-        _ slot: Int, service index: Int, characteristic c: Int, end: UInt16, _ pdu: ATTServerPDU, _ bytes: UnsafeRawBufferPointer,
+        _ slot: Int, service index: Int, characteristic c: Int, start: UInt16, end: UInt16, _ pdu: ATTServerPDU,
+        _ bytes: UnsafeRawBufferPointer,
         now: Instant, to listener: inout Listener
     ) {
         guard let s = pool[slot] else { return }
@@ -484,7 +486,8 @@ public struct GATTConnections: ~Copyable, LoopPart {
             for i in 0 ..< list.count {
                 let range = list.entry(i)
                 guard let d = try? GATTDescriptor.decode(UnsafeRawBufferPointer(rebasing: bytes[range]), at: range.lowerBound),
-                      d.handle > s.characteristics[c].valueHandle, d.handle <= end else {
+                      d.handle >= start, d.handle <= end else {
+                    // Outside what was asked (an earlier handle would ask the same range again, for ever).
                     protocolBroken(slot, to: &listener)
                     return
                 }
@@ -496,7 +499,7 @@ public struct GATTConnections: ~Copyable, LoopPart {
                 last = d.handle
             }
             if last < end {
-                send(slot, .findInformation(start: last + 1, end: end), awaiting: .descriptors(service: index, characteristic: c, end: end),
+                send(slot, .findInformation(start: last + 1, end: end), awaiting: .descriptors(service: index, characteristic: c, start: last + 1, end: end),
                      now: now, to: &listener)
                 return
             }
@@ -658,7 +661,7 @@ final class GATTSlot {
         case mtu
         case services(next: UInt16)
         case characteristics(service: Int, next: UInt16)
-        case descriptors(service: Int, characteristic: Int, end: UInt16)
+        case descriptors(service: Int, characteristic: Int, start: UInt16, end: UInt16)
         case read(handle: UInt16, offset: Int)
         case write(handle: UInt16)
     }

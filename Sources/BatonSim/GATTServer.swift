@@ -12,6 +12,7 @@ public struct GATTServerModel: Sendable {
         /// The attribute type, little-endian as on the air: 2 or 16 bytes.
         public var type: [UInt8]
         public var value: [UInt8]
+        public init(handle: UInt16, type: [UInt8], value: [UInt8]) { self.handle = handle; self.type = type; self.value = value }
     }
 
     public var attributes: [Attribute]

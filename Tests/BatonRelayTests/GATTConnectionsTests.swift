@@ -133,6 +133,27 @@ struct GATTHarness: ~Copyable {
         #expect(h.heard.last(thermometer) == .read(handle: 3))
     }
 
+    @Test func aDeviceThatAnswersDescriptorsBeforeTheRangeAskedEndsTheConnection() {
+        var h = GATTHarness()
+        h.connect()
+        // Battery 1–6: the level's value at 3, then three descriptors 4, 5, 6.
+        h.device.model.attributes = [
+            .init(handle: 1, type: [0x00, 0x28], value: [0x0F, 0x18]),
+            .init(handle: 2, type: [0x03, 0x28], value: [0x12, 0x03, 0x00, 0x19, 0x2A]),
+            .init(handle: 3, type: [0x19, 0x2A], value: [87]),
+            .init(handle: 4, type: [0x02, 0x29], value: [0, 0]),
+            .init(handle: 5, type: [0x01, 0x29], value: []),
+            .init(handle: 6, type: [0x04, 0x29], value: []),
+        ]
+        // Find Information is answered with handle 4 only, whatever the range: asked again from
+        // 5, the device names 4 again (Find Information Response, format 1, 0004 → 2902).
+        h.device.intercept = { $0.first == 0x04 ? [0x05, 0x01, 0x04, 0x00, 0x02, 0x29] : nil }
+        h.ask(.services)
+        #expect(h.device.received.filter { $0.first == 0x04 }.count == 2, "asked from 4, then from 5")
+        #expect(h.heard.last(thermometer) == .connection(connected: false, mtu: 0, error: 0x85))
+        #expect(h.connections.counters.malformed == 1)
+    }
+
     @Test func aValueLongerThanOnePDUIsReadOnWithReadBlob() {
         var h = GATTHarness(mtu: 23)
         h.connect()

@@ -14,6 +14,8 @@ public final class TestGATTDevice {
     public var model: GATTServerModel
     /// Answers nothing (a device that stopped responding).
     public var silent = false
+    /// Answers a request itself before the model does (a device that breaks the protocol).
+    public var intercept: (([UInt8]) -> [UInt8]?)?
     /// Every request PDU it received, in order.
     public private(set) var received: [[UInt8]] = []
     public private(set) var confirmations = 0
@@ -40,6 +42,7 @@ public final class TestGATTDevice {
             if pdu[0] == 0x1E { confirmations += 1; continue }
             received.append(pdu)
             if silent { continue }
+            if let intercept, let answer = intercept(pdu) { send(answer); continue }
             if let answer = model.answer(pdu) { send(answer) }
         }
     }
