@@ -304,7 +304,16 @@ public final class DeviceLinkServer {
     }
 
     /// Accepts, reads and answers after a poll.
-    public func handle(_ fds: [pollfd], continued: (LinkContinuation) -> Void) {
+    public func handle(_ fds: [pollfd], continued: (LinkContinuation) -> Void) { handle(fds[...], continued: continued) }
+
+    /// The loop's one verb (docs/architecture.md §2): what poll said of `pollDescriptors`'
+    /// descriptors (the driver's slice, its indices the driver's), then what is due.
+    public func serve(_ ready: ArraySlice<pollfd>, continued: (LinkContinuation) -> Void) {
+        handle(ready, continued: continued)
+        service()
+    }
+
+    func handle(_ fds: ArraySlice<pollfd>, continued: (LinkContinuation) -> Void) {
         for r in listeners.indices where fds[pollBase + r].revents != 0 { accept(room: r) }
         for (k, i) in polled.enumerated() {
             let revents = fds[pollBase + listeners.count + k].revents
@@ -745,4 +754,12 @@ public final class DeviceLinkServer {
         CLibc.close(fd)
         slots[i] = LinkSlot()
     }
+}
+
+/// A part of a poll loop (BatonLibc's `PollLoop`): the listeners and the links, and the nearest
+/// answer due.
+extension DeviceLinkServer: LoopPart {
+    public func pollDescriptors(into fds: inout [pollfd]) { addPollFDs(&fds) }
+    public var descriptorLimit: Int { listeners.count + Self.capacity }
+    public var nextDeadline: Instant? { nextDue }
 }

@@ -33,16 +33,18 @@ struct ServerLoop {
     let server: DeviceLinkServer
     var continued: [LinkContinuation] = []
 
+    /// `n` turns of the tests' loop (`TestLoop`), the server one part of it as in `baton device`,
+    /// each waiting at most 5 ms.
     mutating func turns(_ n: Int = 20) {
-        for _ in 0 ..< n {
-            var fds: [pollfd] = []
-            server.addPollFDs(&fds)
-            _ = Glibc.poll(&fds, nfds_t(fds.count), 5)
-            var heard: [LinkContinuation] = []
-            server.handle(fds) { heard.append($0) }
-            continued += heard
-            server.service()
+        var part = server
+        var heard: [LinkContinuation] = []
+        var loop = TestLoop(parts: 1, descriptors: part.descriptorLimit, longestWait: .milliseconds(5))
+        loop.turns(n) { driver in
+            let slot = driver.add(&part)
+            driver.wait()
+            part.serve(driver.ready(slot)) { heard.append($0) }
         }
+        continued += heard
     }
 }
 
