@@ -534,10 +534,9 @@ struct DeviceRunner: ~Copyable {
                     }
                 }
             }
-            server.handle(fds) { c in
+            server.serve(fds[...]) { c in
                 say("continued in \(c.room) (seq \(c.sequence))")
             }
-            server.service()
         }
         do { try mgmt.removeAdvertising(instance: instance) } catch {
             Stderr.say("device", "\(error)")
