@@ -75,14 +75,7 @@ extension ProxyServer {
 
     /// An ask answered here: no connection, or no room.
     mutating func refuse(_ ask: GATTAsk, client: GATTClient, address: UInt64) {
-        let event: GATTEvent = switch ask {
-        case .connect: .connection(connected: false, mtu: 0, error: GATTConnectionError.none)
-        case .disconnect: .connection(connected: false, mtu: 0, error: GATTConnectionError.none)
-        case .services: .error(handle: 0, code: GATTConnectionError.notConnected)
-        case .read(let h), .readDescriptor(let h), .write(let h, _), .writeDescriptor(let h), .notify(let h, _):
-            .error(handle: h, code: GATTConnectionError.notConnected)
-        }
-        gatt(event, client: client, address: address, value: UnsafeRawBufferPointer(start: nil, count: 0), service: nil)
+        gatt(ask.notConnected, client: client, address: address, value: UnsafeRawBufferPointer(start: nil, count: 0), service: nil)
     }
 
     mutating func sendConnectionSlots(_ i: Int) {

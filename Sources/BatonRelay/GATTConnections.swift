@@ -103,17 +103,10 @@ public struct GATTConnections: ~Copyable, LoopPart {
             return
         }
         guard let slot, let s = pool[slot], s.client == client else {
-            // Nothing of this client's at that address. A disconnect of nothing is answered
-            // as done, as an ESP32 does; anything else is an error a client waits for.
+            // Nothing of this client's at that address.
             counters.refused &+= 1
-            let event: GATTEvent = switch ask {
-            case .disconnect: .connection(connected: false, mtu: 0, error: GATTConnectionError.none)
-            case .services: .error(handle: 0, code: GATTConnectionError.notConnected)
-            case .read(let h), .readDescriptor(let h), .write(let h, _), .writeDescriptor(let h), .notify(let h, _):
-                .error(handle: h, code: GATTConnectionError.notConnected)
-            case .connect: .error(handle: 0, code: GATTConnectionError.notConnected)
-            }
-            listener.gatt(event, client: client, address: address, value: UnsafeRawBufferPointer(start: nil, count: 0), service: nil)
+            listener.gatt(ask.notConnected, client: client, address: address, value: UnsafeRawBufferPointer(start: nil, count: 0),
+                          service: nil)
             return
         }
         switch ask {
@@ -535,10 +528,7 @@ public struct GATTConnections: ~Copyable, LoopPart {
     mutating func enqueue<Listener: GATTListener & ~Copyable>(_ slot: Int, _ ask: GATTAsk, data: UnsafeRawBufferPointer,
                                                                to listener: inout Listener) {
         guard let s = pool[slot] else { return }
-        let handle: UInt16 = switch ask {
-        case .read(let h), .readDescriptor(let h), .write(let h, _), .writeDescriptor(let h), .notify(let h, _): h
-        default: 0
-        }
+        let handle = ask.handle
         guard data.count <= Self.valueLimit else {
             tell(slot, .error(handle: handle, code: Int32(ATTErrorCode.invalidAttributeValueLength)), to: &listener)
             return

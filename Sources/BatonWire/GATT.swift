@@ -32,6 +32,26 @@ public enum GATTAsk: Equatable, Sendable {
     case notify(handle: UInt16, enable: Bool)
 }
 
+extension GATTAsk {
+    /// The attribute it names; 0 for connect, disconnect and the services.
+    public var handle: UInt16 {
+        switch self {
+        case .read(let h), .readDescriptor(let h), .write(let h, _), .writeDescriptor(let h), .notify(let h, _): h
+        case .connect, .disconnect, .services: 0
+        }
+    }
+
+    /// Its answer when there is no connection to ask: a connect or disconnect is told "not
+    /// connected" (a disconnect of nothing is done, as an ESP32 says), anything else an error
+    /// (−1, as an ESP32 answers).
+    public var notConnected: GATTEvent {
+        switch self {
+        case .connect, .disconnect: .connection(connected: false, mtu: 0, error: GATTConnectionError.none)
+        default: .error(handle: handle, code: GATTConnectionError.notConnected)
+        }
+    }
+}
+
 /// What a connection tells its client.
 public enum GATTEvent: Equatable, Sendable {
     /// Connected (with the agreed ATT MTU) or not (with why: `GATTConnectionError`).
