@@ -26,23 +26,7 @@ import BatonWire
 import BatonTestSupport
 import BatonRelay
 
-// MARK: - Frames as the spec writes them
-
-private func utf8(_ text: String) -> [UInt8] { Array(text.utf8) }
-
-/// An error frame (§5.1 `15`): reason `reason` (§5.4), then a detail of at most 100 bytes of
-/// UTF-8 that says `text`.
-private func expectError(_ f: [UInt8]?, _ reason: StreamReason, saying text: String,
-                         sourceLocation: SourceLocation = #_sourceLocation) {
-    guard let f, f.count >= 2 else {
-        Issue.record("expected error \(reason.name), got \(f.map(hexString) ?? "nothing")", sourceLocation: sourceLocation)
-        return
-    }
-    #expect(Array(f.prefix(2)) == [0x15, reason.rawValue], "error \(reason.name): \(hexString(f))", sourceLocation: sourceLocation)
-    let detail = String(decoding: f.dropFirst(2), as: UTF8.self)
-    #expect(f.count - 2 <= 100, "a detail of at most 100 bytes (§5.1)", sourceLocation: sourceLocation)
-    #expect(detail.contains(text), "detail: \(detail)", sourceLocation: sourceLocation)
-}
+// MARK: - Frames as the spec writes them (the rest in StreamRig.swift)
 
 /// A data frame (§5.1 `11`) numbered `n` carrying `bytes`.
 private func data(_ n: UInt32, _ bytes: [UInt8]) -> [UInt8] {
@@ -63,75 +47,29 @@ private let pixel = LinkAddress(address: 0x6E_00_00_00_00_01, addressType: 1, ps
 private let galaxy = LinkAddress(address: 0x6E_00_00_00_00_02, addressType: 1, psm: 0)
 private let fairphone = LinkAddress(address: 0x6E_00_00_00_00_03, addressType: 1, psm: 0)
 
-/// docs/relay.md §7.1 under the prefix `baton`.
-private func topics(_ id: String) -> StreamTopics {
-    StreamTopics(up: "baton/streams/\(id)/up", down: "baton/streams/\(id)/down", gateway: "baton/streams/\(id)/gateway")
-}
 private func openTopic(_ id: String) -> String { "baton/stream/\(deviceHex)/\(id)" }
 
-private func refused(_ relay: borrowing StreamRelay, _ reason: StreamReason) -> Int {
-    relay.counters.refused[Int(reason.rawValue)]
-}
+// MARK: - The rig: broker, gateway client, carrier, relay, phones, one poll loop (StreamRig.swift)
 
-// MARK: - The rig: broker, gateway client, carrier, relay, phones, one poll loop
-
-private final class Rig {
-    let broker: MosquittoBroker
+/// The peer is the carrier.
+private final class Rig: StreamRig {
     let phones = Devices()
-    /// The links of streams this gateway carries (the tests that mix both roles).
-    let devices = Devices()
-    var relay: StreamRelay
-    var gateway: MQTTClient
-    /// The gateway of the device's room, played by the test.
-    var carrier: MQTTClient
-    private(set) var now: Instant
     /// Everything the carrier received: opens on `baton/stream/+/+`, frames on
     /// `baton/streams/+/up` and `…/down`, in order.
     private(set) var carrierGot: [MQTTMessage] = []
     /// Every stream frame the gateway's client received (it subscribes only through the relay).
     private(set) var gatewayGot: [MQTTMessage] = []
-    private var probes: Set<String> = []
-    private(set) var lateProbes = 0
-    private(set) var gatewayConnects = 0
-    private(set) var carrierConnects = 0
 
     init(_ config: RelayConfig = RelayConfig()) throws {
-        broker = try MosquittoBroker()
-        relay = StreamRelay(config: config, link: AnyDeviceLink(TestLink(devices: devices)), gatewayID: "study")
-        gateway = try MQTTClient(config: MQTTConfig(port: broker.port, clientID: "study", protocolVersion: .v5,
-                                                    reconnectMin: .milliseconds(50), reconnectMax: .milliseconds(500)))
-        carrier = try MQTTClient(config: MQTTConfig(port: broker.port, clientID: "hall", protocolVersion: .v5,
-                                                    reconnectMin: .milliseconds(50), reconnectMax: .milliseconds(500)))
-        now = .now
-        gateway.start(now: .now)
-        carrier.start(now: .now)
+        try super.init(config, gatewayID: "study", peerID: "hall")
         try subscribe()
     }
 
-    deinit {
-        gateway.disconnect()
-        carrier.disconnect()
-    }
-
-    /// Both clients connected; the carrier subscribed as the test's carrier listens (the
-    /// session is clean: again after every reconnect).
+    /// The carrier subscribed as the test's carrier listens; the gateway's client only through the relay.
     func subscribe(sourceLocation: SourceLocation = #_sourceLocation) throws {
-        try #require(run { gateway.isConnected && carrier.isConnected }, "the clients did not connect to mosquitto",
-                     sourceLocation: sourceLocation)
-        probes.removeAll()
-        try gateway.subscribe("probe/gateway", qos: 1)
-        try carrier.subscribe("baton/stream/+/+", qos: 1)
-        try carrier.subscribe("baton/streams/+/up", qos: 1)
-        try carrier.subscribe("baton/streams/+/down", qos: 1)
-        try carrier.subscribe("probe/carrier", qos: 1)
-        try utf8("probe").withUnsafeBytes {
-            try gateway.publish(topic: "probe/gateway", payload: $0, qos: 1)
-            try carrier.publish(topic: "probe/carrier", payload: $0, qos: 1)
-        }
-        try #require(run { probes.count == 2 }, "the subscriptions did not take effect", sourceLocation: sourceLocation)
+        try subscribe(gateway: [], peer: ["baton/stream/+/+", "baton/streams/+/up", "baton/streams/+/down"],
+                      sourceLocation: sourceLocation)
     }
-
-    func advance(_ d: Duration) { now += d }
 
     // MARK: the phone
 
@@ -163,73 +101,25 @@ private final class Rig {
 
     /// The carrier publishes frames on `…/S/down`, in order.
     func down(_ id: String, _ frames: [UInt8]...) throws {
-        for f in frames { try f.withUnsafeBytes { try carrier.publish(topic: topics(id).down, payload: $0, qos: 1) } }
+        for f in frames { try f.withUnsafeBytes { try peer.publish(topic: topics(id).down, payload: $0, qos: 1) } }
     }
 
-    /// The carrier publishes on `probe/gateway`; once it arrives, whatever the carrier
-    /// published before it to a topic the gateway subscribes has arrived too.
-    func lateProbe() throws {
-        let before = lateProbes
-        try utf8("late").withUnsafeBytes { try carrier.publish(topic: "probe/gateway", payload: $0, qos: 1) }
-        try #require(run { lateProbes > before }, "the probe did not come back")
-    }
+    // MARK: the loop: the phones' ends too, and what a message means here
 
-    // MARK: the loop
+    /// A paused phone has unread records: polling its end would spin.
+    override func linkEnds() -> [pollfd] { (phones.paused ? [] : phones.pollDescriptors) + devices.pollDescriptors }
+    override func pump() { phones.pump(); devices.pump() }
 
-    @discardableResult
-    func run(limit: Duration = .seconds(10), until done: () -> Bool) -> Bool {
-        // The gateway's driver; the relay's deadlines are on the test's clock (as in
-        // StreamRelayTests): its links are a part without a deadline, a turn at most 100 ms.
-        var loop = TestLoop(parts: 4, longestWait: .milliseconds(100))
-        return loop.run(limit: limit, before: { phones.pump(); devices.pump() }, until: done) { driver in
-            let g = driver.add(&gateway)
-            let c = driver.add(&carrier)
-            var relayLinks = DescriptorList()
-            relay.pollDescriptors(into: &relayLinks.fds)
-            let links = driver.add(&relayLinks)
-            // A paused phone has unread records: polling its end would spin.
-            var ends = DescriptorList((phones.paused ? [] : phones.pollDescriptors) + devices.pollDescriptors)
-            driver.add(&ends)
-            let after = driver.wait()
-            var events: [MQTTEvent] = []
-            gateway.poll(now: after, ready: driver.ready(g)) { events.append($0) }
-            carrier.poll(now: after, ready: driver.ready(c)) { carrierEvent($0) }
-            // As Gateway.swift: the broker's messages, then the links and what is due.
-            for e in events { gatewayEvent(e) }
-            relay.serve(driver.ready(links), now: now, mqtt: &gateway)
+    override func gatewayMessage(_ m: MQTTMessage) {
+        let level = m.topic.split(separator: "/", omittingEmptySubsequences: false)
+        guard level.count == 4, level[1] == "streams", level[3] == "up" || level[3] == "down" else { return }
+        gatewayGot.append(m)
+        if !relay.fromBroker(id: String(level[2]), level[3] == "up" ? .up : .down, m.payload, now: now, mqtt: &gateway) {
+            relay.dropped("stream-unknown")
         }
     }
 
-    private func gatewayEvent(_ event: MQTTEvent) {
-        switch event {
-        case .connected:
-            gatewayConnects += 1
-        case .message(let m):
-            if m.topic == "probe/gateway" {
-                if m.payload == utf8("late") { lateProbes += 1 } else { probes.insert(m.topic) }
-                return
-            }
-            let level = m.topic.split(separator: "/", omittingEmptySubsequences: false)
-            guard level.count == 4, level[1] == "streams", level[3] == "up" || level[3] == "down" else { return }
-            gatewayGot.append(m)
-            if !relay.fromBroker(id: String(level[2]), level[3] == "up" ? .up : .down, m.payload, now: now, mqtt: &gateway) {
-                relay.dropped("stream-unknown")
-            }
-        default:
-            break
-        }
-    }
-
-    private func carrierEvent(_ event: MQTTEvent) {
-        switch event {
-        case .connected:
-            carrierConnects += 1
-        case .message(let m):
-            if m.topic == "probe/carrier" { probes.insert(m.topic) } else { carrierGot.append(m) }
-        default:
-            break
-        }
-    }
+    override func peerMessage(_ m: MQTTMessage) { carrierGot.append(m) }
 
     // MARK: waiting
 
@@ -254,10 +144,6 @@ private final class Rig {
     func waitPhoneClosed(_ phone: LinkAddress, sourceLocation: SourceLocation = #_sourceLocation) throws {
         try #require(run { phones.isClosed(phone) }, "the gateway did not close the phone's link", sourceLocation: sourceLocation)
     }
-
-    func settle() { run(limit: .milliseconds(300)) { false } }
-
-    func drops(_ reason: String) -> Int { relay.drops.sorted.first { $0.reason == reason }?.count ?? 0 }
 
     /// docs/relay.md §7.5: the phone's open goes out on the open topic; the carrier answers
     /// `carrierOpen` on `…/S/down`, which reaches the phone.
@@ -684,7 +570,7 @@ struct StreamBridgeTests {
         try rig.waitUp("s2", 3)
 
         try rig.broker.restart()
-        try #require(rig.run { rig.gatewayConnects == 2 && rig.carrierConnects == 2 }, "both clients reconnect")
+        try #require(rig.run { rig.gatewayConnects == 2 && rig.peerConnects == 2 }, "both clients reconnect")
         try rig.subscribe()
         let (asked1, asked2, ups) = (rig.opens("s1").count, rig.opens("s2").count, rig.up("s2").count)
         rig.relay.reconnected(now: rig.now, mqtt: &rig.gateway)

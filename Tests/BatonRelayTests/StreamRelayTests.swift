@@ -27,25 +27,7 @@ import BatonWire
 import BatonTestSupport
 import BatonRelay
 
-// MARK: - Frames as the spec writes them
-
-private func utf8(_ text: String) -> [UInt8] { Array(text.utf8) }
-
-/// An error frame (§5.1 `15`): reason `reason` (§5.4), then a detail of at most 100 bytes of
-/// UTF-8 that says `text`.
-private func expectError(_ f: [UInt8]?, _ reason: StreamReason, saying text: String,
-                         sourceLocation: SourceLocation = #_sourceLocation) {
-    guard let f, f.count >= 2 else {
-        Issue.record("expected error \(reason.name), got \(f.map(hexString) ?? "nothing")", sourceLocation: sourceLocation)
-        return
-    }
-    #expect(Array(f.prefix(2)) == [0x15, reason.rawValue], "error \(reason.name): \(hexString(f))", sourceLocation: sourceLocation)
-    let detail = String(decoding: f.dropFirst(2), as: UTF8.self)
-    #expect(f.count - 2 <= 100, "a detail of at most 100 bytes (§5.1)", sourceLocation: sourceLocation)
-    #expect(detail.contains(text), "detail: \(detail)", sourceLocation: sourceLocation)
-}
-
-// MARK: - The rig: broker, gateway client, endpoint, relay, one poll loop
+// MARK: - The rig: broker, gateway client, endpoint, relay, one poll loop (StreamRig.swift)
 
 private let gatewayID = "hall"
 
@@ -61,19 +43,8 @@ private let tablet = Device(hex: "5a0000000002", link: LinkAddress(address: 0xC0
 private let badge = Device(hex: "5a0000000003", link: LinkAddress(address: 0xC0_FF_EE_00_00_03, addressType: 0, psm: 0x00C1))
 private let known = [reader, tablet, badge]
 
-/// docs/relay.md §7.1 under the prefix `baton`.
-private func topics(_ id: String) -> StreamTopics {
-    StreamTopics(up: "baton/streams/\(id)/up", down: "baton/streams/\(id)/down", gateway: "baton/streams/\(id)/gateway")
-}
-
-private final class Rig {
-    let broker: MosquittoBroker
-    let devices = Devices()
-    var relay: StreamRelay
-    var gateway: MQTTClient
-    var endpoint: MQTTClient
-    /// The relay's time: moves only by `advance`.
-    private(set) var now: Instant
+/// The peer is the endpoint.
+private final class Rig: StreamRig {
     /// What the gateway's ownership rules say about the next opens (docs/relay.md §7.2):
     /// nil, the device is this gateway's to reach (`Admission.check`'s answer).
     var refusal: Refusal?
@@ -83,52 +54,17 @@ private final class Rig {
     private(set) var downMessages: [MQTTMessage] = []
     /// What the endpoint saw on each stream's `…/gateway`, in order ("" = cleared).
     private(set) var carriers: [String: [String]] = [:]
-    /// Probes that came back (a subscription is in place once a message published after it
-    /// comes back: there is no SUBACK event).
-    private var probes: Set<String> = []
-    private(set) var gatewayConnects = 0
-    private(set) var endpointConnects = 0
 
     init(_ config: RelayConfig = RelayConfig()) throws {
-        broker = try MosquittoBroker()
-        relay = StreamRelay(config: config, link: AnyDeviceLink(TestLink(devices: devices)), gatewayID: gatewayID)
-        // A quick reconnect after the broker restart of the reconnect test.
-        gateway = try MQTTClient(config: MQTTConfig(port: broker.port, clientID: gatewayID, protocolVersion: .v5,
-                                                    reconnectMin: .milliseconds(50), reconnectMax: .milliseconds(500)))
-        endpoint = try MQTTClient(config: MQTTConfig(port: broker.port, clientID: "endpoint", protocolVersion: .v5,
-                                                     reconnectMin: .milliseconds(50), reconnectMax: .milliseconds(500)))
-        now = .now
-        gateway.start(now: .now)
-        endpoint.start(now: .now)
+        try super.init(config, gatewayID: gatewayID, peerID: "endpoint")
         try subscribe()
     }
 
-    deinit {
-        gateway.disconnect()
-        endpoint.disconnect()
-    }
-
-    /// Both clients connected and subscribed as a gateway and an endpoint are (the session is
-    /// clean: again after every reconnect).
+    /// Both clients subscribed as a gateway and an endpoint are.
     func subscribe(sourceLocation: SourceLocation = #_sourceLocation) throws {
-        try #require(run { gateway.isConnected && endpoint.isConnected }, "the clients did not connect to mosquitto",
-                     sourceLocation: sourceLocation)
-        probes.removeAll()
-        try gateway.subscribe("baton/stream/+/+", qos: 1)
-        try gateway.subscribe("baton/streams/+/gateway", qos: 1, retainAsPublished: true)
-        try gateway.subscribe("probe/gateway", qos: 1)
-        try endpoint.subscribe("baton/streams/+/down", qos: 1)
-        try endpoint.subscribe("baton/streams/+/gateway", qos: 1)
-        try endpoint.subscribe("probe/endpoint", qos: 1)
-        try utf8("probe").withUnsafeBytes {
-            try gateway.publish(topic: "probe/gateway", payload: $0, qos: 1)
-            try endpoint.publish(topic: "probe/endpoint", payload: $0, qos: 1)
-        }
-        try #require(run { probes.count == 2 }, "the subscriptions did not take effect", sourceLocation: sourceLocation)
+        try subscribe(gateway: [("baton/stream/+/+", false), ("baton/streams/+/gateway", true)],
+                      peer: ["baton/streams/+/down", "baton/streams/+/gateway"], sourceLocation: sourceLocation)
     }
-
-    /// The relay's clock moves on; the next turn of the loop ticks at the new time.
-    func advance(_ d: Duration) { now += d }
 
     // MARK: the endpoint
 
@@ -143,7 +79,7 @@ private final class Rig {
     }
 
     private func publish(_ topic: String, _ payload: [UInt8]) throws {
-        try payload.withUnsafeBytes { try endpoint.publish(topic: topic, payload: $0, qos: 1) }
+        try payload.withUnsafeBytes { try peer.publish(topic: topic, payload: $0, qos: 1) }
     }
 
     /// Every frame the endpoint received on `…/S/down`, in order.
@@ -163,73 +99,30 @@ private final class Rig {
         for m in messages { try devices.send(d.link, m) }
     }
 
-    // MARK: the loop
+    // MARK: what a message means here
 
-    /// Turns as Gateway.swift does (TestLoop); returns whether `done()` held within `limit`.
-    @discardableResult
-    func run(limit: Duration = .seconds(10), until done: () -> Bool) -> Bool {
-        // The gateway's driver. The relay's deadlines are on the test's clock, not the wall
-        // clock: its links are a part without a deadline, it is served every turn, and a turn
-        // is at most 100 ms.
-        var loop = TestLoop(parts: 4, longestWait: .milliseconds(100))
-        return loop.run(limit: limit, before: { devices.pump() }, until: done) { driver in
-            let g = driver.add(&gateway)
-            let e = driver.add(&endpoint)
-            var relayLinks = DescriptorList()
-            relay.pollDescriptors(into: &relayLinks.fds)
-            let links = driver.add(&relayLinks)
-            var ends = DescriptorList(devices.pollDescriptors)
-            driver.add(&ends)
-            let after = driver.wait()
-            var events: [MQTTEvent] = []
-            gateway.poll(now: after, ready: driver.ready(g)) { events.append($0) }
-            endpoint.poll(now: after, ready: driver.ready(e)) { endpointEvent($0) }
-            // As Gateway.swift: the broker's messages, then the links and what is due.
-            for e in events { gatewayEvent(e) }
-            relay.serve(driver.ready(links), now: now, mqtt: &gateway)
+    override func gatewayMessage(_ m: MQTTMessage) {
+        let level = m.topic.split(separator: "/", omittingEmptySubsequences: false).map(String.init)
+        if level.count == 4, level[1] == "stream" {
+            let target = known.first { $0.hex == level[2] }?.link
+            let admitted: Result<LinkAddress, Refusal> = if let refusal { .failure(refusal) }
+                else if let target { .success(target) } else { .failure(.unknownDevice) }
+            relay.open(id: level[3], topics: topics(level[3]), frame: m.payload, admitted: admitted, now: now,
+                       mqtt: &gateway)
+        } else if level.count == 4, level[1] == "streams", level[3] == "up" {
+            if !relay.fromEndpoint(id: level[2], m.payload, now: now, mqtt: &gateway) { relay.dropped("stream-unknown") }
+        } else if level.count == 4, level[1] == "streams", level[3] == "gateway" {
+            _ = relay.carried(stream: level[2], payload: m.payload, retained: m.retained,
+                              isOnline: { online.contains(String($0)) }, now: now)
         }
     }
 
-    private func gatewayEvent(_ event: MQTTEvent) {
-        switch event {
-        case .connected:
-            gatewayConnects += 1
-        case .message(let m):
-            let level = m.topic.split(separator: "/", omittingEmptySubsequences: false).map(String.init)
-            if m.topic == "probe/gateway" {
-                probes.insert(m.topic)
-            } else if level.count == 4, level[1] == "stream" {
-                let target = known.first { $0.hex == level[2] }?.link
-                let admitted: Result<LinkAddress, Refusal> = if let refusal { .failure(refusal) }
-                    else if let target { .success(target) } else { .failure(.unknownDevice) }
-                relay.open(id: level[3], topics: topics(level[3]), frame: m.payload, admitted: admitted, now: now,
-                           mqtt: &gateway)
-            } else if level.count == 4, level[1] == "streams", level[3] == "up" {
-                if !relay.fromEndpoint(id: level[2], m.payload, now: now, mqtt: &gateway) { relay.dropped("stream-unknown") }
-            } else if level.count == 4, level[1] == "streams", level[3] == "gateway" {
-                _ = relay.carried(stream: level[2], payload: m.payload, retained: m.retained,
-                                  isOnline: { online.contains(String($0)) }, now: now)
-            }
-        default:
-            break
-        }
-    }
-
-    private func endpointEvent(_ event: MQTTEvent) {
-        switch event {
-        case .connected:
-            endpointConnects += 1
-        case .message(let m):
-            let level = m.topic.split(separator: "/", omittingEmptySubsequences: false).map(String.init)
-            if m.topic == "probe/endpoint" {
-                probes.insert(m.topic)
-            } else if level.count == 4, level[3] == "down" {
-                downMessages.append(m)
-            } else if level.count == 4, level[3] == "gateway" {
-                carriers[level[2], default: []].append(String(decoding: m.payload, as: UTF8.self))
-            }
-        default:
-            break
+    override func peerMessage(_ m: MQTTMessage) {
+        let level = m.topic.split(separator: "/", omittingEmptySubsequences: false).map(String.init)
+        if level.count == 4, level[3] == "down" {
+            downMessages.append(m)
+        } else if level.count == 4, level[3] == "gateway" {
+            carriers[level[2], default: []].append(String(decoding: m.payload, as: UTF8.self))
         }
     }
 
@@ -253,19 +146,6 @@ private final class Rig {
                      sourceLocation: sourceLocation)
     }
 
-    /// A bounded moment of the loop with nothing to wait for: a stray frame would come now.
-    func settle() { run(limit: .milliseconds(300)) { false } }
-
-    /// Drops counted under `reason` (stats `relay.streams.drops`).
-    func drops(_ reason: String) -> Int { relay.drops.sorted.first { $0.reason == reason }?.count ?? 0 }
-
-    /// Links the relay holds open (its descriptors to poll).
-    var relayLinks: Int {
-        var fds: [pollfd] = []
-        relay.pollDescriptors(into: &fds)
-        return fds.count
-    }
-
     /// docs/relay.md §7.2: the endpoint's open reaches the device as `toDevice`; the device
     /// answers `deviceOpen`, which reaches the endpoint. Afterwards the endpoint's `…/S/up` is
     /// subscribed (the open on `…/S/down` was published after the subscription).
@@ -279,9 +159,6 @@ private final class Rig {
     }
 }
 
-private func refused(_ relay: borrowing StreamRelay, _ reason: StreamReason) -> Int {
-    relay.counters.refused[Int(reason.rawValue)]
-}
 
 // MARK: - Tests
 
@@ -808,7 +685,7 @@ struct StreamRelayTests {
 
         // mosquitto restarts without persistence: no session, nothing retained.
         try rig.broker.restart()
-        try #require(rig.run { rig.gatewayConnects == 2 && rig.endpointConnects == 2 }, "both clients reconnect")
+        try #require(rig.run { rig.gatewayConnects == 2 && rig.peerConnects == 2 }, "both clients reconnect")
         try rig.subscribe()
         #expect(try rig.retainedCarriers().isEmpty, "the new broker retains nothing")
         // Gateway.swift calls this on `.connected`; here after the endpoint subscribed again, so
