@@ -19,33 +19,6 @@ private let repoRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent
 private let python = ProcessInfo.processInfo.environment["BATON_ESPHOME_PYTHON"] ?? repoRoot + "/.build/esphome-venv/bin/python"
 private let key = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
 
-/// A gateway on `config` (its `esphome:` set), as `GatewayLauncher` starts one: the room's
-/// controller over H4, the broker connect and the radio started, the ESPHome server listening.
-struct StartedGateway: ~Copyable {
-    struct ServerDidNotStart: Error {}
-    let room: VirtualController
-    var gateway: Gateway<RadioH4>
-    let port: UInt16
-
-    init(_ config: GatewayConfig) throws {
-        var h4: [Int32] = [-1, -1]
-        try #require(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &h4) == 0)
-        let room = VirtualController(fd: h4[1])
-        var radio = try RadioH4(fd: h4[0])
-        var mqtt = try MQTTClient(config: GatewayLauncher.mqttConfig(config))
-        let start = Instant.now
-        mqtt.start(now: start)
-        try radio.start(now: start)
-        guard case .started(let proxy) = GatewayLauncher.startProxy(config: config, log: Logger()) else {
-            throw ServerDidNotStart()
-        }
-        self.room = room
-        port = proxy.port
-        gateway = Gateway(config: config, radio: radio, mqtt: mqtt, proxy: proxy, log: Logger(), environment: [:],
-                          now: start, unixMicroseconds: 1_790_000_000_000_000)
-    }
-}
-
 @Suite(.serialized, .enabled(if: FileManager.default.isExecutableFile(atPath: python), "scripts/esphome-venv makes the venv"))
 struct ESPHomeGatewayTests {
     struct Session {

@@ -24,16 +24,9 @@ import Testing
         try config.apply(GatewayOverrides(broker: "mqtt://127.0.0.1:\(broker.port)", radio: "sim:/run/baton/hall.sock",
                                           room: "Hall", id: "hall"))
         config.relayLink = .none
-        var h4: [Int32] = [-1, -1]
-        try #require(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &h4) == 0)
-        let room = VirtualController(fd: h4[1], extended: true)
-        var radio = try RadioH4(fd: h4[0])
-        var mqtt = try MQTTClient(config: GatewayLauncher.mqttConfig(config))
-        let start = Instant.now
-        mqtt.start(now: start)
-        try radio.start(now: start)
-        var gateway = Gateway(config: config, radio: radio, mqtt: mqtt, log: Logger(), environment: [:],
-                              now: start, unixMicroseconds: 1_790_000_000_000_000)
+        let started = try StartedGateway(config, extended: true)
+        let room = started.room
+        var gateway = started.gateway
         // 12 devices: device 9 is a Baton device (i % 3 == 0) that advertises extended (i % 5 == 4),
         // so its beacon follows 199–668 bytes of other data.
         var traffic = CaptureGenerator(devices: 12, seed: 19)

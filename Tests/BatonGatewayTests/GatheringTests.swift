@@ -22,16 +22,9 @@ import Testing
         try config.apply(GatewayOverrides(broker: "mqtt://127.0.0.1:\(broker.port)", radio: "sim:/run/baton/hall.sock",
                                           room: "Hall", id: "hall"))
         config.relayLink = .none
-        var h4: [Int32] = [-1, -1]
-        try #require(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &h4) == 0)
-        let room = VirtualController(fd: h4[1], extended: false)
-        var radio = try RadioH4(fd: h4[0])
-        var mqtt = try MQTTClient(config: GatewayLauncher.mqttConfig(config))
-        let start = Instant.now
-        mqtt.start(now: start)
-        try radio.start(now: start)
-        var gateway = Gateway(config: config, radio: radio, mqtt: mqtt, log: Logger(), environment: [:],
-                              now: start, unixMicroseconds: 1_790_000_000_000_000)
+        let started = try StartedGateway(config, extended: false)
+        let room = started.room
+        var gateway = started.gateway
         var traffic = CaptureGenerator(devices: 8, seed: 33)
         let end = Instant.now + .seconds(10)
         while Instant.now < end, !room.scanning {

@@ -71,17 +71,9 @@ private struct ScriptedKernel {
         #expect(kernel.commands() == [0x003D])
 
         // The room's controller: the simulator's, over H4.
-        var h4: [Int32] = [-1, -1]
-        try #require(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &h4) == 0)
-        let room = VirtualController(fd: h4[1])
-        var radio = try RadioH4(fd: h4[0])
-        var mqtt = try MQTTClient(config: GatewayLauncher.mqttConfig(config))
-        let start = Instant.now
-        mqtt.start(now: start)
-        try radio.start(now: start)
-        var gateway = Gateway(config: config, radio: radio, mqtt: mqtt, keys: try GatewayKeys.make(config),
-                              readvertising: controller, log: Logger(), environment: [:], now: start,
-                              unixMicroseconds: 1_790_000_000_000_000)
+        let started = try StartedGateway(config, readvertising: controller)
+        let room = started.room
+        var gateway = started.gateway
         var traffic = CaptureGenerator(devices: 6, seed: 19)
         var longestTurn = Duration.zero
         /// Turns the loop (the room's controller sending an advertisement every turn) until
