@@ -20,6 +20,14 @@ func seqpacketPair() -> (Int32, Int32) {
     return (fds[0], fds[1])
 }
 
+/// A RadioBlueZ for hci0 on `ctl`'s raw socket stand-in (`RadioFakeController(rawSocket: true)`),
+/// started at `now`.
+func startedBlueZ(_ ctl: RadioFakeController, _ config: RadioConfig = RadioConfig(), now: Instant) throws -> RadioBlueZ {
+    var radio = RadioBlueZ(descriptor: ctl.radioEnd, adapter: "hci0", config: config)
+    try radio.start(now: now)
+    return radio
+}
+
 /// Answers commands (a legacy controller) until the radio scans; returns the frames.
 func scan(_ radio: inout RadioBlueZ, _ ctl: RadioFakeController, now: Instant) throws -> [String] {
     var frames: [String] = []
@@ -42,11 +50,8 @@ struct RadioBlueZRescanTests {
 
     @Test("The kernel's connect sequence: a rescan rescanAfter after its last scan command, not before")
     func kernelConnectSequence() throws {
-        let (a, b) = seqpacketPair()
-        try Syscall.setNonBlocking(a)
-        let ctl = RadioFakeController(fd: b)
-        var radio = RadioBlueZ(descriptor: a, adapter: "hci0", config: RadioConfig())
-        try radio.start(now: t0)
+        let ctl = try RadioFakeController(rawSocket: true)
+        var radio = try startedBlueZ(ctl, now: t0)
         #expect(try scan(&radio, ctl, now: t0) == initSequence)
         #expect(radio.nextDeadline == nil)
 
@@ -83,11 +88,8 @@ struct RadioBlueZRescanTests {
 
     @Test("Every further kernel scan command moves the rescan later; one rescan per burst")
     func quietPeriodMoves() throws {
-        let (a, b) = seqpacketPair()
-        try Syscall.setNonBlocking(a)
-        let ctl = RadioFakeController(fd: b)
-        var radio = RadioBlueZ(descriptor: a, adapter: "hci0", config: RadioConfig())
-        try radio.start(now: t0)
+        let ctl = try RadioFakeController(rawSocket: true)
+        var radio = try startedBlueZ(ctl, now: t0)
         _ = try scan(&radio, ctl, now: t0)
         ctl.send(hx("01 0C 20 02 00 00"))
         _ = try radio.poll(now: t0) { _ in }
@@ -104,11 +106,8 @@ struct RadioBlueZRescanTests {
 
     @Test("A kernel scan command during Baton's own init waits for the init to finish, then rescans")
     func duringInit() throws {
-        let (a, b) = seqpacketPair()
-        try Syscall.setNonBlocking(a)
-        let ctl = RadioFakeController(fd: b)
-        var radio = RadioBlueZ(descriptor: a, adapter: "hci0", config: RadioConfig())
-        try radio.start(now: t0)
+        let ctl = try RadioFakeController(rawSocket: true)
+        var radio = try startedBlueZ(ctl, now: t0)
         let first = try #require(ctl.nextCommand())
         ctl.send(hx("01 0C 20 02 00 00"))  // bluetoothd's discovery stops, say
         _ = try radio.poll(now: t0) { _ in }
@@ -131,11 +130,8 @@ struct RadioBlueZRescanTests {
 
     @Test("start(now:) forgets a pending rescan: the init it runs sets the scan anyway")
     func startForgets() throws {
-        let (a, b) = seqpacketPair()
-        try Syscall.setNonBlocking(a)
-        let ctl = RadioFakeController(fd: b)
-        var radio = RadioBlueZ(descriptor: a, adapter: "hci0", config: RadioConfig())
-        try radio.start(now: t0)
+        let ctl = try RadioFakeController(rawSocket: true)
+        var radio = try startedBlueZ(ctl, now: t0)
         _ = try scan(&radio, ctl, now: t0)
         ctl.send(hx("01 0B 20 07 00 60 00 30 00 00 01"))
         _ = try radio.poll(now: t0) { _ in }
@@ -153,11 +149,8 @@ struct RadioBlueZRescanTests {
         #expect(RadioBlueZ.changesScan(.leSetExtendedScanParameters))
         #expect(!RadioBlueZ.changesScan(.readLocalVersionInformation))
         #expect(!RadioBlueZ.changesScan(HCIOpcode(rawValue: 0x200D)))  // LE Create Connection
-        let (a, b) = seqpacketPair()
-        try Syscall.setNonBlocking(a)
-        let ctl = RadioFakeController(fd: b)
-        var radio = RadioBlueZ(descriptor: a, adapter: "hci0", config: RadioConfig())
-        try radio.start(now: t0)
+        let ctl = try RadioFakeController(rawSocket: true)
+        var radio = try startedBlueZ(ctl, now: t0)
         _ = try scan(&radio, ctl, now: t0)
         ctl.send([0x01, 0x0C])  // cut short: no opcode
         ctl.send(hx("01 03 0C 00"))  // someone's HCI_Reset

@@ -133,11 +133,8 @@ struct RadioBlueZTests {
 
     @Test("Kernel-owned init on a 5.x controller: no Reset, no masks; stop scan, extended params, enable")
     func initExtended() throws {
-        let (a, b) = seqpacketPair()
-        try Syscall.setNonBlocking(a)
-        let ctl = RadioFakeController(fd: b)
-        var radio = RadioBlueZ(descriptor: a, adapter: "hci0", config: RadioConfig())
-        try radio.start(now: t0)
+        let ctl = try RadioFakeController(rawSocket: true)
+        var radio = try startedBlueZ(ctl, now: t0)
         let frames = try runInit(&radio, ctl, now: t0, features: 0x19FF)
         #expect(frames.map(spacedHex) == [
             "01 01 10 00",                       // §7.4.1 Read_Local_Version_Information
@@ -159,11 +156,8 @@ struct RadioBlueZTests {
 
     @Test("Kernel-owned init on a 4.2 controller: legacy disable/params/enable; Command Disallowed on disable is fine")
     func initLegacyDisallowedDisable() throws {
-        let (a, b) = seqpacketPair()
-        try Syscall.setNonBlocking(a)
-        let ctl = RadioFakeController(fd: b)
-        var radio = RadioBlueZ(descriptor: a, adapter: "hci0", config: RadioConfig())
-        try radio.start(now: t0)
+        let ctl = try RadioFakeController(rawSocket: true)
+        var radio = try startedBlueZ(ctl, now: t0)
         var frames: [String] = []
         while frames.count < 8 {
             do { let s = radio.state; if s != .initialising { break } }
@@ -188,11 +182,8 @@ struct RadioBlueZTests {
 
     @Test("The kernel's own Command Completes are not ours: credits only, never delivered, never matched")
     func foreignCommandComplete() throws {
-        let (a, b) = seqpacketPair()
-        try Syscall.setNonBlocking(a)
-        let ctl = RadioFakeController(fd: b)
-        var radio = RadioBlueZ(descriptor: a, adapter: "hci0", config: RadioConfig())
-        try radio.start(now: t0)
+        let ctl = try RadioFakeController(rawSocket: true)
+        var radio = try startedBlueZ(ctl, now: t0)
         let first = try #require(ctl.nextCommand())
         #expect(radioOpcode(first) == 0x1001)
         // bluetoothd's Read Local Name (0x0C14) completes meanwhile.
@@ -211,11 +202,8 @@ struct RadioBlueZTests {
 
     @Test("An error status during init names the command and the status")
     func errorStatus() throws {
-        let (a, b) = seqpacketPair()
-        try Syscall.setNonBlocking(a)
-        let ctl = RadioFakeController(fd: b)
-        var radio = RadioBlueZ(descriptor: a, adapter: "hci0", config: RadioConfig(mode: .extended))
-        try radio.start(now: t0)
+        let ctl = try RadioFakeController(rawSocket: true)
+        var radio = try startedBlueZ(ctl, RadioConfig(mode: .extended), now: t0)
         _ = try #require(ctl.nextCommand())
         ctl.complete(0x1001, status: 0x01)  // Unknown HCI Command
         do {
@@ -230,10 +218,8 @@ struct RadioBlueZTests {
 
     @Test("A packet whose length disagrees is dropped and counted; the next one still flows")
     func malformedDatagram() throws {
-        let (a, b) = seqpacketPair()
-        try Syscall.setNonBlocking(a)
-        let ctl = RadioFakeController(fd: b)
-        var radio = RadioBlueZ(descriptor: a, adapter: "hci0", config: RadioConfig())
+        let ctl = try RadioFakeController(rawSocket: true)
+        var radio = RadioBlueZ(descriptor: ctl.radioEnd, adapter: "hci0", config: RadioConfig())
         ctl.send(hx("04 3E 05 02 01"))     // declares 5 parameter bytes, has 2
         ctl.send(hx("04 3E"))              // no length at all
         ctl.send(hx("02 01 00 00 00"))     // an ACL packet, not an event

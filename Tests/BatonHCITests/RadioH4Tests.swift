@@ -16,12 +16,24 @@ import BatonWire
 /// Works over a byte stream (H4) and over datagrams (the BlueZ raw socket stand-in) alike.
 final class RadioFakeController {
     let fd: Int32
+    /// The other end of the pair `init(rawSocket:)` made, for the radio under test (it closes it).
+    let radioEnd: Int32
     private var pending: [UInt8] = []
 
-    init(fd: Int32) {
+    init(fd: Int32, radioEnd: Int32 = -1) {
         self.fd = fd
+        self.radioEnd = radioEnd
         let flags = Glibc.fcntl(fd, F_GETFL)
         _ = Glibc.fcntl(fd, F_SETFL, flags | O_NONBLOCK)
+    }
+
+    /// The controller on one end of a fresh pair, the radio's end `radioEnd`: H4's byte stream,
+    /// or with `rawSocket` the raw HCI socket's stand-in (`seqpacketPair`; its end made
+    /// non-blocking, as RadioBlueZ opens the kernel's).
+    convenience init(rawSocket: Bool = false) throws {
+        let (a, b) = rawSocket ? seqpacketPair() : socketPair()
+        if rawSocket { try Syscall.setNonBlocking(a) }
+        self.init(fd: b, radioEnd: a)
     }
 
     deinit { if fd >= 0 { Glibc.close(fd) } }
@@ -150,9 +162,8 @@ struct RadioH4Tests {
 
     @Test("Init on a 5.x controller: Reset, version, features, masks, extended scan params/enable; reports flow")
     func initExtended() throws {
-        let (a, b) = socketPair()
-        let ctl = RadioFakeController(fd: b)
-        var radio = try RadioH4(fd: a)
+        let ctl = try RadioFakeController()
+        var radio = try RadioH4(fd: ctl.radioEnd)
         do { let v = radio.state; #expect(v == .stopped) }
         try radio.start(now: t0)
         do { let v = radio.state; #expect(v == .initialising) }
@@ -187,9 +198,8 @@ struct RadioH4Tests {
 
     @Test("Init on a 4.2 controller: legacy §7.8.10/§7.8.11, LE mask without the extended report bit")
     func initLegacy() throws {
-        let (a, b) = socketPair()
-        let ctl = RadioFakeController(fd: b)
-        var radio = try RadioH4(fd: a)
+        let ctl = try RadioFakeController()
+        var radio = try RadioH4(fd: ctl.radioEnd)
         try radio.start(now: t0)
         let frames = try runInit(&radio, ctl, now: t0, features: featuresLegacy)
         #expect(frames.map(spacedHex) == [
@@ -207,10 +217,9 @@ struct RadioH4Tests {
 
     @Test("Forced legacy mode on a 5.x controller and active scanning from the config")
     func forcedLegacyActive() throws {
-        let (a, b) = socketPair()
-        let ctl = RadioFakeController(fd: b)
+        let ctl = try RadioFakeController()
         let config = RadioConfig(scan: try ScanParameters(type: .active, interval: 0x0020), mode: .legacy)
-        var radio = try RadioH4(fd: a, config: config)
+        var radio = try RadioH4(fd: ctl.radioEnd, config: config)
         try radio.start(now: t0)
         let frames = try runInit(&radio, ctl, now: t0, features: featuresExtended)
         #expect(frames.suffix(2).map(spacedHex) == ["01 0B 20 07 01 20 00 20 00 00 00", "01 0C 20 02 01 00"])
@@ -219,9 +228,8 @@ struct RadioH4Tests {
 
     @Test("An error status stops init with a ControllerError naming command and status; re-init recovers")
     func errorStatus() throws {
-        let (a, b) = socketPair()
-        let ctl = RadioFakeController(fd: b)
-        var radio = try RadioH4(fd: a)
+        let ctl = try RadioFakeController()
+        var radio = try RadioH4(fd: ctl.radioEnd)
         try radio.start(now: t0)
         var seen: [UInt16] = []
         var thrown: RadioError? = nil
@@ -258,9 +266,8 @@ struct RadioH4Tests {
 
     @Test("A Command Status with an error status fails the same way")
     func commandStatusError() throws {
-        let (a, b) = socketPair()
-        let ctl = RadioFakeController(fd: b)
-        var radio = try RadioH4(fd: a)
+        let ctl = try RadioFakeController()
+        var radio = try RadioH4(fd: ctl.radioEnd)
         try radio.start(now: t0)
         let reset = try #require(ctl.nextCommand())
         #expect(radioOpcode(reset) == 0x0C03)
@@ -272,9 +279,8 @@ struct RadioH4Tests {
 
     @Test("§4.4 flow control: 0 credits hold the next command until a NOP Command Complete grants one")
     func flowControl() throws {
-        let (a, b) = socketPair()
-        let ctl = RadioFakeController(fd: b)
-        var radio = try RadioH4(fd: a)
+        let ctl = try RadioFakeController()
+        var radio = try RadioH4(fd: ctl.radioEnd)
         let t1 = t0 + .milliseconds(500)
         try radio.start(now: t0)
         #expect(radio.nextDeadline == t0 + .seconds(2))  // Reset's answer is due
@@ -299,9 +305,8 @@ struct RadioH4Tests {
 
     @Test("A credit withheld past the timeout is reported as such")
     func creditTimeout() throws {
-        let (a, b) = socketPair()
-        let ctl = RadioFakeController(fd: b)
-        var radio = try RadioH4(fd: a)
+        let ctl = try RadioFakeController()
+        var radio = try RadioH4(fd: ctl.radioEnd)
         try radio.start(now: t0)
         _ = try #require(ctl.nextCommand())
         ctl.complete(0x0C03, credits: 0)
@@ -319,9 +324,8 @@ struct RadioH4Tests {
 
     @Test("A silent controller: the command timeout is a deadline the loop checks; re-init resends Reset")
     func commandTimeoutAndReinit() throws {
-        let (a, b) = socketPair()
-        let ctl = RadioFakeController(fd: b)
-        var radio = try RadioH4(fd: a)
+        let ctl = try RadioFakeController()
+        var radio = try RadioH4(fd: ctl.radioEnd)
         try radio.start(now: t0)
         _ = try #require(ctl.nextCommand())
         do { let v = radio.nextDeadline; #expect(v == t0 + .seconds(2)) }
@@ -352,9 +356,8 @@ struct RadioH4Tests {
 
     @Test("A shorter configured timeout applies")
     func configuredTimeout() throws {
-        let (a, b) = socketPair()
-        let ctl = RadioFakeController(fd: b)
-        var radio = try RadioH4(fd: a, config: RadioConfig(commandTimeout: .milliseconds(250)))
+        let ctl = try RadioFakeController()
+        var radio = try RadioH4(fd: ctl.radioEnd, config: RadioConfig(commandTimeout: .milliseconds(250)))
         try radio.start(now: t0)
         _ = try #require(ctl.nextCommand())
         do { let v = radio.nextDeadline; #expect(v == t0 + .milliseconds(250)) }
@@ -365,9 +368,8 @@ struct RadioH4Tests {
 
     @Test("Partial reads: every answer and report drip-fed byte by byte between guard bytes")
     func dripFed() throws {
-        let (a, b) = socketPair()
-        let ctl = RadioFakeController(fd: b)
-        var radio = try RadioH4(fd: a)
+        let ctl = try RadioFakeController()
+        var radio = try RadioH4(fd: ctl.radioEnd)
         try radio.start(now: t0)
         var opcodes: [UInt16] = []
         var delivered: [[UInt8]] = []
@@ -398,9 +400,8 @@ struct RadioH4Tests {
 
     @Test("Partial writes: a command written 1 byte per turn keeps wantsWrite until done")
     func partialWrites() throws {
-        let (a, b) = socketPair()
-        let ctl = RadioFakeController(fd: b)
-        var radio = try RadioH4(fd: a)
+        let ctl = try RadioFakeController()
+        var radio = try RadioH4(fd: ctl.radioEnd)
         radio.maxWriteChunk = 1
         try radio.start(now: t0)
         var received: [String] = []
@@ -423,14 +424,13 @@ struct RadioH4Tests {
 
     @Test("EAGAIN on write: the command waits for POLLOUT and then goes out whole")
     func writeWouldBlock() throws {
-        let (a, b) = socketPair()
-        let ctl = RadioFakeController(fd: b)
-        var radio = try RadioH4(fd: a)
-        // Fill the socket until it refuses more (the radio made `a` non-blocking).
+        let ctl = try RadioFakeController()
+        var radio = try RadioH4(fd: ctl.radioEnd)
+        // Fill the socket until it refuses more (the radio made its end non-blocking).
         var filler = 0
         let block = [UInt8](repeating: 0xAA, count: 4096)
         while true {
-            let n = block.withUnsafeBytes { Glibc.send(a, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            let n = block.withUnsafeBytes { Glibc.send(ctl.radioEnd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
             if n <= 0 { break }
             filler += n
         }
@@ -449,9 +449,8 @@ struct RadioH4Tests {
 
     @Test("Hardware Error event (§7.7.16) while scanning stops the source")
     func hardwareError() throws {
-        let (a, b) = socketPair()
-        let ctl = RadioFakeController(fd: b)
-        var radio = try RadioH4(fd: a)
+        let ctl = try RadioFakeController()
+        var radio = try RadioH4(fd: ctl.radioEnd)
         try radio.start(now: t0)
         _ = try runInit(&radio, ctl, now: t0, features: featuresLegacy)
         do { let v = radio.state; #expect(v == .scanning) }
@@ -464,9 +463,8 @@ struct RadioH4Tests {
 
     @Test("A malformed Command Complete is a WireError from the controller")
     func malformedCommandComplete() throws {
-        let (a, b) = socketPair()
-        let ctl = RadioFakeController(fd: b)
-        var radio = try RadioH4(fd: a)
+        let ctl = try RadioFakeController()
+        var radio = try RadioH4(fd: ctl.radioEnd)
         try radio.start(now: t0)
         _ = try #require(ctl.nextCommand())
         ctl.send(hx("04 0E 03 01 03 0C"))  // no Status
@@ -491,9 +489,8 @@ struct RadioH4Tests {
 
     @Test("Non-event packets (ACL) are skipped and counted, events around them still flow")
     func nonEventPackets() throws {
-        let (a, b) = socketPair()
-        let ctl = RadioFakeController(fd: b)
-        var radio = try RadioH4(fd: a)
+        let ctl = try RadioFakeController()
+        var radio = try RadioH4(fd: ctl.radioEnd)
         // §5.4.2 ACL: handle 0x0001, length 3.
         ctl.send(hx("02 01 00 03 00 AA BB CC") + [0x04] + radioLegacyReport)
         var got: [[UInt8]] = []

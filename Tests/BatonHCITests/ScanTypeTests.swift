@@ -2,7 +2,7 @@
 // refuses new scan parameters while it scans (Core 5.4, Vol 4, Part E, §7.8.10: Command
 // Disallowed), so a change is three commands: LE Set Scan Enable off, LE Set Scan Parameters
 // with the new LE_Scan_Type, LE Set Scan Enable on. Nothing is reset and the version and
-// features the init read stay. Played over the SOCK_SEQPACKET pair of the rescan tests (`seqpacketPair`, `scan`).
+// features the init read stay. Played over the SOCK_SEQPACKET pair of the rescan tests (`startedBlueZ`, `scan`).
 
 import BatonLibc
 import Glibc
@@ -22,11 +22,8 @@ struct ScanTypeTests {
 
     @Test("A scanning controller is changed with disable, parameters with LE_Scan_Type 1, enable")
     func activeThenPassive() throws {
-        let (a, b) = seqpacketPair()
-        try Syscall.setNonBlocking(a)
-        let ctl = RadioFakeController(fd: b)
-        var radio = RadioBlueZ(descriptor: a, adapter: "hci0", config: RadioConfig())
-        try radio.start(now: t0)
+        let ctl = try RadioFakeController(rawSocket: true)
+        var radio = try startedBlueZ(ctl, now: t0)
         #expect(try scan(&radio, ctl, now: t0) == ["01 01 10 00", "01 03 20 00", disable, passiveParameters, enable])
         #expect(radio.scanType == .passive)
         let version = radio.localVersion
@@ -49,11 +46,8 @@ struct ScanTypeTests {
 
     @Test("Asked during the init, before its parameters: the init sends active ones")
     func beforeTheParameters() throws {
-        let (a, b) = seqpacketPair()
-        try Syscall.setNonBlocking(a)
-        let ctl = RadioFakeController(fd: b)
-        var radio = RadioBlueZ(descriptor: a, adapter: "hci0", config: RadioConfig())
-        try radio.start(now: t0)
+        let ctl = try RadioFakeController(rawSocket: true)
+        var radio = try startedBlueZ(ctl, now: t0)
         try radio.setScanType(.active, now: t0)
         #expect(try scan(&radio, ctl, now: t0) == ["01 01 10 00", "01 03 20 00", disable, activeParameters, enable])
         #expect(radio.scanType == .active)
@@ -61,11 +55,8 @@ struct ScanTypeTests {
 
     @Test("Asked while the passive parameters are in flight: the init ends, then the change follows")
     func whileTheParametersAreInFlight() throws {
-        let (a, b) = seqpacketPair()
-        try Syscall.setNonBlocking(a)
-        let ctl = RadioFakeController(fd: b)
-        var radio = RadioBlueZ(descriptor: a, adapter: "hci0", config: RadioConfig())
-        try radio.start(now: t0)
+        let ctl = try RadioFakeController(rawSocket: true)
+        var radio = try startedBlueZ(ctl, now: t0)
         var frames: [String] = []
         for _ in 0..<3 {
             let frame = try #require(ctl.nextCommand())
@@ -85,11 +76,8 @@ struct ScanTypeTests {
 
     @Test("A controller that refuses the change: the radio stops with the error, and its restart scans actively")
     func aRefusal() throws {
-        let (a, b) = seqpacketPair()
-        try Syscall.setNonBlocking(a)
-        let ctl = RadioFakeController(fd: b)
-        var radio = RadioBlueZ(descriptor: a, adapter: "hci0", config: RadioConfig())
-        try radio.start(now: t0)
+        let ctl = try RadioFakeController(rawSocket: true)
+        var radio = try startedBlueZ(ctl, now: t0)
         _ = try scan(&radio, ctl, now: t0)
         try radio.setScanType(.active, now: t0)
         let off = try #require(ctl.nextCommand())
