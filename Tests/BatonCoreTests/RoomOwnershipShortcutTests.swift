@@ -4,6 +4,7 @@
 // and ask for the same changes, at the same instants, in the same order.
 import BatonLibc
 import Testing
+import BatonTestSupport
 import BatonWire
 @testable import BatonCore
 
@@ -28,7 +29,7 @@ import BatonWire
             fast.status(gateway: Substring(r), online: true, now: t0) { _ in }
             full.status(gateway: Substring(r), online: true, now: t0) { _ in }
         }
-        var rng = SplitMix64(state: seed)
+        var rng = SplitMix(state: seed)
         func below(_ n: Int) -> Int { Int(rng.next() % UInt64(n)) }
         var level = (0 ..< 24 * rooms.count).map { i in -50 - 12 * ((i % rooms.count + i / rooms.count) % rooms.count) }
         var counter = Array(repeating: UInt64(0), count: rooms.count)

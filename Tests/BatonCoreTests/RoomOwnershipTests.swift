@@ -3,6 +3,7 @@
 import BatonLibc
 import Foundation
 import Testing
+import BatonTestSupport
 import BatonWire
 import BatonCore
 
@@ -79,18 +80,9 @@ private struct Building: ~Copyable {
     }
 }
 
-/// SplitMix64 (Steele, Lea, Flood, OOPSLA 2014): a small deterministic generator, so the noisy
-/// tests replay the very same noise on every run (RoomOwnershipShortcutTests too).
-struct SplitMix64: RandomNumberGenerator {
-    var state: UInt64
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-
+/// BatonTestSupport's SplitMix64 (Steele, Lea, Flood, OOPSLA 2014), so the noisy tests replay
+/// the very same noise on every run (RoomOwnershipShortcutTests too).
+extension SplitMix {
     /// A normal deviate (Box–Muller).
     mutating func gaussian(mean: Double, sd: Double) -> Double {
         let u1 = Double.random(in: Double.ulpOfOne ..< 1, using: &self)
@@ -1163,7 +1155,7 @@ struct RoomOwnershipTests {
 
 /// One simulated minute of the border test; returns how often the owner changed after settling.
 private func borderMinute(_ config: RoomsConfig, seed: UInt64) -> Int {
-    var rng = SplitMix64(state: seed)
+    var rng = SplitMix(state: seed)
     let gateways = ["a", "b"]
     var rule = RoomOwnership(config: config, selfID: "a", selfSince: run)
     for g in gateways { rule.status(gateway: Substring(g), online: true, now: t0) { _ in } }

@@ -1,19 +1,11 @@
 // Reconnect backoff (docs/broker.md "Reconnect") and the configuration checks MQTTClient.init
 // makes before libmosquitto would answer only "Invalid function arguments".
+import BatonTestSupport
 import Testing
 @testable import BatonMQTT
 
 /// SplitMix64: a fixed sequence, so a test can draw many waits and check every one.
-struct SeededGenerator: RandomNumberGenerator {
-    var state: UInt64
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15  // wrapping is the algorithm (Steele et al., SplitMix64)
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
+typealias SeededGenerator = SplitMix
 
 @Suite struct BackoffTests {
     @Test func firstWaitIsTheMinimumThenTheWindowDoublesToTheMaximum() {

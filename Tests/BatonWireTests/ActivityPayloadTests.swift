@@ -736,18 +736,8 @@ struct ActivityPayloadJSONTests {
 
 @Suite("Activity payload: invariants under mutation")
 struct ActivityPayloadMutationTests {
-    /// SplitMix64: a fixed sequence, so a failure reproduces.
-    struct Rng {
-        var state: UInt64
-        mutating func next() -> UInt64 {
-            state &+= 0x9E37_79B9_7F4A_7C15
-            var z = state
-            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-            return z ^ (z >> 31)
-        }
-        mutating func below(_ n: Int) -> Int { Int(next() % UInt64(n)) }
-    }
+    /// SplitMix64 (BatonTestSupport): a fixed sequence, so a failure reproduces.
+    typealias Rng = SplitMix
 
     // Any input: a view or a typed error, never a trap. An accepted input is canonical, so
     // copying it out and encoding again gives the same bytes, and it renders to JSON.
@@ -791,4 +781,9 @@ struct ActivityPayloadMutationTests {
             _ = error(b)
         }
     }
+}
+
+extension SplitMix {
+    /// A draw from 0 up to `n` (not included), as the mutation tests pick a byte or an edit.
+    mutating func below(_ n: Int) -> Int { Int(next() % UInt64(n)) }
 }
