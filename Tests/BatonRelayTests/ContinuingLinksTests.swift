@@ -29,11 +29,17 @@ private final class Rig {
     var gateway: MQTTClient
     var owner: MQTTClient
     private(set) var now: Instant
-    /// The phones' ends, in the order they connected.
-    private(set) var phones: [Int32] = []
+    /// The phones' ends (RelayHarness.swift), in the order they connected: phone i at address i.
+    private let phoneEnds = Devices()
+    var phones: [Int32] { phoneEnds.ends.map(\.fd) }
     /// What each phone received, in order; whether the gateway hung up on it.
-    private(set) var received: [[[UInt8]]] = []
-    private(set) var hungUp: [Bool] = []
+    var received: [[[UInt8]]] { phoneEnds.ends.map(\.received) }
+    var hungUp: [Bool] { phoneEnds.ends.map(\.closed) }
+    /// While true the phones read nothing.
+    var paused: Bool {
+        get { phoneEnds.paused }
+        set { phoneEnds.paused = newValue }
+    }
     /// The fetch requests the owner saw.
     private(set) var requests: [MQTTMessage] = []
     /// What the owner answers each request with (nil: it stays silent).
@@ -66,7 +72,6 @@ private final class Rig {
     }
 
     deinit {
-        for fd in phones { close(fd) }
         gateway.disconnect()
         owner.disconnect()
     }
@@ -77,16 +82,10 @@ private final class Rig {
     /// as a listener's accept would hand it over. `mtu`: what the gateway may send the phone.
     @discardableResult
     func connectPhone(mtu: Int = 65_535, sendBuffer: Int32? = nil) throws -> (index: Int, adopted: Bool) {
-        var pair: [Int32] = [-1, -1]
-        let type = Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_CLOEXEC.rawValue)
-        try #require(socketpair(AF_UNIX, type, 0, &pair) == 0)
         // A connected Unix pair is bounded by the sender's buffer: a small one makes the link
         // refuse after a few answers, as an L2CAP channel out of credits does.
-        if var size = sendBuffer { setsockopt(pair[0], SOL_SOCKET, SO_SNDBUF, &size, socklen_t(MemoryLayout<Int32>.size)) }
-        _ = Glibc.fcntl(pair[1], F_SETFL, Glibc.fcntl(pair[1], F_GETFL) | O_NONBLOCK)
-        phones.append(pair[1])
-        received.append([])
-        hungUp.append(false)
+        phoneEnds.sendBuffer = sendBuffer
+        let pair = try phoneEnds.makePair(LinkAddress(address: UInt64(phones.count), addressType: 1, psm: 0))
         let adopted = links.adopt(LinkChannel(accepted: pair[0], peer: nil, l2cap: false, sendMTU: mtu), device: device, now: now)
         return (phones.count - 1, adopted)
     }
@@ -96,35 +95,19 @@ private final class Rig {
         try #require(n == message.count)
     }
 
-    /// While true the phones read nothing.
-    var paused = false
-
-    private func pumpPhones() {
-        guard !paused else { return }
-        var buffer = [UInt8](repeating: 0, count: 70_000)
-        for i in phones.indices where !hungUp[i] {
-            while true {
-                let n = buffer.withUnsafeMutableBytes { recv(phones[i], $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
-                if n > 0 { received[i].append(Array(buffer[..<n])); continue }
-                if n == 0 || (Glibc.errno != EAGAIN && Glibc.errno != EWOULDBLOCK) { hungUp[i] = true }
-                break
-            }
-        }
-    }
-
     /// Turns as Gateway.swift does (TestLoop); true when `done()` held in time.
     @discardableResult
     func run(limit: Duration = .seconds(10), until done: () -> Bool) -> Bool {
         // The gateway's driver; the links' deadlines are on the test's clock, so their
         // descriptors are a part without one, and a turn waits at most 50 ms.
         var loop = TestLoop(parts: 4, longestWait: .milliseconds(50))
-        return loop.run(limit: limit, before: { pumpPhones() }, until: done) { driver in
+        return loop.run(limit: limit, before: { phoneEnds.pump() }, until: done) { driver in
             let g = driver.add(&gateway)
             let o = driver.add(&owner)
             var phoneLinks = DescriptorList()
             links.pollDescriptors(into: &phoneLinks.fds)
             let linkFDs = driver.add(&phoneLinks)
-            var ends = DescriptorList(phones.indices.filter { !hungUp[$0] }.map { pollfd(fd: phones[$0], events: Int16(POLLIN), revents: 0) })
+            var ends = DescriptorList(phoneEnds.pollDescriptors)
             driver.add(&ends)
             let after = driver.wait()
             var gatewayEvents: [MQTTEvent] = []
