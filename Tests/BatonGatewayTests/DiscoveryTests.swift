@@ -32,10 +32,7 @@ struct DiscoveryTests {
     ]
 
     @Test func everyDiscoveryPayloadIsOneHomeAssistantAccepts() throws {
-        let dir = try scratchDirectory("discovery")
-        let broker = try MosquittoBroker()
-        let capture = try GeneratedCapture(in: dir, devices: 30, reports: 2_000, seed: 21)
-        let gateway = try GatewayProcess(yaml: gatewayYAML(port: broker.port, radio: "capture:\(capture.path)"), in: dir)
+        let (broker, capture, gateway) = try hallReplaying("discovery", devices: 30, reports: 2_000, seed: 21)
         defer { gateway.kill() }
         // One gateway entity plus three per tracked device (room, activity, tracker).
         let expected = 1 + 3 * capture.lastBeacons.count

@@ -79,6 +79,19 @@ func eventually<T>(within seconds: Double, every interval: Double = 0.1, _ check
     }
 }
 
+/// `baton watch --once` on `broker`, as a user runs it: its exit status and what it printed.
+func watchOnce(_ broker: MosquittoBroker) throws -> (status: Int32, printed: String) {
+    let watch = Process()
+    watch.executableURL = batonBinary
+    watch.arguments = ["watch", "--broker", "mqtt://127.0.0.1:\(broker.port)", "--once"]
+    let out = Pipe()
+    watch.standardOutput = out
+    try watch.run()
+    let printed = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+    watch.waitUntilExit()
+    return (watch.terminationStatus, printed)
+}
+
 func json(_ bytes: [UInt8]) -> [String: Any]? {
     try? JSONSerialization.jsonObject(with: Data(bytes)) as? [String: Any]
 }
@@ -107,6 +120,19 @@ func gatewayYAML(port: Int, id: String = "hall", room: String = "Hall", radio: S
       interval: 1s
     \(extra)
     """
+}
+
+/// A broker of its own, and the hall's gateway (`gatewayYAML` with `expiry`) replaying a capture
+/// generated in the scratch directory `name` (the rest are `GeneratedCapture`'s).
+func hallReplaying(_ name: String, devices: Int, reports: Int, seed: UInt64, expiry: String = "60s",
+                   invalidateAtEnd: Bool = false, truncateBy: Int = 0, corruptFirstBeacon: Bool = false) throws
+    -> (broker: MosquittoBroker, capture: GeneratedCapture, gateway: GatewayProcess) {
+    let dir = try scratchDirectory(name)
+    let broker = try MosquittoBroker()
+    let capture = try GeneratedCapture(in: dir, devices: devices, reports: reports, seed: seed, invalidateAtEnd: invalidateAtEnd,
+                                       truncateBy: truncateBy, corruptFirstBeacon: corruptFirstBeacon)
+    let yaml = gatewayYAML(port: broker.port, radio: "capture:\(capture.path)", expiry: expiry)
+    return (broker, capture, try GatewayProcess(yaml: yaml, in: dir))
 }
 
 /// A generated capture and what it holds: the last beacon each Baton device sent.

@@ -10,10 +10,7 @@ import Testing
 /// Baton beacons), once every activity it holds is retained: those activities.
 private func replayedHall(_ name: String, seed: UInt64) throws
     -> (broker: MosquittoBroker, gateway: GatewayProcess, activities: [String: [UInt8]]) {
-    let dir = try scratchDirectory(name)
-    let broker = try MosquittoBroker()
-    let capture = try GeneratedCapture(in: dir, devices: 30, reports: 2_000, seed: seed)
-    let gateway = try GatewayProcess(yaml: gatewayYAML(port: broker.port, radio: "capture:\(capture.path)"), in: dir)
+    let (broker, capture, gateway) = try hallReplaying(name, devices: 30, reports: 2_000, seed: seed)
     let retained = try eventually(within: 15) { () -> [String: [UInt8]]? in
         let r = try broker.retained("baton/activities/+")
         return r.count == capture.lastBeacons.count ? r : nil
@@ -29,10 +26,7 @@ private func replayedHall(_ name: String, seed: UInt64) throws
     /// docs/mqtt.md §2: after a replay, a fresh subscriber sees exactly one retained activity
     /// per Baton device, with the last sequence it sent, and the gateway `online` (§1).
     @Test func replayedCaptureLeavesExactlyTheDevicesActivities() throws {
-        let dir = try scratchDirectory("replay")
-        let broker = try MosquittoBroker()
-        let capture = try GeneratedCapture(in: dir, devices: 30, reports: 3_000, seed: 11)
-        let gateway = try GatewayProcess(yaml: gatewayYAML(port: broker.port, radio: "capture:\(capture.path)"), in: dir)
+        let (broker, capture, gateway) = try hallReplaying("replay", devices: 30, reports: 3_000, seed: 11)
         defer { gateway.kill() }
 
         let expected = Set(capture.lastBeacons.keys.map { String(format: "baton/activities/%012llx", $0) })
@@ -60,10 +54,8 @@ private func replayedHall(_ name: String, seed: UInt64) throws
 
     /// docs/mqtt.md §2: the invalidated flag clears the retained activity.
     @Test func invalidateClearsEveryActivity() throws {
-        let dir = try scratchDirectory("invalidate")
-        let broker = try MosquittoBroker()
-        let capture = try GeneratedCapture(in: dir, devices: 30, reports: 3_000, seed: 12, invalidateAtEnd: true)
-        let gateway = try GatewayProcess(yaml: gatewayYAML(port: broker.port, radio: "capture:\(capture.path)"), in: dir)
+        let (broker, capture, gateway) = try hallReplaying("invalidate", devices: 30, reports: 3_000, seed: 12,
+                                                           invalidateAtEnd: true)
         defer { gateway.kill() }
         // The stats say the capture was heard and changes were published; then nothing is left.
         let stats = try eventually(within: 15) { () -> [String: Any]? in
@@ -88,11 +80,7 @@ private func replayedHall(_ name: String, seed: UInt64) throws
     /// docs/mqtt.md §2 and §4: silence for `table.expiry` clears the activity; the Home
     /// Assistant device stays, its tracker reading `not_home`, so it does not vanish and return.
     @Test func expiryClearsActivitiesAndKeepsTheirEntities() throws {
-        let dir = try scratchDirectory("expiry")
-        let broker = try MosquittoBroker()
-        let capture = try GeneratedCapture(in: dir, devices: 9, reports: 500, seed: 13)
-        let gateway = try GatewayProcess(
-            yaml: gatewayYAML(port: broker.port, radio: "capture:\(capture.path)", expiry: "3s"), in: dir)
+        let (broker, _, gateway) = try hallReplaying("expiry", devices: 9, reports: 500, seed: 13, expiry: "3s")
         defer { gateway.kill() }
         let appeared = try eventually(within: 10) { try broker.retained("baton/activities/+").count == 3 ? true : nil }
         #expect(appeared == true, "activities never appeared: \(gateway.log)")
@@ -109,10 +97,7 @@ private func replayedHall(_ name: String, seed: UInt64) throws
 
     /// docs/mqtt.md §1: the last will says `offline` when the gateway is killed.
     @Test func statusTurnsOfflineWhenTheGatewayIsKilled() throws {
-        let dir = try scratchDirectory("will")
-        let broker = try MosquittoBroker()
-        let capture = try GeneratedCapture(in: dir, devices: 6, reports: 200, seed: 14)
-        let gateway = try GatewayProcess(yaml: gatewayYAML(port: broker.port, radio: "capture:\(capture.path)"), in: dir)
+        let (broker, _, gateway) = try hallReplaying("will", devices: 6, reports: 200, seed: 14)
         let status = "baton/gateways/hall/status"
         #expect(try eventually(within: 10) { text(try broker.retained(status)[status]) == "online" ? true : nil } == true)
         gateway.kill()
@@ -124,10 +109,7 @@ private func replayedHall(_ name: String, seed: UInt64) throws
     /// publish but did not store it) or `offline` (a stale will), it says `online` again, with
     /// its connectivity config, and a kept one is left alone.
     @Test func aStatusTheBrokerDidNotKeepIsSaidAgain() throws {
-        let dir = try scratchDirectory("status-kept")
-        let broker = try MosquittoBroker()
-        let capture = try GeneratedCapture(in: dir, devices: 6, reports: 200, seed: 24)
-        let gateway = try GatewayProcess(yaml: gatewayYAML(port: broker.port, radio: "capture:\(capture.path)"), in: dir)
+        let (broker, _, gateway) = try hallReplaying("status-kept", devices: 6, reports: 200, seed: 24)
         defer { gateway.kill() }
         let status = "baton/gateways/hall/status", config = "homeassistant/binary_sensor/baton_hall/connectivity/config"
         let stats = "baton/gateways/hall/stats"
@@ -160,10 +142,7 @@ private func replayedHall(_ name: String, seed: UInt64) throws
 
     /// A clean stop (SIGTERM) says offline itself and exits 0.
     @Test func sigtermSaysOfflineAndExitsCleanly() throws {
-        let dir = try scratchDirectory("sigterm")
-        let broker = try MosquittoBroker()
-        let capture = try GeneratedCapture(in: dir, devices: 6, reports: 200, seed: 15)
-        let gateway = try GatewayProcess(yaml: gatewayYAML(port: broker.port, radio: "capture:\(capture.path)"), in: dir)
+        let (broker, _, gateway) = try hallReplaying("sigterm", devices: 6, reports: 200, seed: 15)
         let status = "baton/gateways/hall/status"
         #expect(try eventually(within: 10) { text(try broker.retained(status)[status]) == "online" ? true : nil } == true)
         #expect(gateway.stop() == 0)
@@ -263,11 +242,8 @@ private func replayedHall(_ name: String, seed: UInt64) throws
     /// Bad input keeps the gateway running: a capture cut mid-record and adverts that do not
     /// decode are counted, and the rest is published.
     @Test func truncatedCaptureAndMalformedAdvertsAreCountedNotFatal() throws {
-        let dir = try scratchDirectory("truncated")
-        let broker = try MosquittoBroker()
-        let capture = try GeneratedCapture(in: dir, devices: 30, reports: 3_000, seed: 18, truncateBy: 7,
-                                           corruptFirstBeacon: true)
-        let gateway = try GatewayProcess(yaml: gatewayYAML(port: broker.port, radio: "capture:\(capture.path)"), in: dir)
+        let (broker, capture, gateway) = try hallReplaying("truncated", devices: 30, reports: 3_000, seed: 18, truncateBy: 7,
+                                                           corruptFirstBeacon: true)
         defer { gateway.kill() }
         let stats = try eventually(within: 15) { () -> [String: Any]? in
             guard let o = json(try broker.retained("baton/gateways/hall/stats")["baton/gateways/hall/stats"] ?? []),
@@ -284,21 +260,11 @@ private func replayedHall(_ name: String, seed: UInt64) throws
 
     /// docs/mqtt.md §6: `baton watch --once` shows each activity under its room.
     @Test func watchShowsTheActivitiesPerRoom() throws {
-        let dir = try scratchDirectory("watch")
-        let broker = try MosquittoBroker()
-        let capture = try GeneratedCapture(in: dir, devices: 12, reports: 600, seed: 19)
-        let gateway = try GatewayProcess(yaml: gatewayYAML(port: broker.port, radio: "capture:\(capture.path)"), in: dir)
+        let (broker, capture, gateway) = try hallReplaying("watch", devices: 12, reports: 600, seed: 19)
         defer { gateway.kill() }
         #expect(try eventually(within: 10) { try broker.retained("baton/activities/+").count == 4 ? true : nil } == true)
-        let watch = Process()
-        watch.executableURL = batonBinary
-        watch.arguments = ["watch", "--broker", "mqtt://127.0.0.1:\(broker.port)", "--once"]
-        let out = Pipe()
-        watch.standardOutput = out
-        try watch.run()
-        let printed = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        watch.waitUntilExit()
-        #expect(watch.terminationStatus == 0)
+        let (status, printed) = try watchOnce(broker)
+        #expect(status == 0)
         let rows = printed.split(separator: "\n").filter { $0.hasPrefix("Hall ") }
         #expect(rows.count == 4, "\(printed)")
         for id in capture.lastBeacons.keys {

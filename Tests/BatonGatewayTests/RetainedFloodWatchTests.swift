@@ -7,15 +7,8 @@ import BatonTestSupport
 
 /// The count `baton watch --once` prints on its last line ("N activities; gateways: …").
 private func watchedActivities(_ broker: MosquittoBroker) throws -> Int? {
-    let watch = Process()
-    watch.executableURL = batonBinary
-    watch.arguments = ["watch", "--broker", "mqtt://127.0.0.1:\(broker.port)", "--once"]
-    let out = Pipe()
-    watch.standardOutput = out
-    try watch.run()
-    let printed = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-    watch.waitUntilExit()
-    guard watch.terminationStatus == 0,
+    let (status, printed) = try watchOnce(broker)
+    guard status == 0,
           let last = printed.split(separator: "\n").last(where: { $0.contains(" activities; gateways:") }) else { return nil }
     return Int(last.prefix { $0 != " " })
 }
