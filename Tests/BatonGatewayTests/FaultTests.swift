@@ -180,8 +180,7 @@ extension FaultTests {
         var gateways: [GatewayProcess] = []
         defer { for g in gateways { g.kill() } }
         for (id, room, expiry, seed) in [("attic", "Attic", "60s", UInt64(41)), ("hall", "Hall", "2s", UInt64(42))] {
-            let gdir = dir.appendingPathComponent(id)
-            try FileManager.default.createDirectory(at: gdir, withIntermediateDirectories: true)
+            let gdir = try folder(id, in: dir)
             let capture = try GeneratedCapture(in: gdir, devices: 3, reports: 50, seed: seed)
             gateways.append(try GatewayProcess(
                 yaml: gatewayYAML(port: broker.port, id: id, room: room, radio: "capture:\(capture.path)", expiry: expiry),
@@ -405,9 +404,7 @@ final class FaultRig<Broker: FaultBroker> {
 
     /// A new `baton gateway` for the room with its usual config (a restart after a crash).
     func startGateway(_ id: String) throws {
-        let gdir = dir.appendingPathComponent(id)
-        try FileManager.default.createDirectory(at: gdir, withIntermediateDirectories: true)
-        gateways[id] = try GatewayProcess(yaml: yaml(id), in: gdir)
+        gateways[id] = try GatewayProcess(yaml: yaml(id), in: try folder(id, in: dir))
     }
 
     /// The simulator's truth now: each device's room (its place, then every `walk` to a room),

@@ -43,14 +43,7 @@ import Testing
         let dir = try scratchDirectory("full-table")
         let watcher = try ActivityWatcher(port: broker.port, in: dir)
         let building = try SimulatedBuilding(scenario: scenario(), in: dir)
-        var gateways: [String: GatewayProcess] = [:]
-        for (id, room) in threeRooms {
-            let gdir = dir.appendingPathComponent(id)
-            try FileManager.default.createDirectory(at: gdir, withIntermediateDirectories: true)
-            gateways[id] = try GatewayProcess(
-                yaml: roomGatewayYAML(port: broker.port, id: id, room: room, socket: building.socket(id), tableCapacity: 8),
-                in: gdir)
-        }
+        let gateways = try building.gateways(threeRooms, port: broker.port, in: dir, tableCapacity: 8)
         let all = Self.rooms.indices.flatMap { r in (0..<5).map { (Self.device(r, $0), Self.rooms[r]) } }
         func wrong() -> [String] {
             all.compactMap { d, room in

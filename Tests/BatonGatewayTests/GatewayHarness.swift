@@ -16,6 +16,13 @@ func scratchDirectory(_ name: String) throws -> URL {
     return dir
 }
 
+/// `dir/<name>`, made: the folder of one of several gateways (its config, log and capture).
+func folder(_ name: String, in dir: URL) throws -> URL {
+    let folder = dir.appendingPathComponent(name)
+    try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+    return folder
+}
+
 final class GatewayProcess {
     let process = Process()
     let stderrFile: URL

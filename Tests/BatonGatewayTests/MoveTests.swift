@@ -46,14 +46,7 @@ let moveScenario = """
         let watcher = try ActivityWatcher(port: broker.port, in: dir)
         let building = try SimulatedBuilding(scenario: moveScenario, in: dir)
         let player = ScenarioPlayer(try Scenario.parse(yaml: moveScenario, file: "move.yaml"))
-        var gateways: [String: GatewayProcess] = [:]
-        for (id, room) in [("hall", "Hall"), ("kitchen", "Kitchen")] {
-            let gdir = dir.appendingPathComponent(id)
-            try FileManager.default.createDirectory(at: gdir, withIntermediateDirectories: true)
-            gateways[id] = try GatewayProcess(
-                yaml: roomGatewayYAML(port: broker.port, id: id, room: room, socket: building.socket(id), speed: 1),
-                in: gdir)
-        }
+        let gateways = try building.gateways([("hall", "Hall"), ("kitchen", "Kitchen")], port: broker.port, in: dir, speed: 1)
         let hall = gateways["hall"]!, kitchen = gateways["kitchen"]!
         defer { for g in gateways.values { g.kill() } }
         func logs() -> String { "hall:\n\(hall.log)\n---\nkitchen:\n\(kitchen.log)" }

@@ -52,13 +52,7 @@ import Testing
         let dir = try scratchDirectory("neighbourhoods")
         let watcher = try ActivityWatcher(port: broker.port, in: dir)
         let building = try SimulatedBuilding(scenario: lineScenario(), in: dir)
-        var gateways: [String: GatewayProcess] = [:]
-        for (id, room) in threeRooms {
-            let gdir = dir.appendingPathComponent(id)
-            try FileManager.default.createDirectory(at: gdir, withIntermediateDirectories: true)
-            gateways[id] = try GatewayProcess(
-                yaml: roomGatewayYAML(port: broker.port, id: id, room: room, socket: building.socket(id)), in: gdir)
-        }
+        let gateways = try building.gateways(threeRooms, port: broker.port, in: dir)
 
         // Before the walk (40 simulated seconds: 10 s here): the kitchen shares alice with the
         // hall and bob with the office; the hall and the office share nothing. A neighbour is
@@ -144,12 +138,7 @@ final class LineOfFour {
         dir = try scratchDirectory(name)
         watcher = try ActivityWatcher(port: broker.port, in: dir)
         building = try SimulatedBuilding(scenario: scenario, in: dir)
-        for (id, room) in Self.rooms {
-            let gdir = dir.appendingPathComponent(id)
-            try FileManager.default.createDirectory(at: gdir, withIntermediateDirectories: true)
-            gateways[id] = try GatewayProcess(
-                yaml: roomGatewayYAML(port: broker.port, id: id, room: room, socket: building.socket(id)), in: gdir)
-        }
+        gateways = try building.gateways(Self.rooms, port: broker.port, in: dir)
     }
 
     func stats(_ id: String) -> [String: Any]? {

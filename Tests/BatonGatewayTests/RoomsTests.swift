@@ -31,6 +31,20 @@ final class SimulatedBuilding {
 
     func socket(_ room: String) -> String { sockets.appendingPathComponent("\(room).sock").path }
 
+    /// A `baton gateway` on the broker at `port` for each of `rooms`, on its room's socket
+    /// (`roomGatewayYAML` with `speed`, `keepalive` and `tableCapacity`), each in a folder of its
+    /// own under `dir`; by room id.
+    func gateways(_ rooms: [(String, String)], port: Int, in dir: URL, speed: Int = 4, keepalive: String = "5s",
+                  tableCapacity: Int? = nil) throws -> [String: GatewayProcess] {
+        var gateways: [String: GatewayProcess] = [:]
+        for (id, room) in rooms {
+            let yaml = roomGatewayYAML(port: port, id: id, room: room, socket: socket(id), speed: speed, keepalive: keepalive,
+                                       tableCapacity: tableCapacity)
+            gateways[id] = try GatewayProcess(yaml: yaml, in: try folder(id, in: dir))
+        }
+        return gateways
+    }
+
     /// Waits for the scenario's end line (the simulator exits after it).
     func waitForEnd(within seconds: Double) -> Bool {
         eventually(within: seconds) { lines.contains { $0["event"] as? String == "end" } ? true : nil } != nil
@@ -202,11 +216,9 @@ func bridgedFloors() throws -> (floor1: MosquittoBroker, floor2: MosquittoBroker
         let building = try SimulatedBuilding(scenario: walkScenario(), in: dir)
         var gateways: [GatewayProcess] = []
         for (i, (id, room)) in threeRooms.enumerated() {
-            let gdir = dir.appendingPathComponent(id)
-            try FileManager.default.createDirectory(at: gdir, withIntermediateDirectories: true)
             gateways.append(try GatewayProcess(
                 yaml: roomGatewayYAML(port: brokers[i % brokers.count].port, id: id, room: room,
-                                      socket: building.socket(id)), in: gdir))
+                                      socket: building.socket(id)), in: try folder(id, in: dir)))
         }
         // 60 simulated seconds at 4×, after the gateways connect.
         #expect(building.waitForEnd(within: 40), "the scenario did not end")
@@ -241,14 +253,7 @@ func bridgedFloors() throws -> (floor1: MosquittoBroker, floor2: MosquittoBroker
         let watcher = try ActivityWatcher(port: broker.port, in: dir)
         // alice stays in the hall: the kitchen hears her 15 dB weaker, the office 30 dB.
         let building = try SimulatedBuilding(scenario: walkScenario(speed: 1, duration: 120), in: dir)
-        var gateways: [String: GatewayProcess] = [:]
-        for (id, room) in threeRooms {
-            let gdir = dir.appendingPathComponent(id)
-            try FileManager.default.createDirectory(at: gdir, withIntermediateDirectories: true)
-            gateways[id] = try GatewayProcess(
-                yaml: roomGatewayYAML(port: broker.port, id: id, room: room, socket: building.socket(id), speed: 1,
-                                      keepalive: "5s"), in: gdir)
-        }
+        let gateways = try building.gateways(threeRooms, port: broker.port, in: dir, speed: 1, keepalive: "5s")
         let owned = eventually(within: 15) { watcher.owners(of: alice) == ["hall"] ? true : nil }
         try #require(owned != nil, "the hall never published alice: \(watcher.owners(of: alice))")
 

@@ -281,8 +281,7 @@ private func finishedStats(_ broker: MosquittoBroker, _ gateway: GatewayProcess)
         var gateways: [GatewayProcess] = []
         defer { for g in gateways { g.kill() } }
         for (id, room, rssi) in [("hall", "Hall", Int8(-50)), ("kitchen", "Kitchen", Int8(-85))] {
-            let gdir = dir.appendingPathComponent(id)
-            try FileManager.default.createDirectory(at: gdir, withIntermediateDirectories: true)
+            let gdir = try folder(id, in: dir)
             let file = gdir.appendingPathComponent("air.btsnoop")
             try Data(capture(reports(rssi: rssi))).write(to: file)
             gateways.append(try GatewayProcess(yaml: gatewayYAML(port: broker.port, id: id, room: room,
