@@ -22,15 +22,17 @@ import BatonRelay
 /// Dave's phone's activity, as the owner publishes it: `7cec72260004`.
 private let device: UInt64 = 0x7CEC_7226_0004
 
-private final class Rig {
-    let broker: MosquittoBroker
+/// The RelayRig (RelayHarness.swift) as the office: its ContinuingLinks (and the StreamRelay a
+/// stream link goes to) on the test's clock, the owner as the peer, the phones as the far ends.
+private final class Rig: RelayRig {
     var links: ContinuingLinks
     var streams: StreamRelay
-    var gateway: MQTTClient
-    var owner: MQTTClient
-    private(set) var now: Instant
-    /// The phones' ends (RelayHarness.swift), in the order they connected: phone i at address i.
-    private let phoneEnds = Devices()
+    var owner: MQTTClient {
+        _read { yield peer }
+        _modify { yield &peer }
+    }
+    /// The phones' ends (the rig's `devices`), in the order they connected: phone i at address i.
+    private var phoneEnds: Devices { devices }
     var phones: [Int32] { phoneEnds.ends.map(\.fd) }
     /// What each phone received, in order; whether the gateway hung up on it.
     var received: [[[UInt8]]] { phoneEnds.ends.map(\.received) }
@@ -46,37 +48,16 @@ private final class Rig {
     var answer: ((MQTTMessage) -> (status: String, seq: UInt16?, payload: [UInt8])?)?
     /// Every stream open the owner saw (`baton/stream/<device>/<id>`).
     private(set) var opens: [MQTTMessage] = []
-    private var probes: Set<String> = []
     let topics = Topics(prefix: "baton", discoveryPrefix: "homeassistant", gatewayID: "office")
 
     init(_ config: RelayConfig = RelayConfig()) throws {
-        broker = try MosquittoBroker()
         links = ContinuingLinks(config: config, topics: topics, room: #"Dave's "office""#)
         streams = StreamRelay(config: config, link: nil, gatewayID: "office")
-        gateway = try MQTTClient(config: MQTTConfig(port: broker.port, clientID: "office", protocolVersion: .v5))
-        owner = try MQTTClient(config: MQTTConfig(port: broker.port, clientID: "hall", protocolVersion: .v5))
-        now = .now
-        gateway.start(now: .now)
-        owner.start(now: .now)
-        try #require(run { gateway.isConnected && owner.isConnected }, "the clients did not connect to mosquitto")
-        try gateway.subscribe(links.answerPattern, qos: 1)
-        try gateway.subscribe("probe/gateway", qos: 1)
-        try owner.subscribe("baton/fetch/+", qos: 1)
-        try owner.subscribe("baton/stream/+/+", qos: 1)
-        try owner.subscribe("probe/owner", qos: 1)
-        try Array("probe".utf8).withUnsafeBytes {
-            try gateway.publish(topic: "probe/gateway", payload: $0, qos: 1)
-            try owner.publish(topic: "probe/owner", payload: $0, qos: 1)
-        }
-        try #require(run { probes.count == 2 }, "the subscriptions did not take effect")
+        // The links' deadlines are on the test's clock, so their descriptors are a part
+        // without one, and a turn waits at most 50 ms.
+        try super.init(devices: Devices(), gatewayID: "office", peerID: "hall", longestWait: .milliseconds(50))
+        try subscribe(gateway: [(links.answerPattern, false)], peer: ["baton/fetch/+", "baton/stream/+/+"])
     }
-
-    deinit {
-        gateway.disconnect()
-        owner.disconnect()
-    }
-
-    func advance(_ d: Duration) { now += d }
 
     /// A phone connects to the re-advertised activity; the gateway's end of the link is adopted
     /// as a listener's accept would hand it over. `mtu`: what the gateway may send the phone.
@@ -95,42 +76,28 @@ private final class Rig {
         try #require(n == message.count)
     }
 
-    /// Turns as Gateway.swift does (TestLoop); true when `done()` held in time.
-    @discardableResult
-    func run(limit: Duration = .seconds(10), until done: () -> Bool) -> Bool {
-        // The gateway's driver; the links' deadlines are on the test's clock, so their
-        // descriptors are a part without one, and a turn waits at most 50 ms.
-        var loop = TestLoop(parts: 4, longestWait: .milliseconds(50))
-        return loop.run(limit: limit, before: { phoneEnds.pump() }, until: done) { driver in
-            let g = driver.add(&gateway)
-            let o = driver.add(&owner)
-            var phoneLinks = DescriptorList()
-            links.pollDescriptors(into: &phoneLinks.fds)
-            let linkFDs = driver.add(&phoneLinks)
-            var ends = DescriptorList(phoneEnds.pollDescriptors)
-            driver.add(&ends)
-            let after = driver.wait()
-            var gatewayEvents: [MQTTEvent] = []
-            var ownerEvents: [MQTTEvent] = []
-            gateway.poll(now: after, ready: driver.ready(g)) { gatewayEvents.append($0) }
-            owner.poll(now: after, ready: driver.ready(o)) { ownerEvents.append($0) }
-            for case .message(let m) in gatewayEvents {
-                if m.topic == "probe/gateway" { probes.insert(m.topic); continue }
-                let p = m.properties
-                guard case .answer(let link) = topics.classify(m.topic) else { continue }
-                links.answered(link: link, correlation: p.correlationData ?? [],
-                               status: p.userProperties.first { $0.name == "status" }?.value ?? "?",
-                               sequence: p.userProperties.first { $0.name == "seq" }.flatMap { UInt16($0.value) },
-                               payload: m.payload, now: now)
-            }
-            for case .message(let m) in ownerEvents { ownerReceived(m) }
-            links.serve(driver.ready(linkFDs), now: now, mqtt: &gateway, streams: &streams)
-        }
+    override func addRelay(_ driver: inout PollLoop) -> LoopSlot {
+        var phoneLinks = DescriptorList()
+        links.pollDescriptors(into: &phoneLinks.fds)
+        return driver.add(&phoneLinks)
+    }
+
+    override func serveRelay(_ ready: ArraySlice<pollfd>, after: Instant) {
+        links.serve(ready, now: now, mqtt: &gateway, streams: &streams)
+    }
+
+    /// An answer to one of the links' requests.
+    override func gatewayMessage(_ m: MQTTMessage) {
+        let p = m.properties
+        guard case .answer(let link) = topics.classify(m.topic) else { return }
+        links.answered(link: link, correlation: p.correlationData ?? [],
+                       status: p.userProperties.first { $0.name == "status" }?.value ?? "?",
+                       sequence: p.userProperties.first { $0.name == "seq" }.flatMap { UInt16($0.value) },
+                       payload: m.payload, now: now)
     }
 
     /// The owner answers as FetchRelay would (docs/relay.md §3, the v5 form).
-    private func ownerReceived(_ m: MQTTMessage) {
-        if m.topic == "probe/owner" { probes.insert(m.topic); return }
+    override func peerMessage(_ m: MQTTMessage) {
         if m.topic.hasPrefix("baton/stream/") { opens.append(m); return }
         requests.append(m)
         guard let a = answer?(m), let topic = m.properties.responseTopic else { return }

@@ -60,62 +60,30 @@ private func activityPayload(_ title: String) throws -> [UInt8] {
                                webpageURL: "https://example.com/rivers", userInfo: ["scroll": .int(1234)]).encoded()
 }
 
-private final class Rig {
-    let broker: MosquittoBroker
-    let devices = Devices()
+/// The RelayRig (RelayHarness.swift) with a FetchRelay on the devices' links (none without
+/// `withLink`), on the wall clock, and a requester subscribed to `answers/#`.
+private final class Rig: RelayRig {
     var relay: FetchRelay
-    var gateway: MQTTClient
-    var requester: MQTTClient
     /// Everything the requester received on `answers/#`, in order.
     var messages: [MQTTMessage] = []
 
     init(_ config: RelayConfig = RelayConfig(), withLink: Bool = true) throws {
-        broker = try MosquittoBroker()
+        let devices = Devices()
         relay = FetchRelay(config: config, link: withLink ? AnyDeviceLink(TestLink(devices: devices)) : nil, gatewayID: gatewayID)
-        gateway = try MQTTClient(config: MQTTConfig(port: broker.port, clientID: gatewayID, protocolVersion: .v5))
-        requester = try MQTTClient(config: MQTTConfig(port: broker.port, clientID: "requester", protocolVersion: .v5))
-        gateway.start(now: .now)
-        requester.start(now: .now)
-        try #require(run { gateway.isConnected && requester.isConnected }, "the clients did not connect to mosquitto")
-        try requester.subscribe("answers/#", qos: 1)
-        // There is no SUBACK event: the subscription is in place once a message published
-        // after it comes back.
-        let probe: [UInt8] = Array("probe".utf8)
-        try probe.withUnsafeBytes { try requester.publish(topic: "answers/probe", payload: $0, qos: 1) }
-        try #require(run { !messages.isEmpty }, "the requester's subscription did not take effect")
-        messages.removeAll()
+        try super.init(devices: devices, gatewayID: gatewayID, peerID: "requester", longestWait: .seconds(1))
+        try subscribe(gateway: [], peer: ["answers/#"])
     }
 
-    deinit {
-        gateway.disconnect()
-        requester.disconnect()
-    }
+    override func peerMessage(_ m: MQTTMessage) { messages.append(m) }
+    // The relay is a part of the gateway's driver with its own deadlines, on the wall clock.
+    override func addRelay(_ driver: inout PollLoop) -> LoopSlot { driver.add(&relay) }
+    override func serveRelay(_ ready: ArraySlice<pollfd>, after: Instant) { relay.serve(ready, now: after, mqtt: &gateway) }
 
     func fetch(_ device: Device, _ sequence: UInt16, _ route: FetchRoute, now: Instant = .now) {
         relay.fetch(device.target(sequence), route: route, now: now, mqtt: &gateway)
     }
 
     func answers(_ route: FetchRoute) -> [MQTTMessage] { messages.filter { $0.topic == route.responseTopic } }
-
-    /// Turns as Gateway.swift does (TestLoop); returns whether `done()` held within `limit`.
-    @discardableResult
-    func run(limit: Duration = .seconds(10), until done: () -> Bool) -> Bool {
-        // The gateway's driver, with the relay and its MQTT client as parts.
-        var loop = TestLoop(parts: 4)
-        return loop.run(limit: limit, before: { devices.pump() }, until: done) { driver in
-            let g = driver.add(&gateway)
-            let r = driver.add(&requester)
-            let links = driver.add(&relay)
-            var ends = DescriptorList(devices.pollDescriptors)
-            driver.add(&ends)
-            let after = driver.wait()
-            gateway.poll(now: after, ready: driver.ready(g)) { _ in }
-            requester.poll(now: after, ready: driver.ready(r)) {
-                if case .message(let m) = $0 { messages.append(m) }
-            }
-            relay.serve(driver.ready(links), now: after, mqtt: &gateway)
-        }
-    }
 
     /// Runs until every route has an answer, then a bounded extra moment in which a stray
     /// second answer would arrive; expects exactly one each and returns them in `routes`' order.
@@ -134,9 +102,6 @@ private final class Rig {
     func onlyAnswer(_ route: FetchRoute, sourceLocation: SourceLocation = #_sourceLocation) throws -> MQTTMessage {
         try onlyAnswers([route], sourceLocation: sourceLocation)[0]
     }
-
-    /// A bounded moment of the loop with nothing to wait for: a stray answer or fetch would come now.
-    func settle() { run(limit: .milliseconds(300)) { false } }
 
     /// Runs until the relay has sent `count` records to `device` in all.
     func waitForFetches(_ device: Device, _ count: Int, sourceLocation: SourceLocation = #_sourceLocation) throws {

@@ -1,5 +1,5 @@
-// The far ends of the relays' device links, played by the tests byte for byte (shared by
-// FetchRelayTests and StreamRelayTests).
+// The far ends of the relays' device links, played by the tests byte for byte, and the rig
+// every relay suite turns (FetchRelayTests, ContinuingLinksTests and the stream suites).
 //
 // A relay gets a `DeviceLink` whose `connect` makes a SOCK_SEQPACKET socketpair: the relay's
 // end is a connecting `LinkChannel` (it opens on the first POLLOUT, as an L2CAP
@@ -14,6 +14,7 @@ import Testing
 import BatonHCI
 import BatonMQTT
 import BatonRelay
+import BatonTestSupport
 
 // MARK: - The devices, played by the test
 
@@ -136,4 +137,154 @@ extension Devices {
         let pair = try makePair(phone)
         return LinkChannel(accepted: pair[0], peer: phone, l2cap: false)
     }
+}
+
+// MARK: - The rig: broker, gateway client, the other side's client, the far ends, one poll loop
+
+/// A real mosquitto, the gateway's client and the other side's (`peer`: the requester, the
+/// owner, the endpoint or the carrier), the far ends of the links (`devices`), the relay's clock
+/// and the loop that turns them as Gateway.swift does. A suite's rig adds its relay to the loop
+/// (`addRelay`, `serveRelay`) and says what its clients subscribe and what a message means.
+///
+/// The clock is the test's: `now` moves only when a test says `advance`, so a retry or an idle
+/// timeout happens exactly when the test moves time past it, however slow the machine.
+class RelayRig {
+    let broker: MosquittoBroker
+    /// The far ends: the links the relay opens to devices, or the phones' (RelayHarness.swift).
+    let devices: Devices
+    var gateway: MQTTClient
+    var peer: MQTTClient
+    /// The relay's time: moves only by `advance`.
+    private(set) var now: Instant
+    /// The longest a turn of the loop waits.
+    private let longestWait: Duration
+    /// Probes that came back (a subscription is in place once a message published after it
+    /// comes back: there is no SUBACK event).
+    private var probes: Set<String> = []
+    private(set) var lateProbes = 0
+    private(set) var gatewayConnects = 0
+    private(set) var peerConnects = 0
+
+    /// Both clients speak MQTT v5; `reconnect` is their backoff (min, max), the library's when nil.
+    init(devices: Devices, gatewayID: String, peerID: String, reconnect: (min: Duration, max: Duration)? = nil,
+         longestWait: Duration) throws {
+        self.devices = devices
+        self.longestWait = longestWait
+        let broker = try MosquittoBroker()
+        self.broker = broker
+        func config(_ id: String) -> MQTTConfig {
+            var c = MQTTConfig(port: broker.port, clientID: id, protocolVersion: .v5)
+            if let reconnect { (c.reconnectMin, c.reconnectMax) = reconnect }
+            return c
+        }
+        gateway = try MQTTClient(config: config(gatewayID))
+        peer = try MQTTClient(config: config(peerID))
+        now = .now
+        gateway.start(now: .now)
+        peer.start(now: .now)
+    }
+
+    deinit {
+        gateway.disconnect()
+        peer.disconnect()
+    }
+
+    /// Both clients connected and subscribed, the gateway to `gatewayTopics` (each with
+    /// retain-as-published or not) and the peer to `peerTopics`, with QoS 1 (the session is
+    /// clean: again after every reconnect).
+    func subscribe(gateway gatewayTopics: [(String, retainAsPublished: Bool)], peer peerTopics: [String],
+                   sourceLocation: SourceLocation = #_sourceLocation) throws {
+        try #require(run { gateway.isConnected && peer.isConnected }, "the clients did not connect to mosquitto",
+                     sourceLocation: sourceLocation)
+        probes.removeAll()
+        for (topic, rap) in gatewayTopics { try gateway.subscribe(topic, qos: 1, retainAsPublished: rap) }
+        try gateway.subscribe("probe/gateway", qos: 1)
+        for topic in peerTopics { try peer.subscribe(topic, qos: 1) }
+        try peer.subscribe("probe/peer", qos: 1)
+        try Array("probe".utf8).withUnsafeBytes {
+            try gateway.publish(topic: "probe/gateway", payload: $0, qos: 1)
+            try peer.publish(topic: "probe/peer", payload: $0, qos: 1)
+        }
+        try #require(run { probes.count == 2 }, "the subscriptions did not take effect", sourceLocation: sourceLocation)
+    }
+
+    /// The relay's clock moves on; the next turn of the loop ticks at the new time.
+    func advance(_ d: Duration) { now += d }
+
+    /// The peer publishes on `probe/gateway`; once it arrives, whatever the peer published
+    /// before it to a topic the gateway subscribes has arrived too.
+    func lateProbe() throws {
+        let before = lateProbes
+        try Array("late".utf8).withUnsafeBytes { try peer.publish(topic: "probe/gateway", payload: $0, qos: 1) }
+        try #require(run { lateProbes > before }, "the probe did not come back")
+    }
+
+    // MARK: what a suite says
+
+    /// A message on a topic the gateway subscribed, probes aside.
+    func gatewayMessage(_ m: MQTTMessage) {}
+    /// A message on a topic the peer subscribed, probes aside.
+    func peerMessage(_ m: MQTTMessage) {}
+    /// The far ends the loop wakes for besides the relay's own links.
+    func linkEnds() -> [pollfd] { devices.pollDescriptors }
+    /// Reads what the relay sent on those ends; never blocks.
+    func pump() { devices.pump() }
+    /// Adds the relay to the loop's driver.
+    func addRelay(_ driver: inout PollLoop) -> LoopSlot { driver.add(deadline: nil) }
+    /// Serves the relay what its part got; `after` is when the wait ended.
+    func serveRelay(_ ready: ArraySlice<pollfd>, after: Instant) {}
+
+    // MARK: the loop
+
+    /// Turns as Gateway.swift does (TestLoop); returns whether `done()` held within `limit`.
+    @discardableResult
+    func run(limit: Duration = .seconds(10), until done: () -> Bool) -> Bool {
+        var loop = TestLoop(parts: 4, longestWait: longestWait)
+        return loop.run(limit: limit, before: { pump() }, until: done) { driver in
+            let g = driver.add(&gateway)
+            let p = driver.add(&peer)
+            let relay = addRelay(&driver)
+            var ends = DescriptorList(linkEnds())
+            driver.add(&ends)
+            let after = driver.wait()
+            // Each client's events are handled once its poll is done: a peer that answers a
+            // message publishes on its own client.
+            var gatewayEvents: [MQTTEvent] = [], peerEvents: [MQTTEvent] = []
+            gateway.poll(now: after, ready: driver.ready(g)) { gatewayEvents.append($0) }
+            peer.poll(now: after, ready: driver.ready(p)) { peerEvents.append($0) }
+            for e in peerEvents { peerEvent(e) }
+            // As Gateway.swift: the broker's messages, then the links and what is due.
+            for e in gatewayEvents { gatewayEvent(e) }
+            serveRelay(driver.ready(relay), after: after)
+        }
+    }
+
+    private func gatewayEvent(_ event: MQTTEvent) {
+        switch event {
+        case .connected:
+            gatewayConnects += 1
+        case .message(let m) where m.topic == "probe/gateway":
+            if m.payload == Array("late".utf8) { lateProbes += 1 } else { probes.insert(m.topic) }
+        case .message(let m):
+            gatewayMessage(m)
+        default:
+            break
+        }
+    }
+
+    private func peerEvent(_ event: MQTTEvent) {
+        switch event {
+        case .connected:
+            peerConnects += 1
+        case .message(let m) where m.topic == "probe/peer":
+            probes.insert(m.topic)
+        case .message(let m):
+            peerMessage(m)
+        default:
+            break
+        }
+    }
+
+    /// A bounded moment of the loop with nothing to wait for: a stray frame or answer would come now.
+    func settle() { run(limit: .milliseconds(300)) { false } }
 }
