@@ -83,12 +83,10 @@ final class RelayBuilding {
         building = try SimulatedBuilding(scenario: relayScenario, in: dir)
         player = ScenarioPlayer(try Scenario.parse(yaml: relayScenario, file: "relay.yaml"))
         for (i, (id, room)) in threeRooms.enumerated() {
-            let gdir = dir.appendingPathComponent(id)
-            try FileManager.default.createDirectory(at: gdir, withIntermediateDirectories: true)
             gateways.append(try GatewayProcess(
                 yaml: roomGatewayYAML(port: brokers[i % brokers.count].port, id: id, room: room,
                                       socket: building.socket(id))
-                    + "\nsecurity:\n  beacon-key: \(daveKeys.beaconKey.text)\n" + extra, in: gdir))
+                    + "\nsecurity:\n  beacon-key: \(daveKeys.beaconKey.text)\n" + extra, in: try folder(id, in: dir)))
         }
         let watched = brokers[0]
         let settled = eventually(within: 20) { () -> Bool? in
@@ -404,6 +402,35 @@ func shell(_ script: String, in dir: URL, timeout: Duration = .seconds(120)) thr
 /// (docs/broker.md "Streams").
 let streamBroker = ["set_tcp_nodelay true"]
 
+extension RelayBuilding {
+    /// What the file `name` in the building's folder says; "" while there is none.
+    func read(_ name: String) -> String { (try? String(contentsOf: dir.appendingPathComponent(name), encoding: .utf8)) ?? "" }
+
+    /// `baton stream` to `device` fed by a writer that never ends (1 KiB every 10 ms): what comes
+    /// back in out.bin, what it says in err.txt, and its exit status in status.txt once it ends.
+    func endlessStream(to device: String, on broker: MosquittoBroker) throws -> ChildProcess {
+        try "import sys,time\nwhile True:\n    sys.stdout.buffer.write(b'x'*1024); sys.stdout.flush()\n    time.sleep(0.01)\n"
+            .write(to: dir.appendingPathComponent("endless.py"), atomically: true, encoding: .utf8)
+        return try ChildProcess("/bin/sh", ["-c", "cd '\(dir.path)' && python3 endless.py | ('\(batonBinary.path)' stream \(device) --broker mqtt://127.0.0.1:\(broker.port) > out.bin 2> err.txt; echo $? > status.txt)"])
+    }
+
+    /// Bytes came back into out.bin within 10 s: the stream flows.
+    func streamFlows() -> Bool {
+        eventually(within: 10) { () -> Bool? in
+            let size = (try? FileManager.default.attributesOfItem(atPath: dir.appendingPathComponent("out.bin").path)[.size] as? Int) ?? 0
+            return size > 0 ? true : nil
+        } != nil
+    }
+
+    /// `baton stream`'s exit status as status.txt says it, within `seconds`. The shell creates
+    /// the file before it writes the status into it: this waits for the whole line.
+    func streamStatus(within seconds: Double) -> String? {
+        eventually(within: seconds) { () -> String? in
+            (try? String(contentsOf: dir.appendingPathComponent("status.txt"), encoding: .utf8)).flatMap { $0.hasSuffix("\n") ? $0 : nil }
+        }
+    }
+}
+
 /// Continuation streams (docs/relay.md §7): `baton stream` to alice's phone, which echoes.
 @Suite(.serialized) struct StreamTests {
     let alice = "5a0000000001", bob = "5a0000000002"
@@ -430,7 +457,7 @@ let streamBroker = ["set_tcp_nodelay true"]
             .write(to: b.dir.appendingPathComponent("slow.py"), atomically: true, encoding: .utf8)
         let status = try shell("'\(batonBinary.path)' stream \(alice) --broker mqtt://127.0.0.1:\(broker.port) < in.bin 2> err.txt | python3 slow.py > out.bin",
                                in: b.dir)
-        let err = (try? String(contentsOf: b.dir.appendingPathComponent("err.txt"), encoding: .utf8)) ?? ""
+        let err = b.read("err.txt")
         #expect(status == 0, "baton stream failed: \(err)")
         let received = try sha256(b.dir.appendingPathComponent("out.bin"))
         let size = (try FileManager.default.attributesOfItem(atPath: b.dir.appendingPathComponent("out.bin").path)[.size] as? Int) ?? 0
@@ -468,7 +495,7 @@ let streamBroker = ["set_tcp_nodelay true"]
 
         let sent = try randomFile(b.dir, "in.bin", megabytes: 1)
         let status = try shell("'\(batonBinary.path)' stream \(dave) --key dave.key --broker \(url) < in.bin > out.bin 2> err.txt", in: b.dir)
-        let err = (try? String(contentsOf: b.dir.appendingPathComponent("err.txt"), encoding: .utf8)) ?? ""
+        let err = b.read("err.txt")
         #expect(status == 0, "the sealed stream failed: \(err)")
         #expect(try sha256(b.dir.appendingPathComponent("out.bin")) == sent, "the bytes that came back differ")
 
@@ -476,7 +503,7 @@ let streamBroker = ["set_tcp_nodelay true"]
         try Data("hello".utf8).write(to: b.dir.appendingPathComponent("small.bin"))
         for (k, (key, says)) in [("", "hello"), ("--key other.key", "did not open")].enumerated() {
             let st = try shell("'\(batonBinary.path)' stream \(dave) \(key) --broker \(url) < small.bin > /dev/null 2> refused\(k).txt", in: b.dir)
-            let said = (try? String(contentsOf: b.dir.appendingPathComponent("refused\(k).txt"), encoding: .utf8)) ?? ""
+            let said = b.read("refused\(k).txt")
             #expect(st == 1 && said.contains(says), "\(key.isEmpty ? "no key" : key): exit \(st), \(said)")
         }
 
@@ -500,15 +527,11 @@ let streamBroker = ["set_tcp_nodelay true"]
         try "import sys,time\nf=open('in.bin','rb')\nwhile True:\n    b=f.read(65536)\n    if not b: break\n    sys.stdout.buffer.write(b); sys.stdout.flush()\n    time.sleep(0.05)\n"
             .write(to: b.dir.appendingPathComponent("writer.py"), atomically: true, encoding: .utf8)
         let run = try ChildProcess("/bin/sh", ["-c", "cd '\(b.dir.path)' && python3 writer.py | '\(batonBinary.path)' stream \(alice) --broker mqtt://127.0.0.1:\(broker.port) > out.bin 2> err.txt"])
-        let flowing = eventually(within: 10) { () -> Bool? in
-            let size = (try? FileManager.default.attributesOfItem(atPath: b.dir.appendingPathComponent("out.bin").path)[.size] as? Int) ?? 0
-            return size > 0 ? true : nil
-        }
-        #expect(flowing != nil, "nothing came back before the restart")
+        #expect(b.streamFlows(), "nothing came back before the restart")
         try broker.restart()
         let status = run.wait(timeout: .seconds(60))
         if status == nil { run.signal(SIGKILL) }
-        let err = (try? String(contentsOf: b.dir.appendingPathComponent("err.txt"), encoding: .utf8)) ?? ""
+        let err = b.read("err.txt")
         #expect(status == 0, "baton stream did not finish cleanly across the restart: \(err)")
         #expect(try sha256(b.dir.appendingPathComponent("out.bin")) == sent,
                 "the bytes that came back across the restart differ from the bytes sent")
@@ -519,21 +542,12 @@ let streamBroker = ["set_tcp_nodelay true"]
         let broker = try MosquittoBroker(extraConfig: streamBroker)
         let b = try RelayBuilding(name: "stream-kill", brokers: [broker])
         // A writer that never ends: 1 KiB every 10 ms.
-        try "import sys,time\nwhile True:\n    sys.stdout.buffer.write(b'x'*1024); sys.stdout.flush()\n    time.sleep(0.01)\n"
-            .write(to: b.dir.appendingPathComponent("endless.py"), atomically: true, encoding: .utf8)
-        let run = try ChildProcess("/bin/sh", ["-c", "cd '\(b.dir.path)' && python3 endless.py | ('\(batonBinary.path)' stream \(alice) --broker mqtt://127.0.0.1:\(broker.port) > out.bin 2> err.txt; echo $? > status.txt)"])
+        let run = try b.endlessStream(to: alice, on: broker)
         defer { run.signal(SIGKILL); _ = run.wait(timeout: .seconds(5)) }
-        let flowing = eventually(within: 10) { () -> Bool? in
-            let size = (try? FileManager.default.attributesOfItem(atPath: b.dir.appendingPathComponent("out.bin").path)[.size] as? Int) ?? 0
-            return size > 0 ? true : nil
-        }
-        #expect(flowing != nil, "the stream never flowed")
+        #expect(b.streamFlows(), "the stream never flowed")
         b.gateways[0].kill()  // the hall, alice's room
-        // The shell creates status.txt before it writes the status into it: wait for the line.
-        let status = eventually(within: 15) { () -> String? in
-            (try? String(contentsOf: b.dir.appendingPathComponent("status.txt"), encoding: .utf8)).flatMap { $0.hasSuffix("\n") ? $0 : nil }
-        }
-        let err = (try? String(contentsOf: b.dir.appendingPathComponent("err.txt"), encoding: .utf8)) ?? ""
+        let status = b.streamStatus(within: 15)
+        let err = b.read("err.txt")
         #expect(status?.trimmingCharacters(in: .whitespacesAndNewlines) == "1", "baton stream went on after its gateway died: \(err)")
         #expect(err.contains("gone") && err.contains("hall"), "the endpoint was not told: \(err)")
         for g in b.gateways.dropFirst() { #expect(g.stop() == 0) }
@@ -545,20 +559,12 @@ let streamBroker = ["set_tcp_nodelay true"]
         let broker = try MosquittoBroker(extraConfig: streamBroker)
         let b = try RelayBuilding(name: "stream-alone", brokers: [broker])
         for g in b.gateways.dropFirst() { #expect(g.stop() == 0) }  // the kitchen and the office
-        try "import sys,time\nwhile True:\n    sys.stdout.buffer.write(b'x'*1024); sys.stdout.flush()\n    time.sleep(0.01)\n"
-            .write(to: b.dir.appendingPathComponent("endless.py"), atomically: true, encoding: .utf8)
-        let run = try ChildProcess("/bin/sh", ["-c", "cd '\(b.dir.path)' && python3 endless.py | ('\(batonBinary.path)' stream \(alice) --broker mqtt://127.0.0.1:\(broker.port) > out.bin 2> err.txt; echo $? > status.txt)"])
+        let run = try b.endlessStream(to: alice, on: broker)
         defer { run.signal(SIGKILL); _ = run.wait(timeout: .seconds(5)) }
-        let flowing = eventually(within: 10) { () -> Bool? in
-            let size = (try? FileManager.default.attributesOfItem(atPath: b.dir.appendingPathComponent("out.bin").path)[.size] as? Int) ?? 0
-            return size > 0 ? true : nil
-        }
-        try #require(flowing != nil, "the stream never flowed")
+        try #require(b.streamFlows(), "the stream never flowed")
         b.gateways[0].kill()  // the hall: the last gateway
-        let status = eventually(within: 10) { () -> String? in
-            (try? String(contentsOf: b.dir.appendingPathComponent("status.txt"), encoding: .utf8)).flatMap { $0.hasSuffix("\n") ? $0 : nil }
-        }
-        let err = (try? String(contentsOf: b.dir.appendingPathComponent("err.txt"), encoding: .utf8)) ?? ""
+        let status = b.streamStatus(within: 10)
+        let err = b.read("err.txt")
         #expect(status?.trimmingCharacters(in: .whitespacesAndNewlines) == "1", "baton stream went on after its gateway died: \(err)")
         #expect(err.contains("gone: gateway hall went offline (its status says so"), "the endpoint did not hear it: \(err)")
     }
@@ -621,15 +627,9 @@ let streamBroker = ["set_tcp_nodelay true"]
         // The junk reaches the gateways before the real stream's claim does.
         usleep(500_000)
 
-        try "import sys,time\nwhile True:\n    sys.stdout.buffer.write(b'x'*1024); sys.stdout.flush()\n    time.sleep(0.01)\n"
-            .write(to: b.dir.appendingPathComponent("endless.py"), atomically: true, encoding: .utf8)
-        let run = try ChildProcess("/bin/sh", ["-c", "cd '\(b.dir.path)' && python3 endless.py | ('\(batonBinary.path)' stream \(alice) --broker mqtt://127.0.0.1:\(broker.port) > out.bin 2> err.txt; echo $? > status.txt)"])
+        let run = try b.endlessStream(to: alice, on: broker)
         defer { run.signal(SIGKILL); _ = run.wait(timeout: .seconds(5)) }
-        let flowing = eventually(within: 10) { () -> Bool? in
-            let size = (try? FileManager.default.attributesOfItem(atPath: b.dir.appendingPathComponent("out.bin").path)[.size] as? Int) ?? 0
-            return size > 0 ? true : nil
-        }
-        try #require(flowing != nil, "the stream never flowed: \((try? String(contentsOf: b.dir.appendingPathComponent("err.txt"), encoding: .utf8)) ?? "")")
+        try #require(b.streamFlows(), "the stream never flowed: \(b.read("err.txt"))")
         // The real stream: the one the hall claims that is not junk.
         let junkIDs = Set(junk.map(\.id))
         let stream = try #require(eventually(within: 5) { () -> String? in
@@ -640,11 +640,9 @@ let streamBroker = ["set_tcp_nodelay true"]
 
         b.gateways[0].kill()  // the hall, alice's room and the stream's carrier
         let killed = Instant.now
-        let status = eventually(within: 10) { () -> String? in
-            (try? String(contentsOf: b.dir.appendingPathComponent("status.txt"), encoding: .utf8)).flatMap { $0.hasSuffix("\n") ? $0 : nil }
-        }
+        let status = b.streamStatus(within: 10)
         let took = Instant.now - killed
-        let err = (try? String(contentsOf: b.dir.appendingPathComponent("err.txt"), encoding: .utf8)) ?? ""
+        let err = b.read("err.txt")
         #expect(status?.trimmingCharacters(in: .whitespacesAndNewlines) == "1", "baton stream went on after its gateway died (\(took)): \(err)")
         #expect(err.contains("gone: gateway hall went offline"), "the endpoint was not told: \(err)")
         // The kitchen, first online now, knew the stream despite the junk and said gone on its
