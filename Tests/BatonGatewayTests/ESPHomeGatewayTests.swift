@@ -51,10 +51,7 @@ struct ESPHomeGatewayTests {
     func session(clientKey: String, want: Int, scanMode: ProxyScanMode? = nil) throws -> Session {
         let broker = try MosquittoBroker()
         let dir = try scratchDirectory("esphome-gateway")
-        var config = GatewayConfig.defaults(hostName: "hall")
-        try config.apply(GatewayOverrides(broker: "mqtt://127.0.0.1:\(broker.port)", radio: "sim:/run/baton/hall.sock",
-                                          room: "Hall", id: "hall"))
-        config.relayLink = .none
+        var config = try hallConfig(broker)
         var settings = ProxySettings(encryption: .noise(key: try #require(ProxySettings.key(base64: key))))
         settings.address = "127.0.0.1"
         settings.port = 0  // a free port; the config file says 1 to 65535
@@ -214,11 +211,8 @@ extension ESPHomeGatewayTests {
         let broker = try MosquittoBroker()
         let dir = try scratchDirectory("esphome-gatt")
         let thermometer: UInt64 = 0xC0FF_EE00_0001
-        var config = GatewayConfig.defaults(hostName: "hall")
-        try config.apply(GatewayOverrides(broker: "mqtt://127.0.0.1:\(broker.port)", radio: "sim:/run/baton/hall.sock",
-                                          room: "Hall", id: "hall"))
         let devices = try GATTLinkSocket(path: dir.path + "/hall.link")
-        config.relayLink = .simulator(path: devices.path)
+        var config = try hallConfig(broker, relayLink: .simulator(path: devices.path))
         var settings = ProxySettings(encryption: .noise(key: try #require(ProxySettings.key(base64: key))))
         settings.address = "127.0.0.1"
         settings.port = 0

@@ -20,10 +20,7 @@ import Testing
     @Test("§7.7.65.13 through the loop: a Baton device whose beacon comes in the last fragment of a long extended advertisement is heard whole and published; nothing is dropped")
     func longAdvertisementsAreHeardWhole() throws {
         let broker = try MosquittoBroker()
-        var config = GatewayConfig.defaults(hostName: "hall")
-        try config.apply(GatewayOverrides(broker: "mqtt://127.0.0.1:\(broker.port)", radio: "sim:/run/baton/hall.sock",
-                                          room: "Hall", id: "hall"))
-        config.relayLink = .none
+        let config = try hallConfig(broker)
         let started = try StartedGateway(config, extended: true)
         let room = started.room
         var gateway = started.gateway

@@ -18,10 +18,7 @@ import Testing
 @Suite(.serialized) struct GatheringTests {
     @Test func aQuietRoomIsReadAsReportsComeAndABusyOneIsGathered() throws {
         let broker = try MosquittoBroker()
-        var config = GatewayConfig.defaults(hostName: "hall")
-        try config.apply(GatewayOverrides(broker: "mqtt://127.0.0.1:\(broker.port)", radio: "sim:/run/baton/hall.sock",
-                                          room: "Hall", id: "hall"))
-        config.relayLink = .none
+        let config = try hallConfig(broker)
         let started = try StartedGateway(config, extended: false)
         let room = started.room
         var gateway = started.gateway

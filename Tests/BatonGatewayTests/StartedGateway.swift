@@ -6,9 +6,20 @@ import BatonHCI
 import BatonMQTT
 import BatonProxy
 import BatonSim
+import BatonTestSupport
 import CBlueZ  // its shim includes <sys/socket.h>: the socket types have one owner
 import Glibc
 import Testing
+
+/// The hall's config as `baton gateway --broker … --radio sim:… --room Hall --id hall` makes it
+/// on `broker`'s port, its links to devices `relayLink` (none unless a test gives one).
+func hallConfig(_ broker: MosquittoBroker, relayLink: RelayLinkSpec = .none) throws -> GatewayConfig {
+    var config = GatewayConfig.defaults(hostName: "hall")
+    try config.apply(GatewayOverrides(broker: "mqtt://127.0.0.1:\(broker.port)", radio: "sim:/run/baton/hall.sock",
+                                      room: "Hall", id: "hall"))
+    config.relayLink = relayLink
+    return config
+}
 
 /// A gateway on `config`: the room's controller over H4 (`extended`: a Bluetooth 5 one, which
 /// reports LE Extended Advertising), the broker connect and the radio started, its keys made
