@@ -135,6 +135,13 @@ private func socketPair(_ type: Int32 = Int32(SOCK_STREAM.rawValue)) -> (Int32, 
     return (fds[0], fds[1])
 }
 
+/// A RadioH4 on `ctl`'s far end (`RadioFakeController()`), started at `now`.
+private func startedH4(_ ctl: RadioFakeController, _ config: RadioConfig = RadioConfig(), now: Instant) throws -> RadioH4 {
+    var radio = try RadioH4(fd: ctl.radioEnd, config: config)
+    try radio.start(now: now)
+    return radio
+}
+
 /// LE features of a 5.x controller (bit 12 LE Extended Advertising) and of a 4.2 one.
 private let featuresExtended: UInt64 = 0x19FF
 private let featuresLegacy: UInt64 = 0x003F
@@ -199,8 +206,7 @@ struct RadioH4Tests {
     @Test("Init on a 4.2 controller: legacy §7.8.10/§7.8.11, LE mask without the extended report bit")
     func initLegacy() throws {
         let ctl = try RadioFakeController()
-        var radio = try RadioH4(fd: ctl.radioEnd)
-        try radio.start(now: t0)
+        var radio = try startedH4(ctl, now: t0)
         let frames = try runInit(&radio, ctl, now: t0, features: featuresLegacy)
         #expect(frames.map(spacedHex) == [
             "01 03 0C 00",
@@ -219,8 +225,7 @@ struct RadioH4Tests {
     func forcedLegacyActive() throws {
         let ctl = try RadioFakeController()
         let config = RadioConfig(scan: try ScanParameters(type: .active, interval: 0x0020), mode: .legacy)
-        var radio = try RadioH4(fd: ctl.radioEnd, config: config)
-        try radio.start(now: t0)
+        var radio = try startedH4(ctl, config, now: t0)
         let frames = try runInit(&radio, ctl, now: t0, features: featuresExtended)
         #expect(frames.suffix(2).map(spacedHex) == ["01 0B 20 07 01 20 00 20 00 00 00", "01 0C 20 02 01 00"])
         do { let v = radio.usesExtendedScanning; #expect(!v) }
@@ -229,8 +234,7 @@ struct RadioH4Tests {
     @Test("An error status stops init with a ControllerError naming command and status; re-init recovers")
     func errorStatus() throws {
         let ctl = try RadioFakeController()
-        var radio = try RadioH4(fd: ctl.radioEnd)
-        try radio.start(now: t0)
+        var radio = try startedH4(ctl, now: t0)
         var seen: [UInt16] = []
         var thrown: RadioError? = nil
         while thrown == nil, let frame = ctl.nextCommand() {
@@ -267,8 +271,7 @@ struct RadioH4Tests {
     @Test("A Command Status with an error status fails the same way")
     func commandStatusError() throws {
         let ctl = try RadioFakeController()
-        var radio = try RadioH4(fd: ctl.radioEnd)
-        try radio.start(now: t0)
+        var radio = try startedH4(ctl, now: t0)
         let reset = try #require(ctl.nextCommand())
         #expect(radioOpcode(reset) == 0x0C03)
         ctl.status(0x0C03, status: 0x03)  // Hardware Failure
@@ -306,8 +309,7 @@ struct RadioH4Tests {
     @Test("A credit withheld past the timeout is reported as such")
     func creditTimeout() throws {
         let ctl = try RadioFakeController()
-        var radio = try RadioH4(fd: ctl.radioEnd)
-        try radio.start(now: t0)
+        var radio = try startedH4(ctl, now: t0)
         _ = try #require(ctl.nextCommand())
         ctl.complete(0x0C03, credits: 0)
         _ = try radio.poll(now: t0) { _ in }
@@ -325,8 +327,7 @@ struct RadioH4Tests {
     @Test("A silent controller: the command timeout is a deadline the loop checks; re-init resends Reset")
     func commandTimeoutAndReinit() throws {
         let ctl = try RadioFakeController()
-        var radio = try RadioH4(fd: ctl.radioEnd)
-        try radio.start(now: t0)
+        var radio = try startedH4(ctl, now: t0)
         _ = try #require(ctl.nextCommand())
         do { let v = radio.nextDeadline; #expect(v == t0 + .seconds(2)) }
         // Before the deadline nothing happens.
@@ -357,8 +358,7 @@ struct RadioH4Tests {
     @Test("A shorter configured timeout applies")
     func configuredTimeout() throws {
         let ctl = try RadioFakeController()
-        var radio = try RadioH4(fd: ctl.radioEnd, config: RadioConfig(commandTimeout: .milliseconds(250)))
-        try radio.start(now: t0)
+        var radio = try startedH4(ctl, RadioConfig(commandTimeout: .milliseconds(250)), now: t0)
         _ = try #require(ctl.nextCommand())
         do { let v = radio.nextDeadline; #expect(v == t0 + .milliseconds(250)) }
         #expect(throws: RadioError.controller(.commandTimeout(.reset, after: .milliseconds(250)))) {
@@ -369,8 +369,7 @@ struct RadioH4Tests {
     @Test("Partial reads: every answer and report drip-fed byte by byte between guard bytes")
     func dripFed() throws {
         let ctl = try RadioFakeController()
-        var radio = try RadioH4(fd: ctl.radioEnd)
-        try radio.start(now: t0)
+        var radio = try startedH4(ctl, now: t0)
         var opcodes: [UInt16] = []
         var delivered: [[UInt8]] = []
         while radio.state == .initialising, let frame = ctl.nextCommand() {
@@ -450,8 +449,7 @@ struct RadioH4Tests {
     @Test("Hardware Error event (§7.7.16) while scanning stops the source")
     func hardwareError() throws {
         let ctl = try RadioFakeController()
-        var radio = try RadioH4(fd: ctl.radioEnd)
-        try radio.start(now: t0)
+        var radio = try startedH4(ctl, now: t0)
         _ = try runInit(&radio, ctl, now: t0, features: featuresLegacy)
         do { let v = radio.state; #expect(v == .scanning) }
         ctl.sendEvent(0x10, [0x05])
@@ -464,8 +462,7 @@ struct RadioH4Tests {
     @Test("A malformed Command Complete is a WireError from the controller")
     func malformedCommandComplete() throws {
         let ctl = try RadioFakeController()
-        var radio = try RadioH4(fd: ctl.radioEnd)
-        try radio.start(now: t0)
+        var radio = try startedH4(ctl, now: t0)
         _ = try #require(ctl.nextCommand())
         ctl.send(hx("04 0E 03 01 03 0C"))  // no Status
         #expect(throws: RadioError.wire(.malformed(at: 5, .commandCompleteWithoutStatus))) {
