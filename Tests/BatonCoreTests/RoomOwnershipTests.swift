@@ -12,6 +12,9 @@ private func at(_ seconds: Double) -> Instant { t0 + .milliseconds(Int((seconds 
 
 private let phone: UInt64 = 0x5A12_3456_789A
 
+/// Every tenth of a second in `tenths`, with its second: the tests that tick every 0.1 s.
+private func tenths(_ tenths: some Sequence<Int>) -> [(tenth: Int, s: Double)] { tenths.map { ($0, Double($0) / 10) } }
+
 /// Seconds a walk's challenger leading the owner by `lead` dB (at least `margin`), steadily,
 /// needs to win (docs/rooms.md §3 "A walk and a border"): `margin × walkDwell` dB·s of lead. Any
 /// other challenge needs `dwell` (3 s) at the margin or more, whatever its lead.
@@ -106,8 +109,7 @@ struct RoomOwnershipTests {
             ["a": -75, "b": -50, "c": -75],
             ["a": -90, "b": -75, "c": -50],
         ]
-        for tenth in 0 ..< 300 {
-            let s = Double(tenth) / 10
+        for (tenth, s) in tenths(0 ..< 300) {
             if tenth % 10 == 0 {
                 for g in ["a", "b", "c"] { b.see(g, rooms[tenth / 100][g]!, at: at(s)) }
             }
@@ -363,8 +365,7 @@ struct RoomOwnershipTests {
         //   are gone, and b wins 0.67 s after 11 s (still in the walk's window).
         for (dip, won) in [(Int8(-58), 11.1), (-62, 11.7)] {
             var b = Building(online: ["a", "b"])
-            for tenth in 0 ... 160 {
-                let s = Double(tenth) / 10
+            for (tenth, s) in tenths(0 ... 160) {
                 if tenth % 10 == 0 { b.see("a", -60, at: at(s)) }
                 if tenth % 5 == 0 { b.see("b", tenth < 100 ? -80 : tenth == 105 ? dip : -51, at: at(s)) }
                 b.tick(at: at(s))
@@ -380,8 +381,7 @@ struct RoomOwnershipTests {
         // b leads by 10 dB, by 2 dB only from 31.5 s to 32 s, then 10 dB again: the dwell
         // starts over at 32 s and b wins at 35 s, not at 33 s.
         var b = Building(online: ["a", "b"])
-        for tenth in 0 ... 400 {
-            let s = Double(tenth) / 10
+        for (tenth, s) in tenths(0 ... 400) {
             if tenth % 5 == 0 {
                 b.see("a", -60, at: at(s))
                 if tenth >= 20 { b.see("b", tenth < 300 ? -62 : tenth == 315 ? -58 : -50, at: at(s)) }
@@ -404,8 +404,7 @@ struct RoomOwnershipTests {
         //   a contest, so it is a border's challenge and needs the dwell, 3 s.
         for (perContest, won) in [(Duration.seconds(1), 31.5), (.seconds(5), 34)] {
             var b = Building(RoomsConfig(calmPerContest: perContest), online: ["a", "b"])
-            for tenth in 0 ... 400 {
-                let s = Double(tenth) / 10
+            for (tenth, s) in tenths(0 ... 400) {
                 if tenth % 5 == 0 {
                     b.see("a", -60, at: at(s))
                     b.see("b", tenth >= 310 ? -48 : tenth >= 30 && tenth % 30 == 0 ? -64 : -75, at: at(s))
@@ -422,8 +421,7 @@ struct RoomOwnershipTests {
         // two rooms, contested all along, no walk. From 30 s b leads by 20 dB (a walk would win
         // in 0.3 s): as any challenge outside a walk, it needs the whole dwell, 3 s.
         var b = Building(online: ["a", "b"])
-        for tenth in 0 ... 400 {
-            let s = Double(tenth) / 10
+        for (tenth, s) in tenths(0 ... 400) {
             if tenth % 10 == 0 {
                 b.see("a", -60, at: at(s))
                 if tenth >= 20 { b.see("b", tenth < 300 ? -62 : -40, at: at(s)) }
@@ -442,8 +440,7 @@ struct RoomOwnershipTests {
         // by 40 dB at 20 s, 3 s after that move: the dwell again, at 23 s. a is far behind b
         // from then on; at 30 s (7 s calm) a walk back to a wins in 0.3 s.
         var b = Building(online: ["a", "b"])
-        for tenth in 0 ... 400 {
-            let s = Double(tenth) / 10
+        for (tenth, s) in tenths(0 ... 400) {
             if tenth % 10 == 0 {
                 let (a, bb): (Int8, Int8) = switch tenth {
                 case ..<100: (-60, -80)
@@ -468,8 +465,7 @@ struct RoomOwnershipTests {
         // person who walked in, 0.3 s.
         for (lead, expected) in [(6, 1.0), (9, 0.7), (12, 0.5), (20, 0.3)] {
             var b = Building(online: ["a", "b"])
-            for tenth in 0 ... 300 {
-                let s = Double(tenth) / 10
+            for (tenth, s) in tenths(0 ... 300) {
                 if tenth % 10 == 0 { b.see("a", -60, at: at(s)) }
                 if tenth >= 100 && tenth % 10 == 0 { b.see("b", Int8(-60 + lead), at: at(s)) }
                 b.tick(at: at(s))
@@ -487,8 +483,7 @@ struct RoomOwnershipTests {
         // 60 s, then 10 dB behind, outside it, for a minute: calm, so the lead at 120 s is a
         // walk, and wins after 6 / 6 = 1 s.
         var b = Building(online: ["a", "b"])
-        for tenth in 0 ... 1800 {
-            let s = Double(tenth) / 10
+        for (tenth, s) in tenths(0 ... 1800) {
             if tenth % 10 == 0 {
                 b.see("a", -60, at: at(s))
                 if tenth >= 20 { b.see("b", tenth < 600 ? -55 : tenth < 1200 ? -70 : -54, at: at(s)) }
@@ -502,8 +497,7 @@ struct RoomOwnershipTests {
     @Test func aGatewayBackOnlineMovesNothingUntilItsSightingsArrive() {
         var b = Building(online: ["a", "b"])
         b.see("a", -40, at: at(0))
-        for tenth in 0 ... 80 {
-            let s = Double(tenth) / 10
+        for (tenth, s) in tenths(0 ... 80) {
             if tenth % 10 == 0 { b.see("b", -70, at: at(s)) }
             if tenth == 20 { b.status("a", online: false, at: at(s)); #expect(b.owner() == "b") }
             if tenth == 25 { b.status("a", online: true, at: at(s)) }
