@@ -22,6 +22,15 @@ private func replayedHall(_ name: String, seed: UInt64) throws
     return (broker, gateway, retained)
 }
 
+/// The hall's stats once they say its capture is replayed (`radio.state` `finished`), within 15 s.
+private func statsOnceReplayed(_ broker: MosquittoBroker) throws -> [String: Any]? {
+    try eventually(within: 15) { () -> [String: Any]? in
+        guard let o = json(try broker.retained("baton/gateways/hall/stats")["baton/gateways/hall/stats"] ?? []),
+              (o["radio"] as? [String: Any])?["state"] as? String == "finished" else { return nil }
+        return o
+    }
+}
+
 @Suite(.serialized) struct GatewayTests {
     /// docs/mqtt.md §2: after a replay, a fresh subscriber sees exactly one retained activity
     /// per Baton device, with the last sequence it sent, and the gateway `online` (§1).
@@ -58,12 +67,7 @@ private func replayedHall(_ name: String, seed: UInt64) throws
                                                            invalidateAtEnd: true)
         defer { gateway.kill() }
         // The stats say the capture was heard and changes were published; then nothing is left.
-        let stats = try eventually(within: 15) { () -> [String: Any]? in
-            guard let o = json(try broker.retained("baton/gateways/hall/stats")["baton/gateways/hall/stats"] ?? []),
-                  (o["radio"] as? [String: Any])?["state"] as? String == "finished" else { return nil }
-            return o
-        }
-        let o = try #require(stats, "\(gateway.log)")
+        let o = try #require(try statsOnceReplayed(broker), "\(gateway.log)")
         #expect(o["beacons"] as? Int ?? 0 > 900)
         // Each device became current at least once and was cleared once: published at once,
         // or owed while the broker had not answered yet (a replay as fast as possible can
@@ -245,12 +249,7 @@ private func replayedHall(_ name: String, seed: UInt64) throws
         let (broker, capture, gateway) = try hallReplaying("truncated", devices: 30, reports: 3_000, seed: 18, truncateBy: 7,
                                                            corruptFirstBeacon: true)
         defer { gateway.kill() }
-        let stats = try eventually(within: 15) { () -> [String: Any]? in
-            guard let o = json(try broker.retained("baton/gateways/hall/stats")["baton/gateways/hall/stats"] ?? []),
-                  (o["radio"] as? [String: Any])?["state"] as? String == "finished" else { return nil }
-            return o
-        }
-        let o = try #require(stats, "\(gateway.log)")
+        let o = try #require(try statsOnceReplayed(broker), "\(gateway.log)")
         let drops = try #require(o["drops"] as? [String: Int])
         #expect(drops["ad-overlong"] == 1, "the corrupted beacon is one counted drop: \(drops)")
         #expect(drops.values.reduce(0, +) >= 2, "the cut record is counted too: \(drops)")
