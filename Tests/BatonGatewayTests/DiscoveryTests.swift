@@ -36,10 +36,8 @@ struct DiscoveryTests {
         defer { gateway.kill() }
         // One gateway entity plus three per tracked device (room, activity, tracker).
         let expected = 1 + 3 * capture.lastBeacons.count
-        let configs = try #require(try eventually(within: 15) { () -> [String: [UInt8]]? in
-            let r = try broker.retained("homeassistant/#")
-            return r.count == expected ? r : nil
-        }, "discovery never complete: \(gateway.log)")
+        let configs = try #require(try broker.retained("homeassistant/#", within: 15) { $0.count == expected },
+                                   "discovery never complete: \(gateway.log)")
 
         var uniqueIDs = Set<String>()
         var deviceIdentifiers = Set<String>()

@@ -99,6 +99,18 @@ func watchOnce(_ broker: MosquittoBroker) throws -> (status: Int32, printed: Str
     return (watch.terminationStatus, printed)
 }
 
+extension MosquittoBroker {
+    /// What the broker retains under `pattern` once `holds` says it is so, polled for up to
+    /// `seconds`; nil if it never is.
+    func retained(_ pattern: String, within seconds: Double,
+                  where holds: ([String: [UInt8]]) -> Bool) throws -> [String: [UInt8]]? {
+        try eventually(within: seconds) { () -> [String: [UInt8]]? in
+            let r = try retained(pattern)
+            return holds(r) ? r : nil
+        }
+    }
+}
+
 func json(_ bytes: [UInt8]) -> [String: Any]? {
     try? JSONSerialization.jsonObject(with: Data(bytes)) as? [String: Any]
 }
@@ -140,6 +152,17 @@ func hallReplaying(_ name: String, devices: Int, reports: Int, seed: UInt64, exp
                                        truncateBy: truncateBy, corruptFirstBeacon: corruptFirstBeacon)
     let yaml = gatewayYAML(port: broker.port, radio: "capture:\(capture.path)", expiry: expiry)
     return (broker, capture, try GatewayProcess(yaml: yaml, in: dir))
+}
+
+/// The hall's stats once its capture has been replayed (`radio.state` `finished`), within 15 s.
+func finishedStats(_ broker: MosquittoBroker, _ gateway: GatewayProcess,
+                   sourceLocation: SourceLocation = #_sourceLocation) throws -> [String: Any] {
+    let stats = try eventually(within: 15) { () -> [String: Any]? in
+        guard let o = json(try broker.retained("baton/gateways/hall/stats")["baton/gateways/hall/stats"] ?? []),
+              (o["radio"] as? [String: Any])?["state"] as? String == "finished" else { return nil }
+        return o
+    }
+    return try #require(stats, "the capture was never finished: \(gateway.log)", sourceLocation: sourceLocation)
 }
 
 /// A generated capture and what it holds: the last beacon each Baton device sent.

@@ -11,24 +11,12 @@ import Testing
 private func replayedHall(_ name: String, seed: UInt64) throws
     -> (broker: MosquittoBroker, gateway: GatewayProcess, activities: [String: [UInt8]]) {
     let (broker, capture, gateway) = try hallReplaying(name, devices: 30, reports: 2_000, seed: seed)
-    let retained = try eventually(within: 15) { () -> [String: [UInt8]]? in
-        let r = try broker.retained("baton/activities/+")
-        return r.count == capture.lastBeacons.count ? r : nil
-    }
+    let retained = try broker.retained("baton/activities/+", within: 15) { $0.count == capture.lastBeacons.count }
     guard let retained else {
         gateway.kill()
         throw BrokerError("the hall never retained its \(capture.lastBeacons.count) activities:\n\(gateway.log)")
     }
     return (broker, gateway, retained)
-}
-
-/// The hall's stats once they say its capture is replayed (`radio.state` `finished`), within 15 s.
-private func statsOnceReplayed(_ broker: MosquittoBroker) throws -> [String: Any]? {
-    try eventually(within: 15) { () -> [String: Any]? in
-        guard let o = json(try broker.retained("baton/gateways/hall/stats")["baton/gateways/hall/stats"] ?? []),
-              (o["radio"] as? [String: Any])?["state"] as? String == "finished" else { return nil }
-        return o
-    }
 }
 
 @Suite(.serialized) struct GatewayTests {
@@ -40,10 +28,7 @@ private func statsOnceReplayed(_ broker: MosquittoBroker) throws -> [String: Any
 
         let expected = Set(capture.lastBeacons.keys.map { String(format: "baton/activities/%012llx", $0) })
         #expect(expected.count == 10)
-        let activities = try eventually(within: 15) { () -> [String: [UInt8]]? in
-            let r = try broker.retained("baton/activities/+")
-            return Set(r.keys) == expected ? r : nil
-        }
+        let activities = try broker.retained("baton/activities/+", within: 15) { Set($0.keys) == expected }
         let got = try #require(activities, "retained activities never matched; gateway log:\n\(gateway.log)")
         for (id, beacon) in capture.lastBeacons {
             let o = try #require(json(got[String(format: "baton/activities/%012llx", id)]!))
@@ -67,7 +52,7 @@ private func statsOnceReplayed(_ broker: MosquittoBroker) throws -> [String: Any
                                                            invalidateAtEnd: true)
         defer { gateway.kill() }
         // The stats say the capture was heard and changes were published; then nothing is left.
-        let o = try #require(try statsOnceReplayed(broker), "\(gateway.log)")
+        let o = try finishedStats(broker, gateway)
         #expect(o["beacons"] as? Int ?? 0 > 900)
         // Each device became current at least once and was cleared once: published at once,
         // or owed while the broker had not answered yet (a replay as fast as possible can
@@ -164,10 +149,7 @@ private func statsOnceReplayed(_ broker: MosquittoBroker) throws -> [String: Any
         usleep(300_000)
         try broker.restart()
         let returned = Date()
-        let after = try eventually(within: 2) { () -> [String: [UInt8]]? in
-            let r = try broker.retained("baton/activities/+")
-            return r == state ? r : nil
-        }
+        let after = try broker.retained("baton/activities/+", within: 2) { $0 == state }
         #expect(after != nil, "not converged \(Date().timeIntervalSince(returned)) s after the broker returned; log:\n\(gateway.log)")
         let status = "baton/gateways/hall/status"
         #expect(text(try broker.retained(status)[status]) == "online")
@@ -249,7 +231,7 @@ private func statsOnceReplayed(_ broker: MosquittoBroker) throws -> [String: Any
         let (broker, capture, gateway) = try hallReplaying("truncated", devices: 30, reports: 3_000, seed: 18, truncateBy: 7,
                                                            corruptFirstBeacon: true)
         defer { gateway.kill() }
-        let o = try #require(try statsOnceReplayed(broker), "\(gateway.log)")
+        let o = try finishedStats(broker, gateway)
         let drops = try #require(o["drops"] as? [String: Int])
         #expect(drops["ad-overlong"] == 1, "the corrupted beacon is one counted drop: \(drops)")
         #expect(drops.values.reduce(0, +) >= 2, "the cut record is counted too: \(drops)")
@@ -280,10 +262,7 @@ private func statsOnceReplayed(_ broker: MosquittoBroker) throws -> [String: Any
         let before = try GeneratedCapture(in: dir, devices: 9, reports: 400, seed: 31)
         let first = try GatewayProcess(
             yaml: gatewayYAML(port: broker.port, radio: "capture:\(before.path)", expiry: "3s"), in: dir)
-        let left = try eventually(within: 10) { () -> [String: [UInt8]]? in
-            let r = try broker.retained("baton/activities/+")
-            return r.count == before.lastBeacons.count ? r : nil
-        }
+        let left = try broker.retained("baton/activities/+", within: 10) { $0.count == before.lastBeacons.count }
         try #require(left != nil, "\(first.log)")
         first.kill()
         // The same gateway comes back and hears other devices only.

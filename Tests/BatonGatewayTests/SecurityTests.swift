@@ -87,16 +87,6 @@ private func securityYAML(port: Int, capture: String, unkeyed: String) throws ->
         """)
 }
 
-/// The stats once the capture has been replayed.
-private func finishedStats(_ broker: MosquittoBroker, _ gateway: GatewayProcess) throws -> [String: Any] {
-    let stats = try eventually(within: 15) { () -> [String: Any]? in
-        guard let o = json(try broker.retained("baton/gateways/hall/stats")["baton/gateways/hall/stats"] ?? []),
-              (o["radio"] as? [String: Any])?["state"] as? String == "finished" else { return nil }
-        return o
-    }
-    return try #require(stats, "the capture was never finished: \(gateway.log)")
-}
-
 @Suite(.serialized) struct SecurityTests {
     /// Issue 7: wrong tag, wrong group, a valid beacon replayed with an old sequence, a bit
     /// flipped: each dropped with its reason; only the device's own beacons reach the broker.
@@ -145,10 +135,8 @@ private func finishedStats(_ broker: MosquittoBroker, _ gateway: GatewayProcess)
         // One activity: Anna's, under her identity id, at the rotated beacon's sequence (once the
         // gateway owns it: docs/rooms.md's settle time).
         let identity = String(format: "%08x%04x", anna.groupHash, 3)
-        let activities = try #require(try eventually(within: 10) { () -> [String: [UInt8]]? in
-            let r = try broker.retained("baton/activities/+")
-            return r.isEmpty ? nil : r
-        }, "nothing was published: \(gateway.log)")
+        let activities = try #require(try broker.retained("baton/activities/+", within: 10) { !$0.isEmpty },
+                                      "nothing was published: \(gateway.log)")
         #expect(Array(activities.keys) == ["baton/activities/\(identity)"], "\(activities.keys.sorted())")
         let a = try #require(json(activities["baton/activities/\(identity)"] ?? []))
         #expect(a["seq"] as? Int == 12 && a["verified"] as? Bool == true && a["identity"] as? Int == 3, "\(a)")
@@ -181,10 +169,8 @@ private func finishedStats(_ broker: MosquittoBroker, _ gateway: GatewayProcess)
         let o = try finishedStats(broker, gateway)
         let drops = try #require(o["drops"] as? [String: Int])
         #expect(drops["beacon-impersonation"] == 2, "\(drops)")
-        let activities = try #require(try eventually(within: 10) { () -> [String: [UInt8]]? in
-            let r = try broker.retained("baton/activities/+")
-            return r.count >= 3 ? r : nil
-        }, "not everything was published: \(gateway.log)")
+        let activities = try #require(try broker.retained("baton/activities/+", within: 10) { $0.count >= 3 },
+                                      "not everything was published: \(gateway.log)")
         func activity(_ id: UInt64) -> [String: Any]? {
             json(activities["baton/activities/\(ActivityBeacon.deviceIDText(id))"] ?? [])
         }

@@ -148,10 +148,7 @@ struct SimulatedRoomTests {
         let gateway = try GatewayProcess(yaml: gatewayYAML(port: broker.port, radio: "sim:\(socketPath)"), in: dir)
         defer { gateway.kill() }
         // Devices 0, 3 and 6 of nine send beacons (a third of them, docs/simulator.md).
-        let activities = try eventually(within: 15) { () -> [String: [UInt8]]? in
-            let r = try broker.retained("baton/activities/+")
-            return r.count == 3 ? r : nil
-        }
+        let activities = try broker.retained("baton/activities/+", within: 15) { $0.count == 3 }
         #expect(activities != nil, "\(gateway.log)")
         // The stats are republished every second: the radio reads scanning once init is done.
         let scanning = try eventually(within: 10) { () -> Bool? in
