@@ -189,10 +189,8 @@ extension FaultTests {
         func ghosts() throws -> Int {
             try broker.retained("baton/activities/+").keys.filter { $0.hasPrefix("baton/activities/5c") }.count
         }
-        let bothOnline = try eventually(within: 10) { () -> Bool? in
-            let r = try broker.retained("baton/gateways/+/status")
-            return text(r["baton/gateways/attic/status"]) == "online" && text(r["baton/gateways/hall/status"]) == "online"
-                ? true : nil
+        let bothOnline = try broker.retained("baton/gateways/+/status", within: 10) {
+            text($0["baton/gateways/attic/status"]) == "online" && text($0["baton/gateways/hall/status"]) == "online"
         }
         try #require(bothOnline != nil, "\(gateways[0].log)\n\(gateways[1].log)")
         sleep(4)  // past the hall's 2 s grace: not the hall's to clear while the attic is first

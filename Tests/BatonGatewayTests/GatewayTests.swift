@@ -110,11 +110,8 @@ private func replayedHall(_ name: String, seed: UInt64) throws
         // Lost, as nats-server loses it: no status retained, no connectivity config.
         try broker.publish(topic: status, payload: [], retain: true)
         try broker.publish(topic: config, payload: [], retain: true)
-        let back = try eventually(within: 15) { () -> Bool? in
-            let r = try broker.retained("#")
-            return text(r[status]) == "online" && r[config] != nil ? true : nil
-        }
-        #expect(back == true, "the lost status never came back: \(gateway.log)")
+        let back = try broker.retained("#", within: 15) { text($0[status]) == "online" && $0[config] != nil }
+        #expect(back != nil, "the lost status never came back: \(gateway.log)")
         #expect(try eventually(within: 5) { try republished().flatMap { $0 >= 1 ? $0 : nil } } == 1, "\(gateway.log)")
         #expect(gateway.log.contains("the broker did not keep this gateway's status (it holds nothing at baton/gateways/hall/status, not 'online')"),
                 "\(gateway.log)")
@@ -359,11 +356,8 @@ private func replayedHall(_ name: String, seed: UInt64) throws
         let yaml = gatewayYAML(port: broker.port, radio: "capture:\(capture.path)", extra: "relay:\n  links: 256\n  streams: 1024")
         let gateway = try GatewayProcess(yaml: yaml, in: dir, openFiles: (1024, 4096))
         defer { gateway.kill() }
-        let retained = try eventually(within: 15) { () -> Int? in
-            let n = try broker.retained("baton/activities/+").count
-            return n == capture.lastBeacons.count ? n : nil
-        }
-        #expect(retained == capture.lastBeacons.count, "\(gateway.log)")
+        let retained = try broker.retained("baton/activities/+", within: 15) { $0.count == capture.lastBeacons.count }
+        #expect(retained?.count == capture.lastBeacons.count, "\(gateway.log)")
         let limits = try String(contentsOfFile: "/proc/\(gateway.process.processIdentifier)/limits", encoding: .utf8)
         let line = try #require(limits.split(separator: "\n").first { $0.hasPrefix("Max open files") })
         let soft = line.split(separator: " ", omittingEmptySubsequences: true).dropFirst(3).first.flatMap { Int($0) }
