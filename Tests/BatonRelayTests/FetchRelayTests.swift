@@ -83,6 +83,13 @@ private final class Rig: RelayRig {
         relay.fetch(device.target(sequence), route: route, now: now, mqtt: &gateway)
     }
 
+    /// `fetch`, then runs until the relay has sent `count` records to `device` in all.
+    func fetch(_ device: Device, _ sequence: UInt16, _ route: FetchRoute, now: Instant = .now, untilSent count: Int,
+               sourceLocation: SourceLocation = #_sourceLocation) throws {
+        fetch(device, sequence, route, now: now)
+        try waitForFetches(device, count, sourceLocation: sourceLocation)
+    }
+
     func answers(_ route: FetchRoute) -> [MQTTMessage] { messages.filter { $0.topic == route.responseTopic } }
 
     /// Runs until every route has an answer, then a bounded extra moment in which a stray
@@ -176,8 +183,7 @@ struct FetchRelayTests {
         let saved = try activityPayload("On rivers, chapter 2")
 
         let r1 = v5("phone", correlation: [0x0A, 0x1B])
-        rig.fetch(reader, 0x0102, r1)
-        try rig.waitForFetches(reader, 1)
+        try rig.fetch(reader, 0x0102, r1, untilSent: 1)
         #expect(rig.devices.received(reader.link) == [[0x01, 0x02, 0x01]], "fetch, sequence 0x0102 little-endian (§5.1)")
         #expect(rig.relay.counters.linkOpens == 1)
         try rig.devices.send(reader.link, [0x02, 0x02, 0x01] + first)  // payload, sequence 0x0102
@@ -200,8 +206,7 @@ struct FetchRelayTests {
 
         // The user saved: the beacon says 0x0103, the cached 0x0102 is stale.
         let r3 = v5("laptop", correlation: [0x03])
-        rig.fetch(reader, 0x0103, r3)
-        try rig.waitForFetches(reader, 2)
+        try rig.fetch(reader, 0x0103, r3, untilSent: 2)
         #expect(rig.devices.received(reader.link).last == [0x01, 0x03, 0x01])
         try rig.devices.send(reader.link, [0x02, 0x03, 0x01] + saved)
         expectV5OK(try rig.onlyAnswer(r3), r3, device: reader, seq: 0x0103, payload: saved)
@@ -216,8 +221,7 @@ struct FetchRelayTests {
         let rig = try Rig()
         let payload = try activityPayload("Saved since")
         let r1 = v5("phone")
-        rig.fetch(reader, 0x0102, r1)
-        try rig.waitForFetches(reader, 1)
+        try rig.fetch(reader, 0x0102, r1, untilSent: 1)
         try rig.devices.send(reader.link, [0x02, 0x05, 0x01] + payload)  // payload, sequence 0x0105
         expectV5OK(try rig.onlyAnswer(r1), r1, device: reader, seq: 0x0105, payload: payload)
 
@@ -227,8 +231,7 @@ struct FetchRelayTests {
         expectV5OK(try rig.onlyAnswer(r2), r2, device: reader, seq: 0x0105, payload: payload)
         #expect(rig.relay.counters.cacheHits == 1)
         let r3 = v5("laptop")
-        rig.fetch(reader, 0x0106, r3)
-        try rig.waitForFetches(reader, 2)
+        try rig.fetch(reader, 0x0106, r3, untilSent: 2)
         #expect(rig.devices.received(reader.link) == [[0x01, 0x02, 0x01], [0x01, 0x06, 0x01]])
     }
 
@@ -238,8 +241,7 @@ struct FetchRelayTests {
         let old = try activityPayload("Before the save")
         let new = try activityPayload("After the save")
         let r1 = v5("phone")
-        rig.fetch(reader, 0x0001, r1)
-        try rig.waitForFetches(reader, 1)
+        try rig.fetch(reader, 0x0001, r1, untilSent: 1)
         // The beacon moved on while the fetch was out: a second requester heard 0x0002.
         let r2 = v5("tv")
         rig.fetch(reader, 0x0002, r2)
@@ -262,8 +264,7 @@ struct FetchRelayTests {
         let phone = v5("phone", correlation: [0x01])
         let tv = v3("tv", correlation: [0x02])
         rig.fetch(reader, 0x0102, phone)
-        rig.fetch(reader, 0x0102, tv)
-        try rig.waitForFetches(reader, 1)
+        try rig.fetch(reader, 0x0102, tv, untilSent: 1)
         rig.settle()
         #expect(rig.devices.received(reader.link) == [[0x01, 0x02, 0x01]])
         #expect(rig.relay.pendingCount == 2)
@@ -283,8 +284,7 @@ struct FetchRelayTests {
         let rig = try Rig()
         let payload = try activityPayload("Again")
         let first = v5("tv", correlation: [0x01])
-        rig.fetch(reader, 0x0102, first)
-        try rig.waitForFetches(reader, 1)
+        try rig.fetch(reader, 0x0102, first, untilSent: 1)
         let second = v5("tv", correlation: [0x02])
         rig.relay.supersede(second, mqtt: &rig.gateway)
         rig.fetch(reader, 0x0102, second)
@@ -303,8 +303,7 @@ struct FetchRelayTests {
     func silentDeviceTimesOut() throws {
         let rig = try Rig(RelayConfig(fetchTimeout: .milliseconds(300)))
         let r1 = v5("phone")
-        rig.fetch(reader, 0x0102, r1)
-        try rig.waitForFetches(reader, 1)
+        try rig.fetch(reader, 0x0102, r1, untilSent: 1)
         try expectError(rig.onlyAnswer(r1), r1, "timeout", device: reader, detail: "relay.fetch-timeout")
         #expect(count(rig.relay, .timeout) == 1)
         #expect(rig.relay.pendingCount == 0)
@@ -313,8 +312,7 @@ struct FetchRelayTests {
 
         let payload = try activityPayload("Late")
         let r2 = v3("phone-again")
-        rig.fetch(reader, 0x0102, r2)
-        try rig.waitForFetches(reader, 2)
+        try rig.fetch(reader, 0x0102, r2, untilSent: 2)
         #expect(rig.devices.links(reader.link) == 2)
         #expect(rig.devices.received(reader.link).last == [0x01, 0x02, 0x01])
         try rig.devices.send(reader.link, [0x02, 0x02, 0x01] + payload)
@@ -326,8 +324,7 @@ struct FetchRelayTests {
     func deviceHangsUp() throws {
         let rig = try Rig()
         let r1 = v3("phone")
-        rig.fetch(reader, 0x0102, r1)
-        try rig.waitForFetches(reader, 1)
+        try rig.fetch(reader, 0x0102, r1, untilSent: 1)
         try rig.devices.hangUp(reader.link)
         try expectError(rig.onlyAnswer(r1), r1, "unreachable", device: reader, detail: "the device closed the link")
         #expect(rig.relay.counters.linkFailures == 1)
@@ -365,8 +362,7 @@ struct FetchRelayTests {
     func fetchRefused(reason: UInt8, expected: String, detail: String) throws {
         let rig = try Rig()
         let r1 = v5("phone")
-        rig.fetch(reader, 0x0102, r1)
-        try rig.waitForFetches(reader, 1)
+        try rig.fetch(reader, 0x0102, r1, untilSent: 1)
         try rig.devices.send(reader.link, [0x03, 0x02, 0x01, reason])  // fetch-refused, sequence 0x0102
         try expectError(rig.onlyAnswer(r1), r1, expected, device: reader, detail: detail)
         #expect(rig.relay.drops.total == 0)
@@ -378,14 +374,12 @@ struct FetchRelayTests {
         let rig = try Rig(RelayConfig(payloadMax: 64))
         let fits = [UInt8](repeating: 0xA5, count: 64)
         let r1 = v5("phone")
-        rig.fetch(reader, 0x0102, r1)
-        try rig.waitForFetches(reader, 1)
+        try rig.fetch(reader, 0x0102, r1, untilSent: 1)
         try rig.devices.send(reader.link, [0x02, 0x02, 0x01] + fits)
         expectV5OK(try rig.onlyAnswer(r1), r1, device: reader, seq: 0x0102, payload: fits)
 
         let r2 = v5("tv")
-        rig.fetch(reader, 0x0103, r2)
-        try rig.waitForFetches(reader, 2)
+        try rig.fetch(reader, 0x0103, r2, untilSent: 2)
         try rig.devices.send(reader.link, [0x02, 0x03, 0x01] + [UInt8](repeating: 0xA5, count: 65))
         try expectError(rig.onlyAnswer(r2), r2, "too-large", device: reader, detail: "relay.payload-max")
         #expect(count(rig.relay, .tooLarge) == 1)
@@ -399,8 +393,7 @@ struct FetchRelayTests {
     func malformedMessage(message: [UInt8], reason: String) throws {
         let rig = try Rig()
         let r1 = v5("phone")
-        rig.fetch(reader, 0x0102, r1)
-        try rig.waitForFetches(reader, 1)
+        try rig.fetch(reader, 0x0102, r1, untilSent: 1)
         try rig.devices.send(reader.link, message)
         try expectError(rig.onlyAnswer(r1), r1, "unreachable", device: reader, detail: "malformed")
         #expect(rig.relay.drops.sorted.map(\.reason) == [reason])
@@ -429,8 +422,7 @@ struct FetchRelayTests {
         let p2 = try activityPayload("Tablet")
         let r1 = v5("phone")
         let r2 = v5("tv")
-        rig.fetch(reader, 0x0102, r1)
-        try rig.waitForFetches(reader, 1)
+        try rig.fetch(reader, 0x0102, r1, untilSent: 1)
         rig.fetch(tablet, 0x0007, r2)
         rig.settle()
         #expect(rig.devices.links(tablet.link) == 0, "no free link: the request waits")
@@ -456,8 +448,7 @@ struct FetchRelayTests {
         let r1 = v5("phone")
         let r2 = v5("tv")
         let start = Instant.now
-        rig.fetch(reader, 0x0102, r1, now: start)
-        try rig.waitForFetches(reader, 1)
+        try rig.fetch(reader, 0x0102, r1, now: start, untilSent: 1)
         // The relay's time is the caller's: the tablet's request is stamped 2 s after the
         // reader's, so its deadline falls well after the reader's however slow the machine.
         rig.fetch(tablet, 0x0007, r2, now: start + .seconds(2))
@@ -474,8 +465,7 @@ struct FetchRelayTests {
         let rig = try Rig(RelayConfig(links: 1))  // link-idle stays 10 s: only the takeover can close it
         let payload = try activityPayload("Reader")
         let r1 = v5("phone")
-        rig.fetch(reader, 0x0102, r1)
-        try rig.waitForFetches(reader, 1)
+        try rig.fetch(reader, 0x0102, r1, untilSent: 1)
         try rig.devices.send(reader.link, [0x02, 0x02, 0x01] + payload)
         _ = try rig.onlyAnswer(r1)
         #expect(rig.relay.openLinks == 1)
@@ -498,8 +488,7 @@ struct FetchRelayTests {
         let rig = try Rig(RelayConfig(linkIdle: .milliseconds(200)))
         let payload = try activityPayload("Reader")
         let r1 = v5("phone")
-        rig.fetch(reader, 0x0102, r1)
-        try rig.waitForFetches(reader, 1)
+        try rig.fetch(reader, 0x0102, r1, untilSent: 1)
         try rig.devices.send(reader.link, [0x02, 0x02, 0x01] + payload)
         _ = try rig.onlyAnswer(r1)
         #expect(rig.run { rig.devices.isClosed(reader.link) }, "the idle link closes after relay.link-idle")
@@ -546,8 +535,7 @@ struct FetchRelayTests {
         let rig = try Rig(RelayConfig(links: 1))
         let r1 = v5("phone")
         let r2 = v3("tv")
-        rig.fetch(reader, 0x0102, r1)
-        try rig.waitForFetches(reader, 1)
+        try rig.fetch(reader, 0x0102, r1, untilSent: 1)
         rig.fetch(tablet, 0x0007, r2)  // waits for a link
         rig.relay.stop(mqtt: &rig.gateway)
         #expect(rig.relay.pendingCount == 0)
@@ -565,8 +553,7 @@ struct FetchRelayTests {
         let r5 = v5("phone", format: .json)
         let r3 = v3("tv", format: .json)
         rig.fetch(reader, 0x0102, r5)
-        rig.fetch(reader, 0x0102, r3)
-        try rig.waitForFetches(reader, 1)
+        try rig.fetch(reader, 0x0102, r3, untilSent: 1)
         try rig.devices.send(reader.link, [0x02, 0x02, 0x01] + payload)
         let answers = try rig.onlyAnswers([r5, r3])
 
@@ -592,8 +579,7 @@ struct FetchRelayTests {
         let asJSON = v5("phone", format: .json)
         let asCBOR = v5("tv", format: .cbor)
         rig.fetch(reader, 0x0102, asJSON)
-        rig.fetch(reader, 0x0102, asCBOR)
-        try rig.waitForFetches(reader, 1)
+        try rig.fetch(reader, 0x0102, asCBOR, untilSent: 1)
         try rig.devices.send(reader.link, [0x02, 0x02, 0x01] + notAPayload)
         let answers = try rig.onlyAnswers([asJSON, asCBOR])
         try expectError(answers[0], asJSON, "bad-request", device: reader, detail: "ask for cbor")
