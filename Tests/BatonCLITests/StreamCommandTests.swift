@@ -105,6 +105,16 @@ private func stream(_ broker: MosquittoBroker, _ arguments: String...) throws ->
             ["stream", "5a0000000001", "--broker", "mqtt://127.0.0.1:\(broker.port)"] + arguments)
 }
 
+/// A broker, the gateway's side played on it, and `baton stream` against it (`arguments`, stdin
+/// `input`), once the gateway has seen its open: `s`, the stream's id.
+private func openedStream(_ arguments: [String] = [], input: [UInt8]? = nil) throws
+    -> (broker: MosquittoBroker, gateway: ScriptedGateway, run: StreamRun, s: String) {
+    let broker = try MosquittoBroker()
+    let gateway = try ScriptedGateway(broker)
+    let run = try StreamRun(broker, arguments, input: input)
+    return (broker, gateway, run, try gateway.awaitOpen())
+}
+
 /// `baton stream` in the background, stdin from a file (or /dev/null), stdout and stderr to files.
 private final class StreamRun {
     let child: ChildProcess
@@ -207,10 +217,7 @@ struct StreamCommandTests {
 
     @Test("A whole stream with a scripted gateway: stdin in frames of the gateway's max data, stdout acknowledged once written")
     func wholeStream() throws {
-        let broker = try MosquittoBroker()
-        let gateway = try ScriptedGateway(broker)
-        let run = try StreamRun(broker, ["--timeout", "10"], input: Array("hello device".utf8))
-        let s = try gateway.awaitOpen()
+        let (_, gateway, run, s) = try openedStream(["--timeout", "10"], input: Array("hello device".utf8))
 
         // The device takes 4 frames of at most 8 bytes (§7.2 step 3).
         try gateway.down(s, "10 0400 0800")
@@ -247,10 +254,7 @@ struct StreamCommandTests {
             ("14 06", "baton stream: gone: the device or its gateway reset the stream"),
           ])
     func refused(frame: String, says: String) throws {
-        let broker = try MosquittoBroker()
-        let gateway = try ScriptedGateway(broker)
-        let run = try StreamRun(broker)
-        let s = try gateway.awaitOpen()
+        let (_, gateway, run, s) = try openedStream()
         try gateway.down(s, frame)
         #expect(run.status() == 1, "\(run.stderr)")
         #expect(run.stderr.contains(says), "\(run.stderr)")
@@ -264,10 +268,7 @@ struct StreamCommandTests {
             ("01 0100", "not a stream frame"),
           ])
     func breach(frame: String, says: String) throws {
-        let broker = try MosquittoBroker()
-        let gateway = try ScriptedGateway(broker)
-        let run = try StreamRun(broker)
-        let s = try gateway.awaitOpen()
+        let (_, gateway, run, s) = try openedStream()
         try gateway.down(s, "10 0400 0800")
         try gateway.down(s, frame)
         #expect(run.status() == 1, "\(run.stderr)")
@@ -278,10 +279,7 @@ struct StreamCommandTests {
 
     @Test("Ctrl-C: the device is told (reset cancelled) and the exit status is 130")
     func interrupted() throws {
-        let broker = try MosquittoBroker()
-        let gateway = try ScriptedGateway(broker)
-        let run = try StreamRun(broker)
-        let s = try gateway.awaitOpen()
+        let (_, gateway, run, s) = try openedStream()
         try gateway.down(s, "10 0400 0800")
         // stdin is empty: the close at 0 says the open was taken.
         #expect(gateway.awaitUp(s, "1300000000"), "up: \(gateway.up(s))")
@@ -292,10 +290,7 @@ struct StreamCommandTests {
 
     @Test("No ack for a second: every unacknowledged frame is sent again, from the first, with the close")
     func resendWithoutAcks() throws {
-        let broker = try MosquittoBroker()
-        let gateway = try ScriptedGateway(broker)
-        let run = try StreamRun(broker, input: Array("abcdef".utf8))
-        let s = try gateway.awaitOpen()
+        let (_, gateway, run, s) = try openedStream(input: Array("abcdef".utf8))
         try gateway.down(s, "10 0400 0300")
         let first = ["1100000000" + hexString("abc".utf8), "1101000000" + hexString("def".utf8), "1302000000"]
         #expect(gateway.awaitUp(s, first[2]), "up: \(gateway.up(s))")
@@ -358,10 +353,7 @@ struct StreamCommandTests {
 
     @Test("A broker restart: the close and the last ack are said again on the new connection, and the stream completes")
     func brokerRestart() throws {
-        let broker = try MosquittoBroker()
-        let gateway = try ScriptedGateway(broker)
-        let run = try StreamRun(broker, input: Array("abc".utf8))
-        let s = try gateway.awaitOpen()
+        let (broker, gateway, run, s) = try openedStream(input: Array("abc".utf8))
         try gateway.down(s, "10 0400 0800")
         #expect(gateway.awaitUp(s, "1301000000"), "up: \(gateway.up(s))")
         // Everything acknowledged both ways; only the device's close is missing. Nothing is in
