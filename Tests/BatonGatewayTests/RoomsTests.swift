@@ -207,6 +207,24 @@ func bridgedFloors() throws -> (floor1: MosquittoBroker, floor2: MosquittoBroker
         return (broker, watcher, building, hall)
     }
 
+    /// A second gateway, "lab", says it is online (its retained status).
+    func labComesOnline(_ broker: MosquittoBroker) throws {
+        try broker.publish(topic: "baton/gateways/lab/status", payload: Array("online".utf8), retain: true)
+        usleep(200_000)
+    }
+
+    /// Lab sights alice at `rssi` (its sighting `n`), then publishes the hall's message `ours`
+    /// as its own: the claim of a gateway whose view parted from the hall's.
+    func labClaimsAlice(_ broker: MosquittoBroker, from ours: [UInt8], rssi: Int, n: Int) throws {
+        try broker.publish(topic: "baton/sightings/lab/\(alice)", payload: Array(#"{"rssi":\#(rssi),"since":100,"n":\#(n)}"#.utf8))
+        usleep(100_000)
+        var o = try #require(json(ours))
+        o["gateway"] = "lab"
+        o["room"] = "Lab"
+        try broker.publish(topic: "baton/activities/\(alice)", payload: Array(try JSONSerialization.data(withJSONObject: o)),
+                           retain: true)
+    }
+
     /// Runs the walk with gateways on `brokers[i % brokers.count]` and checks what a user
     /// would: the activity's room follows alice with exactly two moves, the border tablet
     /// moves at most once, and the retained state at the end names the office.
@@ -284,24 +302,13 @@ func bridgedFloors() throws -> (floor1: MosquittoBroker, floor2: MosquittoBroker
         let (broker, watcher, building, hall) = try aliceInTheHall("claims", seed: 5,
             radio: "{in-room: -55, per-room: -15, heard-down-to: -95, noise: 0, loss: 0}")
         let ours = try #require(try broker.retained("baton/activities/\(alice)")["baton/activities/\(alice)"])
-
-        func claim(rssi: Int, n: Int) throws {
-            try broker.publish(topic: "baton/sightings/lab/\(alice)", payload: Array(#"{"rssi":\#(rssi),"since":100,"n":\#(n)}"#.utf8))
-            usleep(100_000)
-            var o = try #require(json(ours))
-            o["gateway"] = "lab"
-            o["room"] = "Lab"
-            try broker.publish(topic: "baton/activities/\(alice)", payload: Array(try JSONSerialization.data(withJSONObject: o)),
-                               retain: true)
-        }
-        try broker.publish(topic: "baton/gateways/lab/status", payload: Array("online".utf8), retain: true)
-        usleep(200_000)
+        try labComesOnline(broker)
         // Weaker than the hall: the hall keeps her and says so.
-        try claim(rssi: -70, n: 1)
+        try labClaimsAlice(broker, from: ours, rssi: -70, n: 1)
         let back = eventually(within: 3) { watcher.owners(of: alice) == ["hall", "lab", "hall"] ? true : nil }
         #expect(back != nil, "owners: \(watcher.owners(of: alice))\n\(hall.log)")
         // 3 dB stronger: the hall gives way and stays silent.
-        try claim(rssi: -52, n: 2)
+        try labClaimsAlice(broker, from: ours, rssi: -52, n: 2)
         let yielded = eventually(within: 3) { hall.log.contains("moved to lab (yielded)") ? true : nil }
         #expect(yielded != nil, "\(hall.log)")
         sleep(1)
@@ -324,15 +331,9 @@ func bridgedFloors() throws -> (floor1: MosquittoBroker, floor2: MosquittoBroker
             radio: "{in-room: -55, per-room: -15, heard-down-to: -95, noise: 0, loss: 0}")
         let topic = "baton/activities/\(alice)"
         let ours = try #require(try broker.retained(topic)[topic])
-        try broker.publish(topic: "baton/gateways/lab/status", payload: Array("online".utf8), retain: true)
-        usleep(200_000)
+        try labComesOnline(broker)
         // lab hears her 3 dB better (under the margin, so only rank settles it) and claims her.
-        try broker.publish(topic: "baton/sightings/lab/\(alice)", payload: Array(#"{"rssi":-52,"since":100,"n":1}"#.utf8))
-        usleep(100_000)
-        var o = try #require(json(ours))
-        o["gateway"] = "lab"
-        o["room"] = "Lab"
-        try broker.publish(topic: topic, payload: Array(try JSONSerialization.data(withJSONObject: o)), retain: true)
+        try labClaimsAlice(broker, from: ours, rssi: -52, n: 1)
         try broker.publish(topic: topic, payload: ours, retain: true)
         let yielded = eventually(within: 3) { hall.log.contains("moved to lab (yielded)") ? true : nil }
         #expect(yielded != nil, "the hall kept alice although lab ranks higher: \(hall.log)")
@@ -346,8 +347,7 @@ func bridgedFloors() throws -> (floor1: MosquittoBroker, floor2: MosquittoBroker
         let (broker, watcher, building, hall) = try aliceInTheHall("garbage", seed: 3)
 
         // A second gateway "lab" comes online and sights alice weakly: accepted, changes nothing.
-        try broker.publish(topic: "baton/gateways/lab/status", payload: Array("online".utf8), retain: true)
-        usleep(200_000)
+        try labComesOnline(broker)
         func sighting(_ from: String, _ body: String) throws {
             try broker.publish(topic: "baton/sightings/\(from)/\(alice)", payload: Array(body.utf8))
         }
