@@ -1,9 +1,6 @@
-// Entry point. scripts/fuzz builds with -DBATON_LIBFUZZER and -sanitize=fuzzer: libFuzzer
-// drives `fuzzOne`. A plain build replays corpus files given as arguments.
+// Entry point: libFuzzer drives `fuzzOne` under scripts/fuzz; a plain build replays corpus
+// files given as arguments (FuzzSupport's fuzzMain). `fuzzOne` goes in a closure: named
+// bare, a debug build would define its C entry here again.
 import FuzzSupport
 
-#if BATON_LIBFUZZER
-runLibFuzzer(fuzzOne)
-#else
-replayCorpusAndExit(check)
-#endif
+fuzzMain(check, { fuzzOne($0, $1) })

@@ -44,6 +44,18 @@ public func offset(of slice: UnsafeRawBufferPointer, in whole: UnsafeRawBufferPo
     return lower
 }
 
+/// Every target's main.swift: built by scripts/fuzz (-DBATON_LIBFUZZER), libFuzzer's driver
+/// calls the target's `fuzzOne`; built plain, the files and directories named on the command
+/// line are replayed through its `check`.
+public func fuzzMain(_ check: (UnsafeRawBufferPointer) -> Void,
+                     _ fuzzOne: @convention(c) (UnsafePointer<UInt8>?, Int) -> Int32) -> Never {
+#if BATON_LIBFUZZER
+    runLibFuzzer(fuzzOne)
+#else
+    replayCorpusAndExit(check)
+#endif
+}
+
 /// The plain build's main: replays the files and directories named on the command line.
 public func replayCorpusAndExit(_ check: (UnsafeRawBufferPointer) -> Void) -> Never {
     exit(replayCorpus(Array(CommandLine.arguments.dropFirst()), check))
