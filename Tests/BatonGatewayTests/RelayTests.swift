@@ -76,6 +76,8 @@ final class RelayBuilding {
     let building: SimulatedBuilding
     var gateways: [GatewayProcess] = []
     let player: ScenarioPlayer
+    /// The tests' `mosquitto_sub`s (`subscribe`), killed with the building.
+    private var subscribers: [ChildProcess] = []
 
     /// `extra` is YAML appended to every gateway's config (a `relay:` section, say).
     init(name: String, brokers: [MosquittoBroker], extra: String = "") throws {
@@ -106,6 +108,20 @@ final class RelayBuilding {
 
     func stopAll() {
         for g in gateways { #expect(g.stop() == 0, "a gateway did not stop cleanly: \(g.log)") }
+    }
+
+    /// `mosquitto_sub` on `broker` with `arguments` (its topic and how it prints) into the file
+    /// `name` in the building's folder, which `read` and `bytes` read, until the building goes.
+    func subscribe(_ name: String, on broker: MosquittoBroker, _ arguments: [String]) throws {
+        subscribers.append(try ChildProcess("/usr/bin/mosquitto_sub", ["-h", "127.0.0.1", "-p", "\(broker.port)"] + arguments,
+                                            stdout: dir.appendingPathComponent(name).path))
+    }
+
+    deinit {
+        for sub in subscribers {
+            sub.signal(SIGKILL)
+            _ = sub.wait(timeout: .seconds(5))
+        }
     }
 }
 
@@ -215,10 +231,7 @@ final class HandFetches {
     @Test func aSealedPayloadCrossesTheBuildingAsCiphertext() throws {
         let broker = try MosquittoBroker()
         let b = try RelayBuilding(name: "fetch-sealed", brokers: [broker])
-        let everything = b.dir.appendingPathComponent("everything.bin")
-        let sub = try ChildProcess("/usr/bin/mosquitto_sub", ["-h", "127.0.0.1", "-p", "\(broker.port)", "-v", "-t", "#"],
-                                   stdout: everything.path)
-        defer { sub.signal(SIGKILL); _ = sub.wait(timeout: .seconds(5)) }
+        try b.subscribe("everything.bin", on: broker, ["-v", "-t", "#"])
         usleep(300_000)
         let url = "mqtt://127.0.0.1:\(broker.port)"
         let plain = b.player.payload(device: 3, sequence: b.player.sequence(device: 3))
@@ -244,7 +257,7 @@ final class HandFetches {
 
         // Nothing on the broker ever held the plaintext.
         usleep(500_000)
-        let seen = (try? Data(contentsOf: everything)).map { [UInt8]($0) } ?? []
+        let seen = b.bytes("everything.bin")
         #expect(seen.count > 0)
         #expect(!contains(seen, Array("secret plan".utf8)), "the title crossed the broker in the clear")
         #expect(!contains(seen, Array(plain.prefix(48))), "the payload's bytes crossed the broker in the clear")
@@ -256,10 +269,7 @@ final class HandFetches {
     @Test func aFetchThatContinuesTellsTheDeviceAndPublishesTheEvent() throws {
         let broker = try MosquittoBroker()
         let b = try RelayBuilding(name: "fetch-continue", brokers: [broker])
-        let events = b.dir.appendingPathComponent("continued.txt")
-        let sub = try ChildProcess("/usr/bin/mosquitto_sub", ["-h", "127.0.0.1", "-p", "\(broker.port)", "-v",
-                                                              "-t", "baton/continued/+"], stdout: events.path)
-        defer { sub.signal(SIGKILL); _ = sub.wait(timeout: .seconds(5)) }
+        try b.subscribe("continued.txt", on: broker, ["-v", "-t", "baton/continued/+"])
         let watchOut = b.dir.appendingPathComponent("watch.txt")
         let watch = try ChildProcess(batonBinary.path, ["watch", "--lines", "--broker", "mqtt://127.0.0.1:\(broker.port)"],
                                      stdout: watchOut.path)
@@ -285,8 +295,7 @@ final class HandFetches {
 
         // And automations saw the event, once.
         let seen = eventually(within: 5) { () -> [String]? in
-            let text = (try? String(contentsOf: events, encoding: .utf8)) ?? ""
-            let lines = text.split(separator: "\n").map(String.init)
+            let lines = b.read("continued.txt").split(separator: "\n").map(String.init)
             return lines.isEmpty ? nil : lines
         }
         #expect(seen?.count == 1, "events: \(seen ?? [])")
@@ -363,11 +372,7 @@ final class HandFetches {
         // Without the owner's own fetch for carol's title (docs/relay.md §4.1), which would leave
         // her payload in the cache and answer the first request from it before the second came.
         let b = try RelayBuilding(name: "fetch-cancel", brokers: [broker], extra: "relay:\n  fetch-titles: false\n")
-        let answers = b.dir.appendingPathComponent("answers.txt")
-        let sub = try ChildProcess("/usr/bin/mosquitto_sub",
-                                   ["-h", "127.0.0.1", "-p", "\(broker.port)", "-V", "mqttv5", "-F", "%t %P %p",
-                                    "-t", "test/v5/#"], stdout: answers.path)
-        defer { sub.signal(SIGKILL); _ = sub.wait(timeout: .seconds(5)) }
+        try b.subscribe("answers.txt", on: broker, ["-V", "mqttv5", "-F", "%t %P %p", "-t", "test/v5/#"])
         usleep(300_000)
         // Two requests in one connection, back to back (`-l`: one message per stdin line), for
         // JSON answers so the collected file is text.
@@ -378,12 +383,11 @@ final class HandFetches {
             "-D publish response-topic test/v5/me -D publish correlation-data ab < \(lines.path)"])
         #expect(pub.wait(timeout: .seconds(10)) == 0)
         let got = eventually(within: 10) { () -> [String]? in
-            let text = (try? String(contentsOf: answers, encoding: .utf8)) ?? ""
-            let l = text.split(separator: "\n").map(String.init)
+            let l = b.read("answers.txt").split(separator: "\n").map(String.init)
             return l.count >= 2 ? l : nil
         }
         usleep(1_000_000)
-        let all = ((try? String(contentsOf: answers, encoding: .utf8)) ?? "").split(separator: "\n").map(String.init)
+        let all = b.read("answers.txt").split(separator: "\n").map(String.init)
         #expect(got != nil && all.count == 2, "two requests, answers: \(all)")
         #expect(all.first?.contains("status:cancelled") == true, "first answer: \(all.first ?? "none")")
         #expect(all.last?.contains("status:ok") == true, "second answer: \(all.last ?? "none")")
@@ -405,6 +409,9 @@ let streamBroker = ["set_tcp_nodelay true"]
 extension RelayBuilding {
     /// What the file `name` in the building's folder says; "" while there is none.
     func read(_ name: String) -> String { (try? String(contentsOf: dir.appendingPathComponent(name), encoding: .utf8)) ?? "" }
+
+    /// The bytes of the file `name` in the building's folder; none while there is none.
+    func bytes(_ name: String) -> [UInt8] { (try? Data(contentsOf: dir.appendingPathComponent(name))).map { [UInt8]($0) } ?? [] }
 
     /// `baton stream` to `device` fed by a writer that never ends (1 KiB every 10 ms): what comes
     /// back in out.bin, what it says in err.txt, and its exit status in status.txt once it ends.
@@ -486,10 +493,7 @@ extension RelayBuilding {
         try "\(daveSecret)\n".write(to: b.dir.appendingPathComponent("dave.key"), atomically: true, encoding: .utf8)
         let other = GroupSecret(bytes: Array(repeating: 0x42, count: GroupSecret.byteCount)).text
         try "\(other)\n".write(to: b.dir.appendingPathComponent("other.key"), atomically: true, encoding: .utf8)
-        let everything = b.dir.appendingPathComponent("everything.bin")
-        let sub = try ChildProcess("/usr/bin/mosquitto_sub", ["-h", "127.0.0.1", "-p", "\(broker.port)", "-v", "-t", "#"],
-                                   stdout: everything.path)
-        defer { sub.signal(SIGKILL); _ = sub.wait(timeout: .seconds(5)) }
+        try b.subscribe("everything.bin", on: broker, ["-v", "-t", "#"])
         usleep(300_000)
         let url = "mqtt://127.0.0.1:\(broker.port)"
 
@@ -509,8 +513,8 @@ extension RelayBuilding {
 
         // Nothing on the broker ever held the plaintext.
         usleep(500_000)
-        let seen = (try? Data(contentsOf: everything)).map { [UInt8]($0) } ?? []
-        let plain = (try? Data(contentsOf: b.dir.appendingPathComponent("in.bin"))).map { [UInt8]($0) } ?? []
+        let seen = b.bytes("everything.bin")
+        let plain = b.bytes("in.bin")
         #expect(seen.count > plain.count, "the subscriber saw less than the stream carried")
         for at in [0, 300_000, plain.count - 64] {
             #expect(!contains(seen, Array(plain[at ..< at + 40])), "plaintext at \(at) crossed the broker")
@@ -580,11 +584,7 @@ extension RelayBuilding {
     @Test func junkOnTheStreamDirectoryCannotHideAStreamsEnd() throws {
         let broker = try MosquittoBroker(extraConfig: streamBroker)
         let b = try RelayBuilding(name: "stream-junk", brokers: [broker])
-        let downs = b.dir.appendingPathComponent("downs.txt")
-        let sub = try ChildProcess("/usr/bin/mosquitto_sub", ["-h", "127.0.0.1", "-p", "\(broker.port)", "-v",
-                                                              "-F", "%t %x", "-t", "baton/streams/+/down"],
-                                   stdout: downs.path)
-        defer { sub.signal(SIGKILL); _ = sub.wait(timeout: .seconds(5)) }
+        try b.subscribe("downs.txt", on: broker, ["-v", "-F", "%t %x", "-t", "baton/streams/+/down"])
 
         // One line per junk message: retain flag, stream id, payload in hex.
         var junk: [(retain: Bool, id: String, payload: [UInt8])] = []
@@ -648,8 +648,7 @@ extension RelayBuilding {
         // The kitchen, first online now, knew the stream despite the junk and said gone on its
         // …/down (error 06, docs/protocol.md §5.4).
         let told = eventually(within: 5) { () -> Bool? in
-            let text = (try? String(contentsOf: downs, encoding: .utf8)) ?? ""
-            return text.split(separator: "\n").contains { $0.hasPrefix("baton/streams/\(stream)/down 1506") } ? true : nil
+            return b.read("downs.txt").split(separator: "\n").contains { $0.hasPrefix("baton/streams/\(stream)/down 1506") } ? true : nil
         }
         #expect(told != nil, "the kitchen did not tell stream \(stream) gone: \(b.gateways[1].log)")
 
@@ -679,11 +678,7 @@ extension RelayBuilding {
     @Test func garbageOnTheStreamTopicsIsAnsweredOrCountedAndTheStreamGoesOn() throws {
         let broker = try MosquittoBroker(extraConfig: streamBroker)
         let b = try RelayBuilding(name: "stream-garbage", brokers: [broker], extra: "relay:\n  streams: 1\n")
-        let downs = b.dir.appendingPathComponent("downs.txt")
-        let sub = try ChildProcess("/usr/bin/mosquitto_sub", ["-h", "127.0.0.1", "-p", "\(broker.port)", "-v",
-                                                              "-F", "%t %x", "-t", "baton/streams/+/down"],
-                                   stdout: downs.path)
-        defer { sub.signal(SIGKILL); _ = sub.wait(timeout: .seconds(5)) }
+        try b.subscribe("downs.txt", on: broker, ["-v", "-F", "%t %x", "-t", "baton/streams/+/down"])
         usleep(300_000)
         // The one stream the hall may carry: a writer that keeps it open.
         try "import sys,time\nwhile True:\n    sys.stdout.buffer.write(b'x'*1024); sys.stdout.flush()\n    time.sleep(0.02)\n"
@@ -712,7 +707,7 @@ extension RelayBuilding {
         // Each refused open gets exactly one error frame (15 | reason | detail) on its down topic.
         let expected = ["g1": "02", "g2": "02", "g3": "03", "g4": "03", "g5": "05"]
         func errors() -> [String: [String]] {
-            let text = (try? String(contentsOf: downs, encoding: .utf8)) ?? ""
+            let text = b.read("downs.txt")
             var result: [String: [String]] = [:]
             for line in text.split(separator: "\n") {
                 let parts = line.split(separator: " ", maxSplits: 1)
