@@ -206,14 +206,20 @@ public struct Publisher: ~Copyable {
     private mutating func publishPersonDiscovery(_ mqtt: inout MQTTClient, _ d: AppleDevice) {
         guard let name = appleName(d) else { return }
         if discovery {
-            guard let room = document("discovery", { w throws(WireError) in
+            var w = JSONWriter(scratch)
+            do throws(WireError) {
                 try Discovery.personRoom(name: name, appleID: d.id, topics: topics, version: version, into: &w)
-            }) else { return }
-            publish(&mqtt, topics.personRoomConfig(d.id), room)
-            guard let tracker = document("discovery", { w throws(WireError) in
+            } catch {
+                return log.error("discovery JSON did not fit 8 KiB (our bug): \(error)")
+            }
+            _ = publish(&mqtt, topics.personRoomConfig(d.id), w.written)
+            w = JSONWriter(scratch)
+            do throws(WireError) {
                 try Discovery.tracker(deviceID: nil, appleID: d.id, name: name, topics: topics, version: version, into: &w)
-            }) else { return }
-            publish(&mqtt, topics.personTrackerConfig(d.id), tracker)
+            } catch {
+                return log.error("discovery JSON did not fit 8 KiB (our bug): \(error)")
+            }
+            _ = publish(&mqtt, topics.personTrackerConfig(d.id), w.written)
         }
         publish(&mqtt, topics.tracker(apple: d.id), text: origin.room)
     }
@@ -263,9 +269,15 @@ public struct Publisher: ~Copyable {
     /// One sighting as JSON on its own topic, QoS 0 and not retained (docs/rooms.md §2): the
     /// form of gateways before batches, sent with `rooms.batches: false`.
     public mutating func publishSighting(_ mqtt: inout MQTTClient, device: UInt64, _ sighting: Sighting) {
-        guard mqtt.isConnected, let json = document("sighting", { w throws(WireError) in try sighting.write(into: &w) }) else { return }
+        guard mqtt.isConnected else { return }
+        var w = JSONWriter(scratch)
+        do throws(WireError) {
+            try sighting.write(into: &w)
+        } catch {
+            return log.error("sighting JSON did not fit 8 KiB (our bug): \(error)")
+        }
         do throws(MQTTError) {
-            try mqtt.publish(topic: topics.sighting(device), payload: json, qos: 0, retain: false,
+            try mqtt.publish(topic: topics.sighting(device), payload: w.written, qos: 0, retain: false,
                              properties: Self.jsonProperties)
         } catch {
             counters.publishErrors &+= 1
@@ -331,23 +343,30 @@ public struct Publisher: ~Copyable {
     // MARK: publishing
 
     private mutating func publishActivity(_ mqtt: inout MQTTClient, _ a: TrackedActivity) {
-        guard let json = document("activity", { w throws(WireError) in
+        var w = JSONWriter(scratch)
+        do throws(WireError) {
             try Payloads.activity(a, origin: origin, clock: clock, keyedGroup: keyedGroup, extras: names.extras(a), into: &w)
-        }) else { return }
-        if publish(&mqtt, topics.activity(a.deviceID), json) {
+        } catch {
+            return log.error("activity JSON did not fit 4 KiB (our bug): \(error)")
+        }
+        if publish(&mqtt, topics.activity(a.deviceID), w.written) {
             counters.changesPublished &+= 1
             if published[a.deviceID] != nil || published.count < pendingCapacity {
-                published[a.deviceID] = Self.digest(json)
+                published[a.deviceID] = Self.digest(w.written)
             }
             disputes[a.deviceID] = nil
         }
     }
 
     private mutating func publishApple(_ mqtt: inout MQTTClient, _ d: AppleDevice) {
-        guard let json = document("Apple entry", { w throws(WireError) in
-            try Payloads.apple(d, origin: origin, clock: clock, withAddress: appleAddresses, name: appleName(d), into: &w)
-        }) else { return }
-        if publish(&mqtt, topics.apple(d.id), json) { counters.changesPublished &+= 1 }
+        var w = JSONWriter(scratch)
+        do throws(WireError) {
+            try Payloads.apple(d, origin: origin, clock: clock, withAddress: appleAddresses,
+                               name: appleName(d), into: &w)
+        } catch {
+            return log.error("Apple entry JSON did not fit 4 KiB (our bug): \(error)")
+        }
+        if publish(&mqtt, topics.apple(d.id), w.written) { counters.changesPublished &+= 1 }
     }
 
     /// The device's Home Assistant entities, and its room on the tracker's topic.
@@ -361,15 +380,22 @@ public struct Publisher: ~Copyable {
     private mutating func publishDeviceConfigs(_ mqtt: inout MQTTClient, _ deviceID: UInt64) {
         if discovery {
             for entity in [Discovery.DeviceEntity.room, .activity] {
-                guard let json = document("discovery", { w throws(WireError) in
+                var w = JSONWriter(scratch)
+                do throws(WireError) {
                     try Discovery.deviceEntity(entity, deviceID: deviceID, topics: topics, version: version, into: &w)
-                }) else { return }
-                publish(&mqtt, entity == .room ? topics.deviceRoomConfig(deviceID) : topics.deviceActivityConfig(deviceID), json)
+                } catch {
+                    return log.error("discovery JSON did not fit 8 KiB (our bug): \(error)")
+                }
+                let topic = entity == .room ? topics.deviceRoomConfig(deviceID) : topics.deviceActivityConfig(deviceID)
+                _ = publish(&mqtt, topic, w.written)
             }
-            guard let tracker = document("discovery", { w throws(WireError) in
+            var w = JSONWriter(scratch)
+            do throws(WireError) {
                 try Discovery.tracker(deviceID: deviceID, appleID: nil, name: nil, topics: topics, version: version, into: &w)
-            }) else { return }
-            publish(&mqtt, topics.deviceTrackerConfig(deviceID), tracker)
+            } catch {
+                return log.error("discovery JSON did not fit 8 KiB (our bug): \(error)")
+            }
+            _ = publish(&mqtt, topics.deviceTrackerConfig(deviceID), w.written)
         }
     }
 
@@ -395,19 +421,6 @@ public struct Publisher: ~Copyable {
     }
 
     private var loggedPublishError = false
-
-    /// One JSON document, written into `scratch`; nil, and logged, when it did not fit: 8 KiB
-    /// holds the largest this gateway writes, so that is our bug. Valid until the next one.
-    private func document(_ what: String, _ write: (inout JSONWriter) throws(WireError) -> Void) -> UnsafeRawBufferPointer? {
-        var w = JSONWriter(scratch)
-        do throws(WireError) {
-            try write(&w)
-        } catch {
-            log.error("\(what) JSON did not fit 8 KiB (our bug): \(error)")
-            return nil
-        }
-        return w.written
-    }
 
     private mutating func publish(_ mqtt: inout MQTTClient, _ topic: String, empty: Bool, qos: Int32 = 1) -> Bool {
         publish(&mqtt, topic, UnsafeRawBufferPointer(start: nil, count: 0), qos: qos)
@@ -474,10 +487,14 @@ public struct Publisher: ~Copyable {
     /// what it says once per connect, and again when the broker did not keep it (StatusCheck).
     private mutating func publishBirth(_ mqtt: inout MQTTClient) {
         publish(&mqtt, topics.status, text: "online")
-        guard discovery, let json = document("discovery", { w throws(WireError) in
+        guard discovery else { return }
+        var w = JSONWriter(scratch)
+        do throws(WireError) {
             try Discovery.gatewayConnectivity(topics: topics, room: origin.room, version: version, into: &w)
-        }) else { return }
-        publish(&mqtt, topics.gatewayConnectivityConfig, json)
+            publish(&mqtt, topics.gatewayConnectivityConfig, w.written)
+        } catch {
+            log.error("discovery JSON did not fit 4 KiB (our bug): \(error)")
+        }
     }
 
     /// The broker was asked for this gateway's retained status and had not kept `online`.
