@@ -347,7 +347,7 @@ public struct Publisher: ~Copyable {
         do throws(WireError) {
             try Payloads.activity(a, origin: origin, clock: clock, keyedGroup: keyedGroup, extras: names.extras(a), into: &w)
         } catch {
-            return log.error("activity JSON did not fit 4 KiB (our bug): \(error)")
+            return log.error("activity JSON did not fit 8 KiB (our bug): \(error)")
         }
         if publish(&mqtt, topics.activity(a.deviceID), w.written) {
             counters.changesPublished &+= 1
@@ -364,7 +364,7 @@ public struct Publisher: ~Copyable {
             try Payloads.apple(d, origin: origin, clock: clock, withAddress: appleAddresses,
                                name: appleName(d), into: &w)
         } catch {
-            return log.error("Apple entry JSON did not fit 4 KiB (our bug): \(error)")
+            return log.error("Apple entry JSON did not fit 8 KiB (our bug): \(error)")
         }
         if publish(&mqtt, topics.apple(d.id), w.written) { counters.changesPublished &+= 1 }
     }
@@ -493,7 +493,7 @@ public struct Publisher: ~Copyable {
             try Discovery.gatewayConnectivity(topics: topics, room: origin.room, version: version, into: &w)
             publish(&mqtt, topics.gatewayConnectivityConfig, w.written)
         } catch {
-            log.error("discovery JSON did not fit 4 KiB (our bug): \(error)")
+            log.error("discovery JSON did not fit 8 KiB (our bug): \(error)")
         }
     }
 
