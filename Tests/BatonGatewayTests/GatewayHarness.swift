@@ -87,16 +87,14 @@ func eventually<T>(within seconds: Double, every interval: Double = 0.1, _ check
 }
 
 /// `baton watch --once` on `broker`, as a user runs it: its exit status and what it printed.
-func watchOnce(_ broker: MosquittoBroker) throws -> (status: Int32, printed: String) {
-    let watch = Process()
-    watch.executableURL = batonBinary
-    watch.arguments = ["watch", "--broker", "mqtt://127.0.0.1:\(broker.port)", "--once"]
-    let out = Pipe()
-    watch.standardOutput = out
-    try watch.run()
-    let printed = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-    watch.waitUntilExit()
-    return (watch.terminationStatus, printed)
+func watchOnce(_ broker: MosquittoBroker, in dir: URL? = nil) throws -> (status: Int32, printed: String) {
+    let dir = try dir ?? scratchDirectory("watch-\(broker.port)")
+    let out = dir.appendingPathComponent("watch.out")
+    // Bounded: a watch that never ends fails its test (status -1) instead of hanging the run.
+    let status = try ChildProcess.run(batonBinary.path, ["watch", "--broker", "mqtt://127.0.0.1:\(broker.port)", "--once"],
+                                      stdout: out.path, stderr: dir.appendingPathComponent("watch.err").path,
+                                      timeout: .seconds(20))
+    return (status, (try? String(contentsOf: out, encoding: .utf8)) ?? "")
 }
 
 extension MosquittoBroker {

@@ -306,11 +306,7 @@ private func securityYAML(port: Int, capture: String, unkeyed: String) throws ->
         #expect(((config["availability"] as? [[String: Any]])?.first?["topic"] as? String) == "baton/gateways/hall/status")
 
         // `baton watch --once` shows where the person is; not the strangers' pseudonyms.
-        let out = dir.appendingPathComponent("watch.out")
-        let status = try ChildProcess.run(batonBinary.path, ["watch", "--broker", "mqtt://127.0.0.1:\(broker.port)", "--once"],
-                                          stdout: out.path, stderr: dir.appendingPathComponent("watch.err").path,
-                                          timeout: .seconds(20))
-        let printed = (try? String(contentsOf: out, encoding: .utf8)) ?? ""
+        let (status, printed) = try watchOnce(broker, in: dir)
         #expect(status == 0 && printed.split(separator: "\n").contains { $0.hasPrefix("Hall ") && $0.hasSuffix(" Anna's iPhone") },
                 "\(printed)")
     }

@@ -605,7 +605,14 @@ struct StreamBridgeTests {
             phone.incoming.count == deviceBytes.count && device.incoming.count == phoneBytes.count
                 && rooms.phones.isClosed(pixel) && rooms.devices.isClosed(reader)
                 && rooms.hall.openCount == 0 && rooms.study.openCount == 0
-        }, "phone got \(phone.incoming.count), device \(device.incoming.count); faults: \(phone.fault ?? "-"), \(device.fault ?? "-")")
+        }, """
+            phone got \(phone.incoming.count), device \(device.incoming.count); faults: \(phone.fault ?? "-"), \(device.fault ?? "-"); \
+            closed: phone \(rooms.phones.isClosed(pixel)), device \(rooms.devices.isClosed(reader)); \
+            close acknowledged: phone \(phone.closeAcknowledged), device \(device.closeAcknowledged); \
+            open: hall \(rooms.hall.openCount), study \(rooms.study.openCount); \
+            hall \(rooms.hall.counters), drops \(rooms.hall.drops.sorted.map { "\($0.reason) \($0.count)" }); \
+            study \(rooms.study.counters), drops \(rooms.study.drops.sorted.map { "\($0.reason) \($0.count)" })
+            """)
 
         #expect(phone.fault == nil && device.fault == nil)
         #expect(phone.incoming == deviceBytes)
