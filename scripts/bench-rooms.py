@@ -17,8 +17,9 @@ subscriber a user's Home Assistant would be. Four parts:
   still    --still devices standing on the border of two rooms and as many in a room whose
            gateway (and the one next door) hears with 6 dB of noise, for --still-for s, on the
            house radio and again with its shadowing changing every 2 s standing still
-           ("fidgeting"): owner changes per device per hour after the first minute, and of
-           them the ones back to a room that held the device before.
+           ("fidgeting"; --still-radios picks one or both): owner changes per device per hour
+           after the first minute, and of them the ones back to a room that held the device
+           before.
   load     --crowd devices wandering (every --wander s; to any other room, or with --walk
            next-door only through a wall) over the rooms of a --grid (5x2: 10 rooms) at --rate reports/s each; over a --window s window after --warmup s: each
            gateway's CPU (utime + stime, /proc/PID/stat) and memory (VmHWM, VmRSS,
@@ -37,7 +38,7 @@ subscriber a user's Home Assistant would be. Four parts:
 
   scripts/bench-rooms.py BATON [--json FILE] [--parts latency,sparse,still,load] [--keep DIR]
                          [--sim BATON2] [--radio house|step] [--rooms 'KEY: VALUE']...
-                         [--still N] [--still-for S]
+                         [--still N] [--still-for S] [--still-radios house,fidgeting]
                          [--walkers N] [--crowd N] [--wander S] [--walk W] [--rate N] [--grid CxR]
                          [--layouts json,batches] [--over N] [--warmup S] [--window S] [--budget S]
 
@@ -716,6 +717,8 @@ def main():
                         help="the latency part's radio: house (walks take time, shadowing, fading) or step")
     parser.add_argument("--still", type=int, default=40, help="the still part: devices on a border, and as many in a noisy room")
     parser.add_argument("--still-for", type=float, default=300, help="the still part's seconds")
+    parser.add_argument("--still-radios", default="house,fidgeting",
+                        help="the still part's radios, each a run of its own (about 5.5 minutes): house and/or fidgeting")
     parser.add_argument("--rooms", action="append", default=[], metavar="KEY: VALUE",
                         help="a rooms key for every gateway of the latency (first run), sparse and still parts, "
                              "like 'dwell: 2s' (repeatable); default: none, the shipped defaults")
@@ -740,6 +743,9 @@ def main():
     rooms = (["rooms:"] + [f"  {r}" for r in args.rooms]) if args.rooms else []
     if not parts <= {"latency", "sparse", "still", "load"}:
         parser.error(f"--parts: latency, sparse, still and/or load, not {args.parts}")
+    still_radios = args.still_radios.split(",")
+    if not still_radios or not set(still_radios) <= {"house", "fidgeting"}:
+        parser.error(f"--still-radios: house and/or fidgeting, not {args.still_radios}")
     if not (os.path.isfile(args.baton) and os.access(args.baton, os.X_OK)):
         parser.error(f"{args.baton} is not an executable: build it with "
                      "BATON_BENCH=1 swift build -c release --scratch-path .build-bench --product baton")
@@ -776,7 +782,7 @@ def main():
                                 for rate in (1, 0.2)]
         if "still" in parts:
             result["still"] = [run_still(procs, args.baton, os.path.join(work, f"still-{radio}"), args.still,
-                                         args.still_for, extra=rooms, radio=radio) for radio in ("house", "fidgeting")]
+                                         args.still_for, extra=rooms, radio=radio) for radio in still_radios]
         if "load" in parts:
             grid = tuple(int(n) for n in args.grid.split("x"))
             result["load"] = []
