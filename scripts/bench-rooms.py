@@ -744,8 +744,9 @@ def main():
     if not parts <= {"latency", "sparse", "still", "load"}:
         parser.error(f"--parts: latency, sparse, still and/or load, not {args.parts}")
     still_radios = args.still_radios.split(",")
-    if not still_radios or not set(still_radios) <= {"house", "fidgeting"}:
-        parser.error(f"--still-radios: house and/or fidgeting, not {args.still_radios}")
+    # Each radio runs into a folder of its own name: one named twice would overwrite the first.
+    if len(set(still_radios)) != len(still_radios) or not set(still_radios) <= {"house", "fidgeting"}:
+        parser.error(f"--still-radios: house and/or fidgeting, each once, not {args.still_radios}")
     if not (os.path.isfile(args.baton) and os.access(args.baton, os.X_OK)):
         parser.error(f"{args.baton} is not an executable: build it with "
                      "BATON_BENCH=1 swift build -c release --scratch-path .build-bench --product baton")
